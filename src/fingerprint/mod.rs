@@ -1,0 +1,398 @@
+//! The intent fingerprint: which earlier execution, if any, a request belongs to.
+//!
+//! A fingerprint is `hmac-sha256:<64 hex>` over the **canonical action record**: actor, tool,
+//! channel, target, credential reference, method, arguments and intent scope, serialised with
+//! RFC 8785 (JCS) so that key order, whitespace and number spelling never change it.
+//!
+//! ```
+//! use mcp_replay_guard::fingerprint::{ActionRecord, Channel, FingerprintKey, FingerprintRules};
+//! use serde_json::json;
+//!
+//! let key = FingerprintKey::from_bytes(&[7; 32])?;
+//! let record = ActionRecord::new(
+//!     "signed-process:com.example.agent".into(),
+//!     "run:5f8097".into(),
+//!     "deploy_release",
+//!     Channel::mcp("deploy-api.internal.example/mcp".into()),
+//! )
+//! .credential_ref("deploy-service".into())
+//! .arguments(json!({"service": "catalog", "version": "2026.07.22", "region": "us-east-1"}));
+//! let fingerprint = key.fingerprint(record, &FingerprintRules::default());
+//! assert!(fingerprint.to_string().starts_with("hmac-sha256:"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # What never enters the record
+//!
+//! The JSON-RPC id, `_meta`, progress tokens and HTTP headers (so no `Authorization` value and
+//! no bearer token) are not fields of [`ActionRecord`]. An argument path marked secret in the
+//! tool's [`FingerprintRules`] is replaced by a keyed HMAC of its value under a key derived from
+//! the fingerprint key, so equal secrets still match and the secret itself never appears.
+//!
+//! # A fingerprint is not an idempotency key
+//!
+//! It finds a possibly related execution; it is never sent to a server. The key sent is the
+//! [`ExecutionId`](crate::ExecutionId).
+
+mod path;
+mod rules;
+
+use std::{fmt, str::FromStr};
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+use sha2::Sha256;
+
+pub use path::{ArgPath, InvalidArgPath};
+pub use rules::{FingerprintRules, Normalizer};
+
+use crate::context::{Actor, CredentialRef, IntentScope, Target};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Label of the key derivation for secret argument values (HMAC(fingerprint key, label)).
+const SECRET_KEY_LABEL: &[u8] = b"mcp-replay-guard/v1/secret-argument";
+
+/// The secret key of the intent fingerprint HMAC.
+///
+/// Keep it stable for as long as fingerprints must match (a new key makes every earlier
+/// execution unlinkable) and out of the ledger. `Debug` never prints it.
+#[derive(Clone)]
+pub struct FingerprintKey {
+    bytes: Box<[u8]>,
+    record_mac: HmacSha256,
+    secret_mac: HmacSha256,
+}
+
+/// Key material that cannot be a fingerprint key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidFingerprintKey {
+    /// Too short or too long.
+    #[error("a fingerprint key must be 32 to 128 bytes long, not {0}")]
+    Length(usize),
+    /// The operating system's random source failed.
+    #[error("could not draw a random fingerprint key: {0}")]
+    Random(String),
+}
+
+impl FingerprintKey {
+    /// Length of a key made by [`generate`](Self::generate).
+    pub const GENERATED_LEN: usize = 32;
+
+    /// A key from 32 to 128 bytes of secret material.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, InvalidFingerprintKey> {
+        if !(32..=128).contains(&bytes.len()) {
+            return Err(InvalidFingerprintKey::Length(bytes.len()));
+        }
+        let record_mac = HmacSha256::new_from_slice(bytes).expect("HMAC takes keys of any length");
+        let mut derive = record_mac.clone();
+        derive.update(SECRET_KEY_LABEL);
+        let secret_mac = HmacSha256::new_from_slice(&derive.finalize().into_bytes())
+            .expect("HMAC takes keys of any length");
+        Ok(Self {
+            bytes: bytes.into(),
+            record_mac,
+            secret_mac,
+        })
+    }
+
+    /// A new random key from the operating system.
+    pub fn generate() -> Result<Self, InvalidFingerprintKey> {
+        let mut bytes = [0; Self::GENERATED_LEN];
+        getrandom::fill(&mut bytes).map_err(|e| InvalidFingerprintKey::Random(e.to_string()))?;
+        Self::from_bytes(&bytes)
+    }
+
+    /// The key material, to persist it (a durable ledger keeps it beside its file).
+    pub fn expose_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Applies the rules and canonicalises the record (RFC 8785): the exact bytes the
+    /// fingerprint is computed over.
+    pub fn canonicalize(&self, record: ActionRecord, rules: &FingerprintRules) -> CanonicalRecord {
+        let ActionRecord {
+            actor,
+            tool,
+            channel,
+            credential_ref,
+            mut arguments,
+            intent_scope,
+        } = record;
+        rules.apply(&mut arguments, |secret| self.seal_secret(secret));
+        let mut object = Map::new();
+        object.insert("actor".into(), actor.as_str().into());
+        object.insert("tool".into(), tool.into());
+        channel.write_into(&mut object);
+        if let Some(credential_ref) = credential_ref {
+            object.insert("credential_ref".into(), credential_ref.as_str().into());
+        }
+        let mut arguments = Value::Object(arguments);
+        numbers_as_ieee_doubles(&mut arguments);
+        object.insert("arguments".into(), arguments);
+        object.insert("intent_scope".into(), intent_scope.as_str().into());
+        CanonicalRecord(canonical_json(&Value::Object(object)))
+    }
+
+    /// The fingerprint of canonical bytes.
+    pub fn digest(&self, canonical: &CanonicalRecord) -> Fingerprint {
+        let mut mac = self.record_mac.clone();
+        mac.update(&canonical.0);
+        Fingerprint(mac.finalize().into_bytes().into())
+    }
+
+    /// Canonicalises the record under the rules and digests it.
+    pub fn fingerprint(&self, record: ActionRecord, rules: &FingerprintRules) -> Fingerprint {
+        self.digest(&self.canonicalize(record, rules))
+    }
+
+    fn seal_secret(&self, value: &mut Value) {
+        numbers_as_ieee_doubles(value);
+        let mut mac = self.secret_mac.clone();
+        mac.update(&canonical_json(value));
+        let digest = mac.finalize().into_bytes();
+        *value = Value::String(format!("secret:hmac-sha256:{}", hex::encode(digest)));
+    }
+}
+
+impl fmt::Debug for FingerprintKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FingerprintKey(<redacted>)")
+    }
+}
+
+/// RFC 8785 serialisation of a JSON value.
+pub fn canonical_json(value: &Value) -> Vec<u8> {
+    // A `Value` has string keys and finite numbers only, the two things JCS can refuse, and
+    // writing to a Vec cannot fail.
+    serde_jcs::to_vec(value).expect("a serde_json::Value always has a JCS form")
+}
+
+/// JCS reads every number as an IEEE-754 double: an integer beyond 2^53 has no exact form
+/// and must serialise as the double it rounds to (serde_jcs writes u64/i64 digits verbatim).
+fn numbers_as_ieee_doubles(value: &mut Value) {
+    const EXACT: u64 = 1 << 53;
+    match value {
+        Value::Number(n) => {
+            let beyond = match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => u > EXACT,
+                (None, Some(i)) => i.unsigned_abs() > EXACT,
+                _ => false,
+            };
+            if beyond && let Some(double) = n.as_f64().and_then(serde_json::Number::from_f64) {
+                *n = double;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(numbers_as_ieee_doubles),
+        Value::Object(map) => map.values_mut().for_each(numbers_as_ieee_doubles),
+        _ => {}
+    }
+}
+
+/// The canonical bytes of an action record (RFC 8785 JSON).
+#[derive(Clone, PartialEq, Eq)]
+pub struct CanonicalRecord(Vec<u8>);
+
+impl CanonicalRecord {
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for CanonicalRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CanonicalRecord({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// An intent fingerprint: `hmac-sha256:<64 hex>`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint([u8; 32]);
+
+const FINGERPRINT_PREFIX: &str = "hmac-sha256:";
+
+impl Fingerprint {
+    /// The first 12 hex digits, enough to tell fingerprints apart in a log line.
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+
+    /// The 32 digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{FINGERPRINT_PREFIX}{}", hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// Text that is not `hmac-sha256:` followed by 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid fingerprint: expected `hmac-sha256:` followed by 64 hex digits")]
+pub struct InvalidFingerprint;
+
+impl FromStr for Fingerprint {
+    type Err = InvalidFingerprint;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let hex_digits = s.strip_prefix(FINGERPRINT_PREFIX).ok_or(InvalidFingerprint)?;
+        let mut bytes = [0; 32];
+        hex::decode_to_slice(hex_digits, &mut bytes).map_err(|_| InvalidFingerprint)?;
+        Ok(Self(bytes))
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How the action reaches its target. Each channel puts its own identifying fields into the
+/// canonical record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Channel {
+    /// An MCP tool call: `{"channel":"mcp","target":…,"method":"tools/call"}`.
+    Mcp {
+        /// The MCP server.
+        target: Target,
+        /// The MCP method, `tools/call`.
+        method: String,
+    },
+    /// An HTTP API call: `{"channel":"http","target":host,"method":…,"path":…}`.
+    Http {
+        /// The API host (and port when it is not the default).
+        target: Target,
+        /// The HTTP method.
+        method: http::Method,
+        /// The request path (without query noise the caller does not want matched).
+        path: String,
+    },
+    /// A command on a host over SSH.
+    Ssh {
+        /// The host's identity (its host key fingerprint, not just a name that DNS may move).
+        host_identity: String,
+        /// The account the command runs as.
+        account: String,
+        /// The command line.
+        command: String,
+        /// The working directory, when it matters.
+        working_directory: Option<String>,
+    },
+}
+
+impl Channel {
+    /// An MCP `tools/call` on a server.
+    pub fn mcp(target: Target) -> Self {
+        Self::Mcp {
+            target,
+            method: crate::protocol::TOOLS_CALL.to_owned(),
+        }
+    }
+
+    fn write_into(self, object: &mut Map<String, Value>) {
+        match self {
+            Self::Mcp { target, method } => {
+                object.insert("channel".into(), "mcp".into());
+                object.insert("target".into(), target.as_str().into());
+                object.insert("method".into(), method.into());
+            }
+            Self::Http {
+                target,
+                method,
+                path,
+            } => {
+                object.insert("channel".into(), "http".into());
+                object.insert("target".into(), target.as_str().into());
+                object.insert("method".into(), method.as_str().into());
+                object.insert("path".into(), path.into());
+            }
+            Self::Ssh {
+                host_identity,
+                account,
+                command,
+                working_directory,
+            } => {
+                object.insert("channel".into(), "ssh".into());
+                object.insert("target".into(), host_identity.into());
+                object.insert("method".into(), "exec".into());
+                object.insert("account".into(), account.into());
+                object.insert("command".into(), command.into());
+                if let Some(dir) = working_directory {
+                    object.insert("working_directory".into(), dir.into());
+                }
+            }
+        }
+    }
+}
+
+/// The canonical action record: everything that makes two requests the same intent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActionRecord {
+    actor: Actor,
+    tool: String,
+    channel: Channel,
+    credential_ref: Option<CredentialRef>,
+    arguments: Map<String, Value>,
+    intent_scope: IntentScope,
+}
+
+impl ActionRecord {
+    /// A record with no credential reference and empty arguments.
+    pub fn new(actor: Actor, intent_scope: IntentScope, tool: impl Into<String>, channel: Channel) -> Self {
+        Self {
+            actor,
+            tool: tool.into(),
+            channel,
+            credential_ref: None,
+            arguments: Map::new(),
+            intent_scope,
+        }
+    }
+
+    /// Sets the credential reference (a name for the credential, never the credential).
+    pub fn credential_ref(mut self, credential_ref: CredentialRef) -> Self {
+        self.credential_ref = Some(credential_ref);
+        self
+    }
+
+    /// Sets the arguments. A value that is not an object is taken as `{"": value}` so that it
+    /// still counts, though MCP tool arguments are always objects.
+    pub fn arguments(mut self, arguments: impl Into<Value>) -> Self {
+        self.arguments = match arguments.into() {
+            Value::Object(map) => map,
+            Value::Null => Map::new(),
+            other => Map::from_iter([(String::new(), other)]),
+        };
+        self
+    }
+
+    /// Sets the arguments from a parsed `tools/call`.
+    pub fn argument_map(mut self, arguments: Map<String, Value>) -> Self {
+        self.arguments = arguments;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,400 @@
+use http::{HeaderMap, Method};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::protocol::{self, Message, RequestKind};
+
+fn jcs(text: &str) -> String {
+    let value: Value = serde_json::from_str(text).unwrap();
+    String::from_utf8(canonical_json(&value)).unwrap()
+}
+
+#[test]
+fn rfc8785_section_3_2_2_example() {
+    let input = r#"{
+        "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+        "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+        "literals": [null, true, false]
+    }"#;
+    assert_eq!(
+        jcs(input),
+        r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+    );
+}
+
+#[test]
+fn rfc8785_section_3_2_3_sorts_keys_by_utf16_code_units() {
+    let input = r#"{
+        "\u20ac": "Euro Sign",
+        "\r": "Carriage Return",
+        "\ufb33": "Hebrew Letter Dalet With Dagesh",
+        "1": "One",
+        "\ud83d\ude00": "Emoji: Grinning Face",
+        "\u0080": "Control",
+        "\u00f6": "Latin Small Letter O With Diaeresis"
+    }"#;
+    assert_eq!(
+        jcs(input),
+        "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+    );
+}
+
+#[test]
+fn rfc8785_appendix_b_number_serialisation() {
+    let table = [
+        (0x0000000000000000_u64, "0"),
+        (0x8000000000000000, "0"),
+        (0x0000000000000001, "5e-324"),
+        (0x8000000000000001, "-5e-324"),
+        (0x7fefffffffffffff, "1.7976931348623157e+308"),
+        (0xffefffffffffffff, "-1.7976931348623157e+308"),
+        (0x4340000000000000, "9007199254740992"),
+        (0xc340000000000000, "-9007199254740992"),
+        (0x4430000000000000, "295147905179352830000"),
+        (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+        (0x44b52d02c7e14af6, "1e+23"),
+        (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+        (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+        (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+        (0x444b1ae4d6e2ef50, "1e+21"),
+        (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+        (0x3eb0c6f7a0b5ed8d, "0.000001"),
+        (0x41b3de4355555553, "333333333.3333332"),
+        (0x41b3de4355555554, "333333333.33333325"),
+        (0x41b3de4355555555, "333333333.3333333"),
+        (0x41b3de4355555556, "333333333.3333334"),
+        (0x41b3de4355555557, "333333333.33333343"),
+        (0xbecbf647612f3696, "-0.0000033333333333333333"),
+        (0x43143ff3c1cb0959, "1424953923781206.2"),
+    ];
+    for (bits, expected) in table {
+        let value = Value::from(f64::from_bits(bits));
+        let got = String::from_utf8(canonical_json(&value)).unwrap();
+        assert_eq!(got, expected, "IEEE-754 {bits:016x}");
+    }
+}
+
+#[test]
+fn integers_beyond_2_pow_53_canonicalise_as_the_double_they_round_to() {
+    let key = key();
+    let a = key.fingerprint(record(json!({"n": 9007199254740993_u64})), &FingerprintRules::new());
+    let b = key.fingerprint(record(json!({"n": 9007199254740992.0})), &FingerprintRules::new());
+    assert_eq!(a, b);
+}
+
+fn key() -> FingerprintKey {
+    FingerprintKey::from_bytes(b"an example fingerprint key of 32b").unwrap()
+}
+
+fn record(arguments: Value) -> ActionRecord {
+    ActionRecord::new(
+        "signed-process:com.example.agent".into(),
+        "run:5f8097".into(),
+        "deploy_release",
+        Channel::mcp("deploy-api.internal.example/mcp".into()),
+    )
+    .credential_ref("deploy-service".into())
+    .arguments(arguments)
+}
+
+#[test]
+fn the_canonical_record_has_the_design_shape() {
+    let canonical = key().canonicalize(
+        record(json!({"service": "catalog", "version": "2026.07.22", "region": "us-east-1"})),
+        &FingerprintRules::new(),
+    );
+    assert_eq!(
+        std::str::from_utf8(canonical.as_bytes()).unwrap(),
+        r#"{"actor":"signed-process:com.example.agent","arguments":{"region":"us-east-1","service":"catalog","version":"2026.07.22"},"channel":"mcp","credential_ref":"deploy-service","intent_scope":"run:5f8097","method":"tools/call","target":"deploy-api.internal.example/mcp","tool":"deploy_release"}"#
+    );
+}
+
+#[test]
+fn fingerprints_display_parse_and_depend_on_the_key() {
+    let rules = FingerprintRules::new();
+    let fp = key().fingerprint(record(json!({})), &rules);
+    let text = fp.to_string();
+    assert_eq!(text.len(), "hmac-sha256:".len() + 64);
+    assert_eq!(text.parse::<Fingerprint>().unwrap(), fp);
+    assert_eq!(serde_json::to_value(fp).unwrap(), json!(text));
+    assert!("sha256:00".parse::<Fingerprint>().is_err());
+    let other = FingerprintKey::from_bytes(&[1; 32]).unwrap();
+    assert_ne!(other.fingerprint(record(json!({})), &rules), fp);
+    assert_eq!(format!("{:?}", key()), "FingerprintKey(<redacted>)");
+    assert!(matches!(FingerprintKey::from_bytes(&[0; 16]), Err(InvalidFingerprintKey::Length(16))));
+    assert_ne!(
+        FingerprintKey::generate().unwrap().expose_bytes(),
+        FingerprintKey::generate().unwrap().expose_bytes()
+    );
+}
+
+#[test]
+fn http_and_ssh_channels_carry_their_identifying_fields() {
+    let http = ActionRecord::new(
+        "svc:gateway".into(),
+        "run:1".into(),
+        "create_payment",
+        Channel::Http {
+            target: "api.payments.example".into(),
+            method: Method::POST,
+            path: "/v1/payments".into(),
+        },
+    );
+    let canonical = key().canonicalize(http, &FingerprintRules::new());
+    let text = std::str::from_utf8(canonical.as_bytes()).unwrap();
+    assert!(text.contains(r#""channel":"http""#) && text.contains(r#""method":"POST""#) && text.contains(r#""path":"/v1/payments""#), "{text}");
+
+    let ssh = |command: &str, dir: Option<&str>| {
+        ActionRecord::new(
+            "svc:ops".into(),
+            "run:1".into(),
+            "restart_service",
+            Channel::Ssh {
+                host_identity: "SHA256:nThbg6kXUpJWGl7E1IGOCspRomTxdCARLviKw6E5SY8".into(),
+                account: "deploy".into(),
+                command: command.into(),
+                working_directory: dir.map(Into::into),
+            },
+        )
+    };
+    let k = key();
+    let rules = FingerprintRules::new();
+    let base = k.fingerprint(ssh("systemctl restart catalog", Some("/srv")), &rules);
+    assert_ne!(base, k.fingerprint(ssh("systemctl restart billing", Some("/srv")), &rules));
+    assert_ne!(base, k.fingerprint(ssh("systemctl restart catalog", Some("/tmp")), &rules));
+    assert_ne!(base, k.fingerprint(ssh("systemctl restart catalog", None), &rules));
+}
+
+#[test]
+fn rules_drop_normalise_and_materialise() {
+    let k = key();
+    let rules = FingerprintRules::new()
+        .default_value("/region", "us-east-1")
+        .normalize("/service", Normalizer::Trim)
+        .normalize("/service", Normalizer::Lowercase)
+        .normalize("/version", Normalizer::custom("strip-v", |v| {
+            if let Value::String(s) = v
+                && let Some(rest) = s.strip_prefix('v')
+            {
+                *s = rest.to_owned();
+            }
+        }))
+        .drop("/note");
+    assert!(rules.check().is_ok());
+    let explicit = k.fingerprint(record(json!({"service": "catalog", "version": "1.2", "region": "us-east-1"})), &rules);
+    let messy = k.fingerprint(record(json!({"service": "  Catalog ", "version": "v1.2", "note": "retry after lunch"})), &rules);
+    assert_eq!(explicit, messy);
+    let other_region = k.fingerprint(record(json!({"service": "catalog", "version": "1.2", "region": "eu-west-1"})), &rules);
+    assert_ne!(explicit, other_region);
+    // Without the rules the two spellings are different intents.
+    let none = FingerprintRules::new();
+    assert_ne!(
+        k.fingerprint(record(json!({"service": "catalog"})), &none),
+        k.fingerprint(record(json!({"service": "Catalog"})), &none)
+    );
+}
+
+#[test]
+fn invalid_rule_paths_are_reported() {
+    let rules = FingerprintRules::new().drop("note").secret("/ok");
+    let err = rules.check().unwrap_err();
+    assert!(err.to_string().contains("\"note\""), "{err}");
+}
+
+#[test]
+fn rules_load_from_toml_with_named_errors() {
+    let rules: FingerprintRules = toml::from_str(
+        r#"
+        drop = ["/note"]
+        secrets = ["/card/number"]
+        defaults = { "/region" = "us-east-1" }
+        normalize = { "/service" = ["trim", "lowercase"], "/env" = "lowercase" }
+        "#,
+    )
+    .unwrap();
+    let k = key();
+    assert_eq!(
+        k.fingerprint(record(json!({"service": " X ", "env": "PROD"})), &rules),
+        k.fingerprint(record(json!({"service": "x", "env": "prod", "region": "us-east-1", "note": 1})), &rules)
+    );
+    let err = toml::from_str::<FingerprintRules>(r#"normalize = { "/a" = "upcase" }"#).unwrap_err();
+    assert!(err.to_string().contains("upcase"), "{err}");
+    let err = toml::from_str::<FingerprintRules>(r#"drop = ["note"]"#).unwrap_err();
+    assert!(err.to_string().contains("must start with `/`"), "{err}");
+    let err = toml::from_str::<FingerprintRules>(r#"dorp = ["/note"]"#).unwrap_err();
+    assert!(err.to_string().contains("dorp"), "{err}");
+}
+
+#[test]
+fn secret_arguments_are_sealed_not_raw_and_still_match() {
+    let k = key();
+    let rules = FingerprintRules::new().secret("/api_token").secret("/card/*");
+    let args = json!({"api_token": "tok_live_8Hq2", "card": {"number": "4242424242424242", "cvc": 123}, "amount": 5});
+    let canonical = k.canonicalize(record(args.clone()), &rules);
+    let text = std::str::from_utf8(canonical.as_bytes()).unwrap();
+    for secret in ["tok_live_8Hq2", "4242424242424242", "123"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    assert!(text.contains("secret:hmac-sha256:"));
+    assert_eq!(k.fingerprint(record(args), &rules), k.digest(&canonical));
+    let other = json!({"api_token": "tok_live_OTHER", "card": {"number": "4242424242424242", "cvc": 123}, "amount": 5});
+    assert_ne!(k.fingerprint(record(other), &rules), k.digest(&canonical));
+}
+
+// ---- properties ----------------------------------------------------------------------------
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        (-1e12f64..1e12).prop_map(Value::from),
+        "[a-zA-Z0-9 é€😀\\\\\"\n]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 32, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn arb_arguments() -> impl Strategy<Value = Map<String, Value>> {
+    prop::collection::btree_map("[a-z_]{1,8}", arb_json(), 1..6).prop_map(|m| m.into_iter().collect())
+}
+
+/// Writes JSON with object keys in reverse order and optional whitespace, which serde_json's
+/// own writer cannot do (its maps are sorted).
+fn write_permuted(value: &Value, pretty: bool, out: &mut String) {
+    let ws = if pretty { "\n  " } else { "" };
+    match value {
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (k, v)) in map.iter().rev().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(ws);
+                out.push_str(&serde_json::to_string(k).unwrap());
+                out.push_str(if pretty { " : " } else { ":" });
+                write_permuted(v, pretty, out);
+            }
+            out.push_str(ws);
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(if pretty { ", " } else { "," });
+                }
+                write_permuted(v, pretty, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Fingerprints a body the way the guard will: classify the real bytes, then fingerprint.
+fn fingerprint_body(body: &str) -> Fingerprint {
+    let request = protocol::classify(&Method::POST, &HeaderMap::new(), body.as_bytes()).unwrap();
+    let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
+        panic!("not a tools/call")
+    };
+    key().fingerprint(record(Value::Null).argument_map(call.arguments), &FingerprintRules::new())
+}
+
+proptest! {
+    #[test]
+    fn key_order_whitespace_and_json_rpc_id_never_change_a_fingerprint(
+        arguments in arb_arguments(), id_a in any::<i64>(), id_b in "[a-z0-9-]{1,10}"
+    ) {
+        let compact = format!(
+            r#"{{"jsonrpc":"2.0","id":{id_a},"method":"tools/call","params":{{"name":"t","arguments":{}}}}}"#,
+            Value::Object(arguments.clone())
+        );
+        let mut permuted = String::new();
+        write_permuted(&Value::Object(arguments), true, &mut permuted);
+        let permuted = format!(
+            "{{ \"params\" : {{ \"_meta\": {{\"progressToken\": 9}}, \"arguments\" : {permuted} , \"name\":\"t\" }},\n \"method\":\"tools/call\", \"id\": \"{id_b}\", \"jsonrpc\":\"2.0\" }}"
+        );
+        prop_assert_eq!(fingerprint_body(&compact), fingerprint_body(&permuted));
+    }
+
+    #[test]
+    fn equal_numbers_spelled_differently_share_a_fingerprint(n in -(1i64 << 53)..(1i64 << 53)) {
+        let spellings = [format!("{n}"), format!("{n}.0"), format!("{n}e0"), format!("{n}0e-1"), format!("{n}.000E+0")];
+        let fingerprints: Vec<_> = spellings
+            .iter()
+            .map(|s| fingerprint_body(&format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"amount":{s}}}}}}}"#
+            )))
+            .collect();
+        for f in &fingerprints[1..] {
+            prop_assert_eq!(f, &fingerprints[0]);
+        }
+    }
+
+    #[test]
+    fn any_change_of_identity_or_kept_argument_changes_the_fingerprint(
+        arguments in arb_arguments(), field in 0usize..7, replacement in arb_json()
+    ) {
+        let k = key();
+        let rules = FingerprintRules::new();
+        let base = || ActionRecord::new("actor:a".into(), "run:1".into(), "tool", Channel::mcp("srv/mcp".into()))
+            .credential_ref("cred".into())
+            .argument_map(arguments.clone());
+        let changed = match field {
+            0 => ActionRecord::new("actor:b".into(), "run:1".into(), "tool", Channel::mcp("srv/mcp".into())).credential_ref("cred".into()).argument_map(arguments.clone()),
+            1 => ActionRecord::new("actor:a".into(), "run:2".into(), "tool", Channel::mcp("srv/mcp".into())).credential_ref("cred".into()).argument_map(arguments.clone()),
+            2 => ActionRecord::new("actor:a".into(), "run:1".into(), "tool2", Channel::mcp("srv/mcp".into())).credential_ref("cred".into()).argument_map(arguments.clone()),
+            3 => ActionRecord::new("actor:a".into(), "run:1".into(), "tool", Channel::mcp("other/mcp".into())).credential_ref("cred".into()).argument_map(arguments.clone()),
+            4 => ActionRecord::new("actor:a".into(), "run:1".into(), "tool", Channel::mcp("srv/mcp".into())).credential_ref("cred2".into()).argument_map(arguments.clone()),
+            5 => ActionRecord::new("actor:a".into(), "run:1".into(), "tool", Channel::mcp("srv/mcp".into())).argument_map(arguments.clone()),
+            _ => {
+                let mut args = arguments.clone();
+                let first = args.keys().next().cloned().unwrap();
+                prop_assume!(args[&first] != replacement);
+                // Values JCS treats as equal (e.g. 1 and 1.0) are not a change.
+                prop_assume!(canonical_json(&args[&first]) != canonical_json(&replacement));
+                args.insert(first, replacement);
+                base().argument_map(args)
+            }
+        };
+        prop_assert_ne!(k.fingerprint(base(), &rules), k.fingerprint(changed, &rules));
+    }
+
+    #[test]
+    fn a_materialised_default_equals_the_explicit_value(arguments in arb_arguments(), default in arb_json()) {
+        let k = key();
+        let rules = FingerprintRules::new().default_value("/zz_default", default.clone());
+        let mut omitted = arguments.clone();
+        omitted.remove("zz_default");
+        let mut explicit = omitted.clone();
+        explicit.insert("zz_default".into(), default);
+        prop_assert_eq!(
+            k.fingerprint(record(Value::Null).argument_map(omitted), &rules),
+            k.fingerprint(record(Value::Null).argument_map(explicit), &rules)
+        );
+    }
+
+    #[test]
+    fn a_secret_value_never_appears_in_the_canonical_bytes(
+        arguments in arb_arguments(), secret in "S3cr3t-[A-Za-z0-9]{12,24}", nested in any::<bool>()
+    ) {
+        let k = key();
+        let mut args = arguments;
+        let (value, rules) = if nested {
+            (json!({"inner": secret.clone(), "list": [secret.clone()]}), FingerprintRules::new().secret("/zz_secret"))
+        } else {
+            (json!(secret.clone()), FingerprintRules::new().secret("/zz_secret"))
+        };
+        args.insert("zz_secret".into(), value);
+        let canonical = k.canonicalize(record(Value::Null).argument_map(args), &rules);
+        let needle = secret.as_bytes();
+        prop_assert!(!canonical.as_bytes().windows(needle.len()).any(|w| w == needle));
+    }
+}

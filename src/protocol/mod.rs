@@ -1,0 +1,272 @@
+//! The wire, parsing only: what an HTTP request to an MCP Streamable HTTP endpoint is.
+//!
+//! [`classify`] reads the HTTP method, the headers and the body bytes of a request and says what
+//! the request is. The split that matters most to this crate is between a **stream resumption**
+//! (GET with `Last-Event-ID`, which recovers the same response and can never run a tool again)
+//! and a **POST of a `tools/call`** (which may run the action again).
+//!
+//! ```
+//! use http::{HeaderMap, Method};
+//! use mcp_replay_guard::protocol::{self, Message, RequestKind};
+//!
+//! let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call",
+//!                 "params":{"name":"deploy_release","arguments":{"service":"catalog"}}}"#;
+//! let mut headers = HeaderMap::new();
+//! headers.insert("mcp-protocol-version", "2025-11-25".parse()?);
+//! let request = protocol::classify(&Method::POST, &headers, body)?;
+//! let RequestKind::Message(Message::ToolCall(call)) = request.kind else { unreachable!() };
+//! assert_eq!(call.name, "deploy_release");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Rules that hold whatever the headers say:
+//!
+//! - A GET with a non-empty `Last-Event-ID` is a resume, even when it carries a stale
+//!   `Mcp-Method` header (rmcp sends `server/discover` on its resume GETs).
+//! - The body is validated as UTF-8 and parsed once; nothing is copied to parse it again.
+//! - Malformed input is a [`ClassifyError`], never a panic.
+
+mod jsonrpc;
+pub mod sse;
+mod version;
+
+use base64::Engine as _;
+use http::{HeaderMap, HeaderName, Method};
+
+pub use jsonrpc::{Message, RequestId, TOOLS_CALL, ToolCall};
+pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
+
+use jsonrpc::{Parsed, message_from_value};
+
+/// `MCP-Protocol-Version`: the negotiated revision.
+pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// `Mcp-Session-Id`: the session (2025-era servers).
+pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+/// `Last-Event-ID`: the SSE cursor a resume GET continues from.
+pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+/// `Mcp-Method`: the body's method mirrored in a header (2026-07-28).
+pub const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+/// `Mcp-Name`: the body's tool name, resource URI or task id mirrored in a header (2026-07-28).
+pub const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
+/// A classified request to an MCP endpoint.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ClassifiedRequest {
+    /// The revision from `MCP-Protocol-Version` (2025-03-26 when absent).
+    pub version: ProtocolVersion,
+    /// `Mcp-Session-Id`, when the request carries one.
+    pub session_id: Option<String>,
+    /// What the request is.
+    pub kind: RequestKind,
+}
+
+/// What a request to an MCP endpoint is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestKind {
+    /// A POST carrying one JSON-RPC message.
+    Message(Message),
+    /// A POST carrying a JSON-RPC batch (2025-03-26 only).
+    Batch(Vec<Message>),
+    /// A GET with `Last-Event-ID`: resumes a broken response stream. Never a re-issue.
+    Resume {
+        /// The last event id the client saw.
+        last_event_id: String,
+    },
+    /// A GET without `Last-Event-ID`: opens a stream for server-initiated messages.
+    Listen,
+    /// A DELETE: the client ends its session.
+    EndSession,
+}
+
+impl RequestKind {
+    /// The `tools/call` messages in the request (one for a single message, any number for a
+    /// batch).
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        let messages: &[Message] = match self {
+            Self::Message(message) => std::slice::from_ref(message),
+            Self::Batch(messages) => messages,
+            _ => &[],
+        };
+        messages.iter().filter_map(|m| match m {
+            Message::ToolCall(call) => Some(call),
+            _ => None,
+        })
+    }
+}
+
+/// Why a request could not be classified.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClassifyError {
+    /// The HTTP method is not one Streamable HTTP uses (POST, GET, DELETE).
+    #[error("HTTP method {0} is not part of MCP Streamable HTTP (POST, GET, DELETE)")]
+    UnsupportedHttpMethod(Method),
+    /// `MCP-Protocol-Version` names a revision this crate does not speak.
+    #[error(transparent)]
+    UnsupportedProtocolVersion(#[from] UnsupportedProtocolVersion),
+    /// A header MCP defines is not visible ASCII.
+    #[error("the {0} header is not visible ASCII")]
+    InvalidHeader(HeaderName),
+    /// The body is not UTF-8.
+    #[error("the body is not valid UTF-8 (first bad byte at offset {valid_up_to})")]
+    InvalidUtf8 {
+        /// Length of the valid prefix.
+        valid_up_to: usize,
+    },
+    /// The body is not JSON.
+    #[error("the body is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// A message is a JSON value other than an object.
+    #[error("a JSON-RPC message must be an object, not {0}")]
+    NotAnObject(&'static str),
+    /// The object is not a valid JSON-RPC 2.0 message.
+    #[error("invalid JSON-RPC message: {0}")]
+    InvalidEnvelope(String),
+    /// A batch in a revision that has none, or an empty batch.
+    #[error("{0}")]
+    InvalidBatch(String),
+    /// A `tools/call` without a string `params.name`.
+    #[error("a tools/call needs a string `params.name`")]
+    ToolCallWithoutName,
+    /// A `tools/call` whose `params.arguments` is not an object.
+    #[error("the arguments of a tools/call must be an object, not {0}")]
+    InvalidArguments(&'static str),
+    /// The same object key twice inside a `tools/call`: two readers could see two calls.
+    #[error("a tools/call has the key {0:?} twice")]
+    DuplicateKey(String),
+    /// A 2026-07-28 `Mcp-Method` / `Mcp-Name` header that disagrees with the body.
+    #[error("the {header} header says {header_value:?} but the body says {body_value:?}")]
+    HeaderMismatch {
+        /// The header that disagrees.
+        header: HeaderName,
+        /// What the header says.
+        header_value: String,
+        /// What the body says.
+        body_value: String,
+    },
+}
+
+/// Classifies a request from its HTTP method, headers and body bytes.
+///
+/// The body is only read for POST. See the [module docs](self) for the rules.
+pub fn classify(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<ClassifiedRequest, ClassifyError> {
+    let version = match header_str(headers, &MCP_PROTOCOL_VERSION)? {
+        None => ProtocolVersion::WITHOUT_HEADER,
+        Some(v) => v.trim().parse()?,
+    };
+    let session_id = header_str(headers, &MCP_SESSION_ID)?.map(str::to_owned);
+    let kind = match *method {
+        Method::POST => classify_post(version, headers, body)?,
+        // A GET is classified by its method and `Last-Event-ID` alone: a stale `Mcp-Method`
+        // header on it never makes it a re-issue.
+        Method::GET => match header_str(headers, &LAST_EVENT_ID)? {
+            Some(id) if !id.is_empty() => RequestKind::Resume {
+                last_event_id: id.to_owned(),
+            },
+            _ => RequestKind::Listen,
+        },
+        Method::DELETE => RequestKind::EndSession,
+        ref other => return Err(ClassifyError::UnsupportedHttpMethod(other.clone())),
+    };
+    Ok(ClassifiedRequest {
+        version,
+        session_id,
+        kind,
+    })
+}
+
+fn classify_post(
+    version: ProtocolVersion,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<RequestKind, ClassifyError> {
+    let text = std::str::from_utf8(body).map_err(|e| ClassifyError::InvalidUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    match jsonrpc::parse_body(text)? {
+        Parsed::Single(value, duplicate) => {
+            let message = message_from_value(value, duplicate)?;
+            if version.has_standard_headers() {
+                check_standard_headers(headers, &message)?;
+            }
+            Ok(RequestKind::Message(message))
+        }
+        Parsed::Batch(_) if !version.allows_batches() => Err(ClassifyError::InvalidBatch(
+            format!("JSON-RPC batches are not allowed in MCP {version}"),
+        )),
+        Parsed::Batch(values) if values.is_empty() => {
+            Err(ClassifyError::InvalidBatch("an empty JSON-RPC batch".into()))
+        }
+        Parsed::Batch(values) => values
+            .into_iter()
+            .map(|(value, duplicate)| message_from_value(value, duplicate))
+            .collect::<Result<_, _>>()
+            .map(RequestKind::Batch),
+    }
+}
+
+/// Checks `Mcp-Method` / `Mcp-Name` against the body. An absent header is not a mismatch: the
+/// guard adds the headers itself when it forwards a 2026-07-28 request.
+fn check_standard_headers(headers: &HeaderMap, message: &Message) -> Result<(), ClassifyError> {
+    let Some(method) = message.method() else {
+        return Ok(());
+    };
+    if let Some(value) = header_str(headers, &MCP_METHOD)?
+        && value != method
+    {
+        return Err(mismatch(MCP_METHOD, value, method));
+    }
+    if let (Message::ToolCall(call), Some(raw)) = (message, header_str(headers, &MCP_NAME)?) {
+        let decoded = decode_header_value(raw);
+        if decoded.as_deref() != Some(call.name.as_str()) {
+            return Err(mismatch(MCP_NAME, raw, &call.name));
+        }
+    }
+    Ok(())
+}
+
+fn mismatch(header: HeaderName, header_value: &str, body_value: &str) -> ClassifyError {
+    // Both sides come from the request: bound them so an error message stays small.
+    let bounded = |s: &str| s.chars().take(128).collect();
+    ClassifyError::HeaderMismatch {
+        header,
+        header_value: bounded(header_value),
+        body_value: bounded(body_value),
+    }
+}
+
+/// Reads an `Mcp-Name`-style value: plain, or Base64 inside the `=?base64?…?=` sentinel that
+/// 2026-07-28 uses for values that cannot travel as a bare header.
+pub(crate) fn decode_header_value(raw: &str) -> Option<String> {
+    match raw
+        .strip_prefix("=?base64?")
+        .and_then(|inner| inner.strip_suffix("?="))
+    {
+        Some(inner) => base64::engine::general_purpose::STANDARD
+            .decode(inner)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok()),
+        None => Some(raw.to_owned()),
+    }
+}
+
+fn header_str<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a str>, ClassifyError> {
+    headers
+        .get(name)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ClassifyError::InvalidHeader(name.clone()))
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,268 @@
+//! Classification fixtures built from the specification's own examples.
+
+use http::{HeaderMap, HeaderValue, Method};
+use serde_json::json;
+
+use super::*;
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            (
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            )
+        })
+        .collect()
+}
+
+const SESSION: &str = "1868a90c-2f4b-4a3e-bd0d-8a9e6bd5ae41";
+
+/// The `tools/call` example of the 2025-11-25 "Tools" page.
+const SPEC_TOOLS_CALL: &[u8] = br#"{
+  "jsonrpc": "2.0",
+  "id": 2,
+  "method": "tools/call",
+  "params": {
+    "name": "get_weather",
+    "arguments": {
+      "location": "New York"
+    }
+  }
+}"#;
+
+fn tool_call(request: ClassifiedRequest) -> ToolCall {
+    match request.kind {
+        RequestKind::Message(Message::ToolCall(call)) => call,
+        other => panic!("not a tools/call: {other:?}"),
+    }
+}
+
+#[test]
+fn post_tools_call_2025_11_25_with_session() {
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2025-11-25"),
+        ("Mcp-Session-Id", SESSION),
+        ("Accept", "application/json, text/event-stream"),
+    ]);
+    let request = classify(&Method::POST, &h, SPEC_TOOLS_CALL).unwrap();
+    assert_eq!(request.version, ProtocolVersion::V2025_11_25);
+    assert_eq!(request.version.era(), Era::Sessions);
+    assert_eq!(request.session_id.as_deref(), Some(SESSION));
+    let call = tool_call(request);
+    assert_eq!(call.id, RequestId::from(2));
+    assert_eq!(call.name, "get_weather");
+    assert_eq!(json!(call.arguments), json!({"location": "New York"}));
+    assert_eq!(call.meta, None);
+    assert_eq!(call.task, None);
+}
+
+#[test]
+fn post_tools_call_keeps_meta_task_and_other_params_apart_from_arguments() {
+    let body = br#"{"jsonrpc":"2.0","id":"req-9","method":"tools/call","params":{
+        "name":"deploy_release","arguments":{"service":"catalog"},
+        "_meta":{"progressToken":"p-1"},"task":{"ttl":60000},"requestState":"opaque"}}"#;
+    let call = tool_call(classify(&Method::POST, &HeaderMap::new(), body).unwrap());
+    assert_eq!(call.id, RequestId::from("req-9"));
+    assert_eq!(json!(call.meta), json!({"progressToken": "p-1"}));
+    assert_eq!(call.task, Some(json!({"ttl": 60000})));
+    assert_eq!(json!(call.other_params), json!({"requestState": "opaque"}));
+    assert_eq!(json!(call.arguments), json!({"service": "catalog"}));
+}
+
+#[test]
+fn absent_arguments_read_as_an_empty_object() {
+    let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ping"}}"#;
+    let call = tool_call(classify(&Method::POST, &HeaderMap::new(), body).unwrap());
+    assert!(call.arguments.is_empty());
+}
+
+#[test]
+fn get_with_last_event_id_is_a_resume_even_with_a_stale_mcp_method() {
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2025-11-25"),
+        ("Mcp-Session-Id", SESSION),
+        ("Last-Event-ID", "0/3"),
+        // What rmcp sends on its resume GETs in stateless mode.
+        ("Mcp-Method", "server/discover"),
+    ]);
+    let request = classify(&Method::GET, &h, b"").unwrap();
+    assert_eq!(
+        request.kind,
+        RequestKind::Resume {
+            last_event_id: "0/3".into()
+        }
+    );
+    assert_eq!(request.kind.tool_calls().count(), 0);
+}
+
+#[test]
+fn get_without_last_event_id_opens_a_listen_stream() {
+    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Session-Id", SESSION)]);
+    assert_eq!(classify(&Method::GET, &h, b"").unwrap().kind, RequestKind::Listen);
+    let empty = headers(&[("Last-Event-ID", "")]);
+    assert_eq!(classify(&Method::GET, &empty, b"").unwrap().kind, RequestKind::Listen);
+}
+
+#[test]
+fn delete_ends_the_session() {
+    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Session-Id", SESSION)]);
+    let request = classify(&Method::DELETE, &h, b"").unwrap();
+    assert_eq!(request.kind, RequestKind::EndSession);
+    assert_eq!(request.session_id.as_deref(), Some(SESSION));
+}
+
+#[test]
+fn batch_2025_03_26_classifies_each_message() {
+    let body = br#"[
+      {"jsonrpc":"2.0","method":"notifications/initialized"},
+      {"jsonrpc":"2.0","id":3,"method":"tools/list"},
+      {"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_weather","arguments":{"location":"Paris"}}},
+      {"jsonrpc":"2.0","id":"srv-1","result":{"action":"accept"}}
+    ]"#;
+    // No MCP-Protocol-Version header: 2025-03-26, as the specification says.
+    let request = classify(&Method::POST, &HeaderMap::new(), body).unwrap();
+    assert_eq!(request.version, ProtocolVersion::V2025_03_26);
+    let RequestKind::Batch(messages) = &request.kind else {
+        panic!("not a batch: {:?}", request.kind)
+    };
+    assert_eq!(
+        messages[0],
+        Message::Notification {
+            method: "notifications/initialized".into()
+        }
+    );
+    assert_eq!(
+        messages[1],
+        Message::Request {
+            id: 3.into(),
+            method: "tools/list".into()
+        }
+    );
+    assert!(matches!(&messages[2], Message::ToolCall(c) if c.name == "get_weather"));
+    assert_eq!(messages[3], Message::Response { id: "srv-1".into() });
+    assert_eq!(request.kind.tool_calls().count(), 1);
+}
+
+#[test]
+fn batches_are_refused_after_2025_03_26_and_when_empty() {
+    let h = headers(&[("MCP-Protocol-Version", "2025-06-18")]);
+    let err = classify(&Method::POST, &h, br#"[{"jsonrpc":"2.0","method":"x"}]"#).unwrap_err();
+    assert!(matches!(err, ClassifyError::InvalidBatch(_)), "{err}");
+    let err = classify(&Method::POST, &HeaderMap::new(), b"[]").unwrap_err();
+    assert!(matches!(err, ClassifyError::InvalidBatch(_)), "{err}");
+}
+
+#[test]
+fn post_2026_07_28_with_matching_standard_headers() {
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "get_weather"),
+    ]);
+    let request = classify(&Method::POST, &h, SPEC_TOOLS_CALL).unwrap();
+    assert_eq!(request.version.era(), Era::Stateless);
+    assert_eq!(request.session_id, None);
+    assert_eq!(tool_call(request).name, "get_weather");
+
+    // A name that cannot travel bare arrives Base64-wrapped.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"météo"}}"#.as_bytes();
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "=?base64?bcOpdMOpbw==?="),
+    ]);
+    assert_eq!(tool_call(classify(&Method::POST, &h, body).unwrap()).name, "météo");
+}
+
+#[test]
+fn mismatched_standard_headers_are_typed_errors() {
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/list"),
+        ("Mcp-Name", "get_weather"),
+    ]);
+    let err = classify(&Method::POST, &h, SPEC_TOOLS_CALL).unwrap_err();
+    assert!(
+        matches!(&err, ClassifyError::HeaderMismatch { header, header_value, body_value }
+            if header == MCP_METHOD && header_value == "tools/list" && body_value == "tools/call"),
+        "{err:?}"
+    );
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "delete_everything"),
+    ]);
+    let err = classify(&Method::POST, &h, SPEC_TOOLS_CALL).unwrap_err();
+    assert!(
+        matches!(&err, ClassifyError::HeaderMismatch { header, .. } if header == MCP_NAME),
+        "{err:?}"
+    );
+    // The same headers in a 2025 revision are not checked: they mean nothing there.
+    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Method", "tools/list")]);
+    assert!(classify(&Method::POST, &h, SPEC_TOOLS_CALL).is_ok());
+}
+
+#[test]
+fn malformed_bodies_are_typed_errors() {
+    let none = HeaderMap::new();
+    let cases: &[(&[u8], fn(&ClassifyError) -> bool)] = &[
+        (b"\xff\xfe{}", |e| matches!(e, ClassifyError::InvalidUtf8 { valid_up_to: 0 })),
+        (b"{\"jsonrpc\":", |e| matches!(e, ClassifyError::InvalidJson(_))),
+        (b"{} trailing", |e| matches!(e, ClassifyError::InvalidJson(_))),
+        (b"\"tools/call\"", |e| matches!(e, ClassifyError::NotAnObject("a string"))),
+        (b"42", |e| matches!(e, ClassifyError::NotAnObject("a number"))),
+        (b"null", |e| matches!(e, ClassifyError::NotAnObject("null"))),
+        (br#"{"id":1,"method":"tools/list"}"#, |e| matches!(e, ClassifyError::InvalidEnvelope(_))),
+        (br#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#, |e| matches!(e, ClassifyError::InvalidEnvelope(_))),
+        (br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#, |e| matches!(e, ClassifyError::InvalidEnvelope(_))),
+        (br#"{"jsonrpc":"2.0","method":7}"#, |e| matches!(e, ClassifyError::InvalidEnvelope(_))),
+        (br#"{"jsonrpc":"2.0","id":1}"#, |e| matches!(e, ClassifyError::InvalidEnvelope(_))),
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#, |e| matches!(e, ClassifyError::ToolCallWithoutName)),
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":5}}"#, |e| matches!(e, ClassifyError::ToolCallWithoutName)),
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":[1]}}"#, |e| matches!(e, ClassifyError::InvalidArguments("an array"))),
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"amount":1,"amount":1000}}}"#, |e| matches!(e, ClassifyError::DuplicateKey(k) if k == "amount")),
+        (br#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"x"}}"#, |e| matches!(e, ClassifyError::DuplicateKey(k) if k == "id")),
+        (br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","name":"y"}}]"#, |e| matches!(e, ClassifyError::DuplicateKey(k) if k == "name")),
+        (b"[1]", |e| matches!(e, ClassifyError::NotAnObject("a number"))),
+    ];
+    for (body, expected) in cases {
+        let err = classify(&Method::POST, &none, body).unwrap_err();
+        assert!(expected(&err), "{}: unexpected {err:?}", String::from_utf8_lossy(body));
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[test]
+fn duplicate_keys_outside_a_tools_call_pass() {
+    let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"a","cursor":"b"}}"#;
+    assert!(classify(&Method::POST, &HeaderMap::new(), body).is_ok());
+}
+
+#[test]
+fn deeply_nested_input_is_an_error_not_a_stack_overflow() {
+    let mut body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":"#.to_vec();
+    body.extend(std::iter::repeat_n(b'[', 100_000));
+    let err = classify(&Method::POST, &HeaderMap::new(), &body).unwrap_err();
+    assert!(matches!(err, ClassifyError::InvalidJson(_)), "{err:?}");
+}
+
+#[test]
+fn bad_headers_and_methods_are_typed_errors() {
+    let h = headers(&[("MCP-Protocol-Version", "2099-01-01")]);
+    assert!(matches!(
+        classify(&Method::POST, &h, SPEC_TOOLS_CALL),
+        Err(ClassifyError::UnsupportedProtocolVersion(_))
+    ));
+    let mut h = HeaderMap::new();
+    h.insert(MCP_SESSION_ID, HeaderValue::from_bytes(b"caf\xe9").unwrap());
+    assert!(matches!(
+        classify(&Method::GET, &h, b""),
+        Err(ClassifyError::InvalidHeader(name)) if name == MCP_SESSION_ID
+    ));
+    assert!(matches!(
+        classify(&Method::PUT, &HeaderMap::new(), b""),
+        Err(ClassifyError::UnsupportedHttpMethod(m)) if m == Method::PUT
+    ));
+}
