@@ -199,7 +199,8 @@ impl IdempotencyKey {
             IdempotencyKeyFormat::Raw => self.0.clone(),
             IdempotencyKeyFormat::StructuredField => {
                 // `new` admits only what a structured-field string can carry.
-                let s = sfv::StringRef::from_str(&self.0).expect("validated in IdempotencyKey::new");
+                let s =
+                    sfv::StringRef::from_str(&self.0).expect("validated in IdempotencyKey::new");
                 sfv::ItemSerializer::new().bare_item(s).finish()
             }
         };
@@ -284,7 +285,13 @@ mod tests {
 
     #[test]
     fn malformed_ids_are_typed_errors() {
-        for bad in ["", "act_", "01J4K8J7DX7V0000000000000", "act_not-a-ulid", "act_01J4K8J7DX7V00000000000000000"] {
+        for bad in [
+            "",
+            "act_",
+            "01J4K8J7DX7V0000000000000",
+            "act_not-a-ulid",
+            "act_01J4K8J7DX7V00000000000000000",
+        ] {
             assert!(bad.parse::<ExecutionId>().is_err(), "{bad:?} parsed");
         }
         let err = serde_json::from_str::<ExecutionId>("\"nope\"").unwrap_err();
@@ -303,11 +310,23 @@ mod tests {
 
     #[test]
     fn both_key_spellings_read_as_the_same_key() {
-        let raw = IdempotencyKey::from_header(&HeaderValue::from_static("act_01J4K8J7DX7V3Y8Z9A0B1C2D3E")).unwrap();
-        let quoted = IdempotencyKey::from_header(&HeaderValue::from_static("\"act_01J4K8J7DX7V3Y8Z9A0B1C2D3E\"")).unwrap();
+        let raw = IdempotencyKey::from_header(&HeaderValue::from_static(
+            "act_01J4K8J7DX7V3Y8Z9A0B1C2D3E",
+        ))
+        .unwrap();
+        let quoted = IdempotencyKey::from_header(&HeaderValue::from_static(
+            "\"act_01J4K8J7DX7V3Y8Z9A0B1C2D3E\"",
+        ))
+        .unwrap();
         assert_eq!(raw, quoted);
-        assert_eq!(raw.execution_id().unwrap().to_string(), "act_01J4K8J7DX7V3Y8Z9A0B1C2D3E");
-        let foreign = IdempotencyKey::from_header(&HeaderValue::from_static("8e03978e-40d5-43e8-bc93-6894a57f9324")).unwrap();
+        assert_eq!(
+            raw.execution_id().unwrap().to_string(),
+            "act_01J4K8J7DX7V3Y8Z9A0B1C2D3E"
+        );
+        let foreign = IdempotencyKey::from_header(&HeaderValue::from_static(
+            "8e03978e-40d5-43e8-bc93-6894a57f9324",
+        ))
+        .unwrap();
         assert_eq!(foreign.execution_id(), None);
         let escaped = IdempotencyKey::from_header(&HeaderValue::from_static(r#""a\"b""#)).unwrap();
         assert_eq!(escaped.as_str(), "a\"b");
@@ -319,14 +338,26 @@ mod tests {
 
     #[test]
     fn unusable_keys_are_typed_errors() {
-        assert_eq!(IdempotencyKey::from_header(&HeaderValue::from_static("")), Err(InvalidIdempotencyKey::Empty));
+        assert_eq!(
+            IdempotencyKey::from_header(&HeaderValue::from_static("")),
+            Err(InvalidIdempotencyKey::Empty)
+        );
         assert_eq!(
             IdempotencyKey::from_header(&HeaderValue::from_static("\"unterminated")),
             Err(InvalidIdempotencyKey::MalformedString)
         );
-        assert!(matches!(IdempotencyKey::new("x".repeat(256)), Err(InvalidIdempotencyKey::TooLong { len: 256 })));
-        assert_eq!(IdempotencyKey::new("é"), Err(InvalidIdempotencyKey::NotVisibleAscii));
+        assert!(matches!(
+            IdempotencyKey::new("x".repeat(256)),
+            Err(InvalidIdempotencyKey::TooLong { len: 256 })
+        ));
+        assert_eq!(
+            IdempotencyKey::new("é"),
+            Err(InvalidIdempotencyKey::NotVisibleAscii)
+        );
         let opaque = HeaderValue::from_bytes(b"\xff\xfe").unwrap();
-        assert_eq!(IdempotencyKey::from_header(&opaque), Err(InvalidIdempotencyKey::NotVisibleAscii));
+        assert_eq!(
+            IdempotencyKey::from_header(&opaque),
+            Err(InvalidIdempotencyKey::NotVisibleAscii)
+        );
     }
 }

@@ -1,4 +1,64 @@
-//! mcp-replay-guard (docs written below)
+//! Tower middleware for MCP clients that keeps a broken connection from silently turning into a
+//! second side effect.
+//!
+//! An MCP `tools/call` can deploy a release, move money or rotate a credential. When the
+//! connection breaks after the server accepted the call but before the agent saw the answer, a
+//! generic retry layer re-sends the bytes and the action runs twice. This crate draws the line a
+//! generic layer cannot:
+//!
+//! > Resume a response stream when the protocol allows it. Re-issue a side-effecting action only
+//! > when it can be identified as the same execution.
+//!
+//! # What is here
+//!
+//! - [`protocol`]: what a request to a Streamable HTTP endpoint is (a `tools/call` POST, a GET
+//!   resume with `Last-Event-ID`, a listen stream, a session end), in both protocol eras
+//!   (2025-03-26 … 2025-11-25 with sessions and resumable SSE; 2026-07-28, stateless), and an
+//!   incremental SSE parser with a bound on event size.
+//! - [`ExecutionId`]: `act_` + a ULID, the identity of one accepted attempt, sent as the
+//!   `Idempotency-Key` header ([`IdempotencyKey`], raw or structured-field spelling).
+//! - [`fingerprint`]: the intent fingerprint, an HMAC-SHA256 over the RFC 8785 canonical action
+//!   record, which finds an earlier execution of the same intent. Secrets never enter it raw.
+//! - [`contract`]: per-tool contracts ([`RetryClass`](contract::RetryClass): read-only,
+//!   idempotent, recoverable, irreversible), built in code or loaded from a TOML/JSON policy.
+//!
+//! # Example
+//!
+//! ```
+//! use http::{HeaderMap, Method};
+//! use mcp_replay_guard::{
+//!     ExecutionId,
+//!     contract::{ContractRegistry, RetryClass, ToolContract},
+//!     fingerprint::{ActionRecord, Channel, FingerprintKey},
+//!     protocol::{self, Message, RequestKind},
+//! };
+//!
+//! let registry = ContractRegistry::builder()
+//!     .tool("deploy_release", ToolContract::irreversible())
+//!     .build()?;
+//! let key = FingerprintKey::generate()?;
+//!
+//! let body = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call",
+//!     "params":{"name":"deploy_release","arguments":{"service":"catalog"}}}"#;
+//! let request = protocol::classify(&Method::POST, &HeaderMap::new(), body)?;
+//! let RequestKind::Message(Message::ToolCall(call)) = request.kind else { unreachable!() };
+//!
+//! let target = "deploy-api.internal.example/mcp".into();
+//! let contract = registry.resolve(&call.name, &target, None)?.contract;
+//! assert_eq!(contract.class(), RetryClass::Irreversible);
+//!
+//! let record = ActionRecord::new("agent:a".into(), "run:1".into(), call.name, Channel::mcp(target))
+//!     .argument_map(call.arguments);
+//! let fingerprint = key.fingerprint(record, contract.fingerprint_rules());
+//! let execution = ExecutionId::new();
+//! println!("{execution} {fingerprint}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Feature flags
+//!
+//! None yet: the integrations (`rmcp`, `reqwest`, `postgres`, `server`, `cli`) arrive behind
+//! their own features.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -8,7 +68,9 @@
 )]
 
 pub mod context;
+pub mod contract;
 mod execution_id;
+pub mod fingerprint;
 pub mod protocol;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
@@ -16,4 +78,7 @@ pub use execution_id::{
     ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat, InvalidExecutionId,
     InvalidIdempotencyKey,
 };
-pub mod fingerprint;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

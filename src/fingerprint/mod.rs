@@ -34,6 +34,7 @@
 //! It finds a possibly related execution; it is never sent to a server. The key sent is the
 //! [`ExecutionId`](crate::ExecutionId).
 
+mod jcs;
 mod path;
 mod rules;
 
@@ -122,18 +123,22 @@ impl FingerprintKey {
             intent_scope,
         } = record;
         rules.apply(&mut arguments, |secret| self.seal_secret(secret));
-        let mut object = Map::new();
-        object.insert("actor".into(), actor.as_str().into());
-        object.insert("tool".into(), tool.into());
-        channel.write_into(&mut object);
-        if let Some(credential_ref) = credential_ref {
-            object.insert("credential_ref".into(), credential_ref.as_str().into());
+        let arguments = Value::Object(arguments);
+        let mut fields = vec![
+            ("actor", jcs::Field::Str(actor.as_str())),
+            ("arguments", jcs::Field::Json(&arguments)),
+            ("intent_scope", jcs::Field::Str(intent_scope.as_str())),
+            ("tool", jcs::Field::Str(&tool)),
+        ];
+        if let Some(credential_ref) = &credential_ref {
+            fields.push(("credential_ref", jcs::Field::Str(credential_ref.as_str())));
         }
-        let mut arguments = Value::Object(arguments);
-        numbers_as_ieee_doubles(&mut arguments);
-        object.insert("arguments".into(), arguments);
-        object.insert("intent_scope".into(), intent_scope.as_str().into());
-        CanonicalRecord(canonical_json(&Value::Object(object)))
+        channel.fields(&mut fields);
+        // Every name is ASCII, so byte order is JCS order.
+        fields.sort_unstable_by_key(|(name, _)| *name);
+        let mut out = Vec::with_capacity(256);
+        jcs::write_fields(&fields, &mut out);
+        CanonicalRecord(out)
     }
 
     /// The fingerprint of canonical bytes.
@@ -149,7 +154,6 @@ impl FingerprintKey {
     }
 
     fn seal_secret(&self, value: &mut Value) {
-        numbers_as_ieee_doubles(value);
         let mut mac = self.secret_mac.clone();
         mac.update(&canonical_json(value));
         let digest = mac.finalize().into_bytes();
@@ -163,32 +167,11 @@ impl fmt::Debug for FingerprintKey {
     }
 }
 
-/// RFC 8785 serialisation of a JSON value.
+/// RFC 8785 (JCS) serialisation of a JSON value.
 pub fn canonical_json(value: &Value) -> Vec<u8> {
-    // A `Value` has string keys and finite numbers only, the two things JCS can refuse, and
-    // writing to a Vec cannot fail.
-    serde_jcs::to_vec(value).expect("a serde_json::Value always has a JCS form")
-}
-
-/// JCS reads every number as an IEEE-754 double: an integer beyond 2^53 has no exact form
-/// and must serialise as the double it rounds to (serde_jcs writes u64/i64 digits verbatim).
-fn numbers_as_ieee_doubles(value: &mut Value) {
-    const EXACT: u64 = 1 << 53;
-    match value {
-        Value::Number(n) => {
-            let beyond = match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => u > EXACT,
-                (None, Some(i)) => i.unsigned_abs() > EXACT,
-                _ => false,
-            };
-            if beyond && let Some(double) = n.as_f64().and_then(serde_json::Number::from_f64) {
-                *n = double;
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(numbers_as_ieee_doubles),
-        Value::Object(map) => map.values_mut().for_each(numbers_as_ieee_doubles),
-        _ => {}
-    }
+    let mut out = Vec::with_capacity(256);
+    jcs::write(value, &mut out);
+    out
 }
 
 /// The canonical bytes of an action record (RFC 8785 JSON).
@@ -247,7 +230,9 @@ impl FromStr for Fingerprint {
     type Err = InvalidFingerprint;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let hex_digits = s.strip_prefix(FINGERPRINT_PREFIX).ok_or(InvalidFingerprint)?;
+        let hex_digits = s
+            .strip_prefix(FINGERPRINT_PREFIX)
+            .ok_or(InvalidFingerprint)?;
         let mut bytes = [0; 32];
         hex::decode_to_slice(hex_digits, &mut bytes).map_err(|_| InvalidFingerprint)?;
         Ok(Self(bytes))
@@ -310,36 +295,39 @@ impl Channel {
         }
     }
 
-    fn write_into(self, object: &mut Map<String, Value>) {
+    fn fields<'a>(&'a self, fields: &mut Vec<(&'static str, jcs::Field<'a>)>) {
+        use jcs::Field::Str;
         match self {
-            Self::Mcp { target, method } => {
-                object.insert("channel".into(), "mcp".into());
-                object.insert("target".into(), target.as_str().into());
-                object.insert("method".into(), method.into());
-            }
+            Self::Mcp { target, method } => fields.extend([
+                ("channel", Str("mcp")),
+                ("target", Str(target.as_str())),
+                ("method", Str(method)),
+            ]),
             Self::Http {
                 target,
                 method,
                 path,
-            } => {
-                object.insert("channel".into(), "http".into());
-                object.insert("target".into(), target.as_str().into());
-                object.insert("method".into(), method.as_str().into());
-                object.insert("path".into(), path.into());
-            }
+            } => fields.extend([
+                ("channel", Str("http")),
+                ("target", Str(target.as_str())),
+                ("method", Str(method.as_str())),
+                ("path", Str(path)),
+            ]),
             Self::Ssh {
                 host_identity,
                 account,
                 command,
                 working_directory,
             } => {
-                object.insert("channel".into(), "ssh".into());
-                object.insert("target".into(), host_identity.into());
-                object.insert("method".into(), "exec".into());
-                object.insert("account".into(), account.into());
-                object.insert("command".into(), command.into());
+                fields.extend([
+                    ("channel", Str("ssh")),
+                    ("target", Str(host_identity)),
+                    ("method", Str("exec")),
+                    ("account", Str(account)),
+                    ("command", Str(command)),
+                ]);
                 if let Some(dir) = working_directory {
-                    object.insert("working_directory".into(), dir.into());
+                    fields.push(("working_directory", Str(dir)));
                 }
             }
         }
@@ -359,7 +347,12 @@ pub struct ActionRecord {
 
 impl ActionRecord {
     /// A record with no credential reference and empty arguments.
-    pub fn new(actor: Actor, intent_scope: IntentScope, tool: impl Into<String>, channel: Channel) -> Self {
+    pub fn new(
+        actor: Actor,
+        intent_scope: IntentScope,
+        tool: impl Into<String>,
+        channel: Channel,
+    ) -> Self {
         Self {
             actor,
             tool: tool.into(),

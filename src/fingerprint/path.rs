@@ -90,7 +90,11 @@ impl fmt::Debug for ArgPath {
 
 impl ArgPath {
     /// Calls `f` on every value the path reaches.
-    pub(crate) fn for_each_mut(&self, arguments: &mut Map<String, Value>, f: &mut dyn FnMut(&mut Value)) {
+    pub(crate) fn for_each_mut(
+        &self,
+        arguments: &mut Map<String, Value>,
+        f: &mut dyn FnMut(&mut Value),
+    ) {
         let Some((first, rest)) = self.segments.split_first() else {
             return;
         };
@@ -236,7 +240,10 @@ mod tests {
     #[test]
     fn paths_parse_rfc_6901_escapes_and_reject_bad_ones() {
         let path: ArgPath = "/a~1b/c~0d".parse().unwrap();
-        assert_eq!(path.segments, [Segment::Key("a/b".into()), Segment::Key("c~d".into())]);
+        assert_eq!(
+            path.segments,
+            [Segment::Key("a/b".into()), Segment::Key("c~d".into())]
+        );
         assert!("a/b".parse::<ArgPath>().is_err());
         assert!("".parse::<ArgPath>().is_err());
         assert!("/a~2".parse::<ArgPath>().is_err());
@@ -246,21 +253,38 @@ mod tests {
 
     #[test]
     fn remove_reaches_nested_keys_wildcards_and_array_indexes() {
-        let mut a = args(json!({"a": {"b": 1, "c": 2}, "items": [{"note": "x", "n": 1}, {"note": "y"}], "list": [1, 2, 3]}));
+        let mut a = args(
+            json!({"a": {"b": 1, "c": 2}, "items": [{"note": "x", "n": 1}, {"note": "y"}], "list": [1, 2, 3]}),
+        );
         "/a/b".parse::<ArgPath>().unwrap().remove(&mut a);
         "/items/*/note".parse::<ArgPath>().unwrap().remove(&mut a);
         "/list/1".parse::<ArgPath>().unwrap().remove(&mut a);
         "/missing/deep".parse::<ArgPath>().unwrap().remove(&mut a);
-        assert_eq!(json!(a), json!({"a": {"c": 2}, "items": [{"n": 1}, {}], "list": [1, 3]}));
+        assert_eq!(
+            json!(a),
+            json!({"a": {"c": 2}, "items": [{"n": 1}, {}], "list": [1, 3]})
+        );
     }
 
     #[test]
     fn materialize_fills_only_absent_values() {
         let mut a = args(json!({"region": "eu", "items": [{"qty": 3}, {}]}));
-        "/region".parse::<ArgPath>().unwrap().materialize(&mut a, &json!("us"));
-        "/dry_run".parse::<ArgPath>().unwrap().materialize(&mut a, &json!(false));
-        "/items/*/qty".parse::<ArgPath>().unwrap().materialize(&mut a, &json!(1));
-        "/opts/retries".parse::<ArgPath>().unwrap().materialize(&mut a, &json!(0));
+        "/region"
+            .parse::<ArgPath>()
+            .unwrap()
+            .materialize(&mut a, &json!("us"));
+        "/dry_run"
+            .parse::<ArgPath>()
+            .unwrap()
+            .materialize(&mut a, &json!(false));
+        "/items/*/qty"
+            .parse::<ArgPath>()
+            .unwrap()
+            .materialize(&mut a, &json!(1));
+        "/opts/retries"
+            .parse::<ArgPath>()
+            .unwrap()
+            .materialize(&mut a, &json!(0));
         assert_eq!(
             json!(a),
             json!({"region": "eu", "dry_run": false, "items": [{"qty": 3}, {"qty": 1}], "opts": {"retries": 0}})
@@ -271,8 +295,14 @@ mod tests {
     fn for_each_mut_visits_every_match() {
         let mut a = args(json!({"users": [{"name": "A"}, {"name": "B"}], "x": {"name": "C"}}));
         let mut seen = vec![];
-        "/users/*/name".parse::<ArgPath>().unwrap().for_each_mut(&mut a, &mut |v| seen.push(v.clone()));
-        "/*/name".parse::<ArgPath>().unwrap().for_each_mut(&mut a, &mut |v| seen.push(v.clone()));
+        "/users/*/name"
+            .parse::<ArgPath>()
+            .unwrap()
+            .for_each_mut(&mut a, &mut |v| seen.push(v.clone()));
+        "/*/name"
+            .parse::<ArgPath>()
+            .unwrap()
+            .for_each_mut(&mut a, &mut |v| seen.push(v.clone()));
         assert_eq!(seen, [json!("A"), json!("B"), json!("C")]);
     }
 }

@@ -39,10 +39,8 @@ impl Normalizer {
                     *s = trimmed.to_owned();
                 }
             }
-            (Self::Lowercase, Value::String(s)) => {
-                if s.chars().any(char::is_uppercase) {
-                    *s = s.to_lowercase();
-                }
+            (Self::Lowercase, Value::String(s)) if s.chars().any(char::is_uppercase) => {
+                *s = s.to_lowercase();
             }
             (Self::Custom { function, .. }, value) => function(value),
             _ => {}
@@ -149,7 +147,11 @@ impl FingerprintRules {
         path.parse().map_err(|e| self.errors.push(e)).ok()
     }
 
-    pub(super) fn apply(&self, arguments: &mut Map<String, Value>, mut seal: impl FnMut(&mut Value)) {
+    pub(super) fn apply(
+        &self,
+        arguments: &mut Map<String, Value>,
+        mut seal: impl FnMut(&mut Value),
+    ) {
         for (path, value) in &self.defaults {
             path.materialize(arguments, value);
         }
@@ -207,8 +209,7 @@ impl<'de> Deserialize<'de> for FingerprintRules {
                 one => vec![one],
             };
             for name in names {
-                let normalizer =
-                    Normalizer::deserialize(name).map_err(serde::de::Error::custom)?;
+                let normalizer = Normalizer::deserialize(name).map_err(serde::de::Error::custom)?;
                 rules = rules.normalize(&path, normalizer);
             }
         }

@@ -78,8 +78,14 @@ fn rfc8785_appendix_b_number_serialisation() {
 #[test]
 fn integers_beyond_2_pow_53_canonicalise_as_the_double_they_round_to() {
     let key = key();
-    let a = key.fingerprint(record(json!({"n": 9007199254740993_u64})), &FingerprintRules::new());
-    let b = key.fingerprint(record(json!({"n": 9007199254740992.0})), &FingerprintRules::new());
+    let a = key.fingerprint(
+        record(json!({"n": 9007199254740993_u64})),
+        &FingerprintRules::new(),
+    );
+    let b = key.fingerprint(
+        record(json!({"n": 9007199254740992.0})),
+        &FingerprintRules::new(),
+    );
     assert_eq!(a, b);
 }
 
@@ -122,7 +128,10 @@ fn fingerprints_display_parse_and_depend_on_the_key() {
     let other = FingerprintKey::from_bytes(&[1; 32]).unwrap();
     assert_ne!(other.fingerprint(record(json!({})), &rules), fp);
     assert_eq!(format!("{:?}", key()), "FingerprintKey(<redacted>)");
-    assert!(matches!(FingerprintKey::from_bytes(&[0; 16]), Err(InvalidFingerprintKey::Length(16))));
+    assert!(matches!(
+        FingerprintKey::from_bytes(&[0; 16]),
+        Err(InvalidFingerprintKey::Length(16))
+    ));
     assert_ne!(
         FingerprintKey::generate().unwrap().expose_bytes(),
         FingerprintKey::generate().unwrap().expose_bytes()
@@ -143,7 +152,12 @@ fn http_and_ssh_channels_carry_their_identifying_fields() {
     );
     let canonical = key().canonicalize(http, &FingerprintRules::new());
     let text = std::str::from_utf8(canonical.as_bytes()).unwrap();
-    assert!(text.contains(r#""channel":"http""#) && text.contains(r#""method":"POST""#) && text.contains(r#""path":"/v1/payments""#), "{text}");
+    assert!(
+        text.contains(r#""channel":"http""#)
+            && text.contains(r#""method":"POST""#)
+            && text.contains(r#""path":"/v1/payments""#),
+        "{text}"
+    );
 
     let ssh = |command: &str, dir: Option<&str>| {
         ActionRecord::new(
@@ -161,9 +175,18 @@ fn http_and_ssh_channels_carry_their_identifying_fields() {
     let k = key();
     let rules = FingerprintRules::new();
     let base = k.fingerprint(ssh("systemctl restart catalog", Some("/srv")), &rules);
-    assert_ne!(base, k.fingerprint(ssh("systemctl restart billing", Some("/srv")), &rules));
-    assert_ne!(base, k.fingerprint(ssh("systemctl restart catalog", Some("/tmp")), &rules));
-    assert_ne!(base, k.fingerprint(ssh("systemctl restart catalog", None), &rules));
+    assert_ne!(
+        base,
+        k.fingerprint(ssh("systemctl restart billing", Some("/srv")), &rules)
+    );
+    assert_ne!(
+        base,
+        k.fingerprint(ssh("systemctl restart catalog", Some("/tmp")), &rules)
+    );
+    assert_ne!(
+        base,
+        k.fingerprint(ssh("systemctl restart catalog", None), &rules)
+    );
 }
 
 #[test]
@@ -173,19 +196,31 @@ fn rules_drop_normalise_and_materialise() {
         .default_value("/region", "us-east-1")
         .normalize("/service", Normalizer::Trim)
         .normalize("/service", Normalizer::Lowercase)
-        .normalize("/version", Normalizer::custom("strip-v", |v| {
-            if let Value::String(s) = v
-                && let Some(rest) = s.strip_prefix('v')
-            {
-                *s = rest.to_owned();
-            }
-        }))
+        .normalize(
+            "/version",
+            Normalizer::custom("strip-v", |v| {
+                if let Value::String(s) = v
+                    && let Some(rest) = s.strip_prefix('v')
+                {
+                    *s = rest.to_owned();
+                }
+            }),
+        )
         .drop("/note");
     assert!(rules.check().is_ok());
-    let explicit = k.fingerprint(record(json!({"service": "catalog", "version": "1.2", "region": "us-east-1"})), &rules);
-    let messy = k.fingerprint(record(json!({"service": "  Catalog ", "version": "v1.2", "note": "retry after lunch"})), &rules);
+    let explicit = k.fingerprint(
+        record(json!({"service": "catalog", "version": "1.2", "region": "us-east-1"})),
+        &rules,
+    );
+    let messy = k.fingerprint(
+        record(json!({"service": "  Catalog ", "version": "v1.2", "note": "retry after lunch"})),
+        &rules,
+    );
     assert_eq!(explicit, messy);
-    let other_region = k.fingerprint(record(json!({"service": "catalog", "version": "1.2", "region": "eu-west-1"})), &rules);
+    let other_region = k.fingerprint(
+        record(json!({"service": "catalog", "version": "1.2", "region": "eu-west-1"})),
+        &rules,
+    );
     assert_ne!(explicit, other_region);
     // Without the rules the two spellings are different intents.
     let none = FingerprintRules::new();
@@ -216,7 +251,10 @@ fn rules_load_from_toml_with_named_errors() {
     let k = key();
     assert_eq!(
         k.fingerprint(record(json!({"service": " X ", "env": "PROD"})), &rules),
-        k.fingerprint(record(json!({"service": "x", "env": "prod", "region": "us-east-1", "note": 1})), &rules)
+        k.fingerprint(
+            record(json!({"service": "x", "env": "prod", "region": "us-east-1", "note": 1})),
+            &rules
+        )
     );
     let err = toml::from_str::<FingerprintRules>(r#"normalize = { "/a" = "upcase" }"#).unwrap_err();
     assert!(err.to_string().contains("upcase"), "{err}");
@@ -229,7 +267,9 @@ fn rules_load_from_toml_with_named_errors() {
 #[test]
 fn secret_arguments_are_sealed_not_raw_and_still_match() {
     let k = key();
-    let rules = FingerprintRules::new().secret("/api_token").secret("/card/*");
+    let rules = FingerprintRules::new()
+        .secret("/api_token")
+        .secret("/card/*");
     let args = json!({"api_token": "tok_live_8Hq2", "card": {"number": "4242424242424242", "cvc": 123}, "amount": 5});
     let canonical = k.canonicalize(record(args.clone()), &rules);
     let text = std::str::from_utf8(canonical.as_bytes()).unwrap();
@@ -262,7 +302,8 @@ fn arb_json() -> impl Strategy<Value = Value> {
 }
 
 fn arb_arguments() -> impl Strategy<Value = Map<String, Value>> {
-    prop::collection::btree_map("[a-z_]{1,8}", arb_json(), 1..6).prop_map(|m| m.into_iter().collect())
+    prop::collection::btree_map("[a-z_]{1,8}", arb_json(), 1..6)
+        .prop_map(|m| m.into_iter().collect())
 }
 
 /// Writes JSON with object keys in reverse order and optional whitespace, which serde_json's
@@ -304,7 +345,10 @@ fn fingerprint_body(body: &str) -> Fingerprint {
     let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
         panic!("not a tools/call")
     };
-    key().fingerprint(record(Value::Null).argument_map(call.arguments), &FingerprintRules::new())
+    key().fingerprint(
+        record(Value::Null).argument_map(call.arguments),
+        &FingerprintRules::new(),
+    )
 }
 
 proptest! {
@@ -397,4 +441,37 @@ proptest! {
         let needle = secret.as_bytes();
         prop_assert!(!canonical.as_bytes().windows(needle.len()).any(|w| w == needle));
     }
+}
+
+proptest! {
+    /// serde_jcs is the reference implementation this crate's faster writer must agree with.
+    #[test]
+    fn canonical_json_agrees_with_serde_jcs(value in arb_json_wide()) {
+        prop_assert_eq!(
+            String::from_utf8(canonical_json(&value)).unwrap(),
+            serde_jcs::to_string(&value).unwrap()
+        );
+    }
+}
+
+/// Values with every kind of key and string the sort and the escaper must get right, and
+/// numbers across the whole double range.
+fn arb_json_wide() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(|u| Value::from(u % (1 << 53))),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        any::<String>().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(any::<String>(), inner, 0..8)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
 }

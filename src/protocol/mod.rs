@@ -196,12 +196,12 @@ fn classify_post(
             }
             Ok(RequestKind::Message(message))
         }
-        Parsed::Batch(_) if !version.allows_batches() => Err(ClassifyError::InvalidBatch(
-            format!("JSON-RPC batches are not allowed in MCP {version}"),
+        Parsed::Batch(_) if !version.allows_batches() => Err(ClassifyError::InvalidBatch(format!(
+            "JSON-RPC batches are not allowed in MCP {version}"
+        ))),
+        Parsed::Batch(values) if values.is_empty() => Err(ClassifyError::InvalidBatch(
+            "an empty JSON-RPC batch".into(),
         )),
-        Parsed::Batch(values) if values.is_empty() => {
-            Err(ClassifyError::InvalidBatch("an empty JSON-RPC batch".into()))
-        }
         Parsed::Batch(values) => values
             .into_iter()
             .map(|(value, duplicate)| message_from_value(value, duplicate))

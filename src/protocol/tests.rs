@@ -99,15 +99,27 @@ fn get_with_last_event_id_is_a_resume_even_with_a_stale_mcp_method() {
 
 #[test]
 fn get_without_last_event_id_opens_a_listen_stream() {
-    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Session-Id", SESSION)]);
-    assert_eq!(classify(&Method::GET, &h, b"").unwrap().kind, RequestKind::Listen);
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2025-11-25"),
+        ("Mcp-Session-Id", SESSION),
+    ]);
+    assert_eq!(
+        classify(&Method::GET, &h, b"").unwrap().kind,
+        RequestKind::Listen
+    );
     let empty = headers(&[("Last-Event-ID", "")]);
-    assert_eq!(classify(&Method::GET, &empty, b"").unwrap().kind, RequestKind::Listen);
+    assert_eq!(
+        classify(&Method::GET, &empty, b"").unwrap().kind,
+        RequestKind::Listen
+    );
 }
 
 #[test]
 fn delete_ends_the_session() {
-    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Session-Id", SESSION)]);
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2025-11-25"),
+        ("Mcp-Session-Id", SESSION),
+    ]);
     let request = classify(&Method::DELETE, &h, b"").unwrap();
     assert_eq!(request.kind, RequestKind::EndSession);
     assert_eq!(request.session_id.as_deref(), Some(SESSION));
@@ -167,13 +179,17 @@ fn post_2026_07_28_with_matching_standard_headers() {
     assert_eq!(tool_call(request).name, "get_weather");
 
     // A name that cannot travel bare arrives Base64-wrapped.
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"météo"}}"#.as_bytes();
+    let body =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"météo"}}"#.as_bytes();
     let h = headers(&[
         ("MCP-Protocol-Version", "2026-07-28"),
         ("Mcp-Method", "tools/call"),
         ("Mcp-Name", "=?base64?bcOpdMOpbw==?="),
     ]);
-    assert_eq!(tool_call(classify(&Method::POST, &h, body).unwrap()).name, "météo");
+    assert_eq!(
+        tool_call(classify(&Method::POST, &h, body).unwrap()).name,
+        "météo"
+    );
 }
 
 #[test]
@@ -200,14 +216,18 @@ fn mismatched_standard_headers_are_typed_errors() {
         "{err:?}"
     );
     // The same headers in a 2025 revision are not checked: they mean nothing there.
-    let h = headers(&[("MCP-Protocol-Version", "2025-11-25"), ("Mcp-Method", "tools/list")]);
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2025-11-25"),
+        ("Mcp-Method", "tools/list"),
+    ]);
     assert!(classify(&Method::POST, &h, SPEC_TOOLS_CALL).is_ok());
 }
 
 #[test]
 fn malformed_bodies_are_typed_errors() {
     let none = HeaderMap::new();
-    let cases: &[(&[u8], fn(&ClassifyError) -> bool)] = &[
+    type Expect = fn(&ClassifyError) -> bool;
+    let cases: &[(&[u8], Expect)] = &[
         (b"\xff\xfe{}", |e| matches!(e, ClassifyError::InvalidUtf8 { valid_up_to: 0 })),
         (b"{\"jsonrpc\":", |e| matches!(e, ClassifyError::InvalidJson(_))),
         (b"{} trailing", |e| matches!(e, ClassifyError::InvalidJson(_))),
@@ -229,20 +249,27 @@ fn malformed_bodies_are_typed_errors() {
     ];
     for (body, expected) in cases {
         let err = classify(&Method::POST, &none, body).unwrap_err();
-        assert!(expected(&err), "{}: unexpected {err:?}", String::from_utf8_lossy(body));
+        assert!(
+            expected(&err),
+            "{}: unexpected {err:?}",
+            String::from_utf8_lossy(body)
+        );
         assert!(!err.to_string().is_empty());
     }
 }
 
 #[test]
 fn duplicate_keys_outside_a_tools_call_pass() {
-    let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"a","cursor":"b"}}"#;
+    let body =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"a","cursor":"b"}}"#;
     assert!(classify(&Method::POST, &HeaderMap::new(), body).is_ok());
 }
 
 #[test]
 fn deeply_nested_input_is_an_error_not_a_stack_overflow() {
-    let mut body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":"#.to_vec();
+    let mut body =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":"#
+            .to_vec();
     body.extend(std::iter::repeat_n(b'[', 100_000));
     let err = classify(&Method::POST, &HeaderMap::new(), &body).unwrap_err();
     assert!(matches!(err, ClassifyError::InvalidJson(_)), "{err:?}");

@@ -86,7 +86,9 @@ impl fmt::Display for ProtocolVersion {
 
 /// A protocol revision this crate does not speak.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported MCP protocol version {0:?}; this crate speaks 2025-03-26, 2025-06-18, 2025-11-25 and 2026-07-28")]
+#[error(
+    "unsupported MCP protocol version {0:?}; this crate speaks 2025-03-26, 2025-06-18, 2025-11-25 and 2026-07-28"
+)]
 pub struct UnsupportedProtocolVersion(pub(crate) String);
 
 impl FromStr for ProtocolVersion {
