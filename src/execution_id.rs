@@ -108,18 +108,7 @@ impl FromStr for ExecutionId {
     }
 }
 
-impl Serialize for ExecutionId {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ExecutionId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_display_fromstr!(ExecutionId);
 
 impl From<ExecutionId> for HeaderValue {
     fn from(id: ExecutionId) -> Self {

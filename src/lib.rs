@@ -67,6 +67,26 @@
     unreachable_pub
 )]
 
+/// Serialises a type through `Display` and deserialises it through `FromStr`, so its JSON form
+/// is the same string as its text form.
+macro_rules! serde_display_fromstr {
+    ($type:ty) => {
+        impl serde::Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+pub(crate) use serde_display_fromstr;
+
 pub mod context;
 pub mod contract;
 mod execution_id;

@@ -41,7 +41,6 @@ mod rules;
 use std::{fmt, str::FromStr};
 
 use hmac::{Hmac, KeyInit, Mac};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use sha2::Sha256;
 
@@ -239,18 +238,7 @@ impl FromStr for Fingerprint {
     }
 }
 
-impl Serialize for Fingerprint {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Fingerprint {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_display_fromstr!(Fingerprint);
 
 /// How the action reaches its target. Each channel puts its own identifying fields into the
 /// canonical record.

@@ -1,7 +1,5 @@
 use std::{fmt, str::FromStr};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// A Streamable HTTP protocol revision of MCP, as named by the `MCP-Protocol-Version` header.
 ///
 /// A request without the header is 2025-03-26, as the specification says.
@@ -102,18 +100,7 @@ impl FromStr for ProtocolVersion {
     }
 }
 
-impl Serialize for ProtocolVersion {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for ProtocolVersion {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+crate::serde_display_fromstr!(ProtocolVersion);
 
 #[cfg(test)]
 mod tests {
