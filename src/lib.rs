@@ -91,6 +91,8 @@ pub mod context;
 pub mod contract;
 mod execution_id;
 pub mod fingerprint;
+pub mod guard;
+pub mod ledger;
 pub mod protocol;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};

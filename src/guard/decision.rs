@@ -1,0 +1,291 @@
+//! The retry decision of DESIGN §4, as plain code: no HTTP, no I/O.
+
+use crate::{
+    contract::RetryClass,
+    ledger::{Claimed, ExecutionRecord, ExecutionState},
+};
+
+/// What the guard does with a `tools/call`, decided from the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// A new execution: authorize, record `dispatched`, send with its `Idempotency-Key`.
+    Start,
+    /// An execution that never left (accepted, authorized or provably not sent) whose attempt
+    /// is gone: continue it under the same execution ID (authorizing it first if it never was).
+    Continue,
+    /// A live attempt owns the execution: wait for it (bounded) and answer with its outcome.
+    Attach,
+    /// The outcome is unknown and the stream can be resumed: GET with `Last-Event-ID`.
+    Resume,
+    /// The outcome is unknown and the class allows it: send again under the same execution ID
+    /// and key (read-only and idempotent tools).
+    Resend,
+    /// The outcome is unknown: ask the contract's status probe (recoverable tools).
+    Probe,
+    /// The target answered but the caller never got it: hand back the kept result.
+    ReturnStored,
+    /// The same denial as before; no new approval.
+    RepeatDenial,
+    /// Answer honestly that the outcome is not known, and why nothing was re-sent.
+    Uncertain(UncertainReason),
+}
+
+/// Why the guard answers with an uncertain result instead of the target's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UncertainReason {
+    /// Unknown outcome on a tool that may not be re-sent: held for review (recorded as
+    /// `needs_review` if it is not already).
+    NeedsReview,
+    /// The execution is still running and did not finish within the attach wait.
+    InProgress,
+    /// The target finished, but its result was not kept (contract or size cap).
+    ResultNotKept,
+}
+
+/// The facts the decision needs beyond the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// A live attempt (this process's, or another's with a valid lease) owns the execution.
+    pub attempt_alive: bool,
+    /// The protocol era allows resumption and a last event id is known.
+    pub resumable: bool,
+    /// The tool's contract has a status probe (or the call became an MCP task).
+    pub has_probe: bool,
+}
+
+/// Decides what to do with a `tools/call` given what its claim found.
+pub fn decide(claimed: &Claimed, facts: Facts) -> Decision {
+    match claimed {
+        Claimed::New(_) => Decision::Start,
+        Claimed::Existing(record) => decide_existing(record, facts),
+    }
+}
+
+fn decide_existing(record: &ExecutionRecord, facts: Facts) -> Decision {
+    use ExecutionState as S;
+    match record.state {
+        S::Accepted | S::Authorized | S::NotSent | S::Dispatched if facts.attempt_alive => {
+            Decision::Attach
+        }
+        S::Accepted | S::Authorized | S::NotSent => Decision::Continue,
+        // Dispatched with no live attempt: the attempt died after the bytes may have left.
+        // That is an unknown outcome.
+        S::Dispatched | S::Unknown => decide_unknown(record.retry_class, facts),
+        S::NeedsReview => Decision::Uncertain(UncertainReason::NeedsReview),
+        S::Completed | S::ResolvedApplied if record.result_reference.is_some() => {
+            Decision::ReturnStored
+        }
+        // A read-only result that was not kept is simply fetched again.
+        S::Completed | S::ResolvedApplied if record.retry_class == RetryClass::ReadOnly => {
+            Decision::Resend
+        }
+        S::Completed | S::ResolvedApplied => Decision::Uncertain(UncertainReason::ResultNotKept),
+        S::Denied => Decision::RepeatDenial,
+        // Not linkable: a claim never returns these as existing. Treat a caller that passes one
+        // as a new intent.
+        S::Failed | S::ResolvedNotApplied => Decision::Start,
+    }
+}
+
+fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
+    if facts.resumable {
+        return Decision::Resume;
+    }
+    match class {
+        RetryClass::ReadOnly | RetryClass::Idempotent => Decision::Resend,
+        RetryClass::Recoverable if facts.has_probe => Decision::Probe,
+        RetryClass::Recoverable | RetryClass::Irreversible => {
+            Decision::Uncertain(UncertainReason::NeedsReview)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::{Claim, ExecutionRecord, Timestamp};
+
+    const CLASSES: [RetryClass; 4] = [
+        RetryClass::ReadOnly,
+        RetryClass::Idempotent,
+        RetryClass::Recoverable,
+        RetryClass::Irreversible,
+    ];
+
+    fn record(class: RetryClass, state: ExecutionState, kept: bool) -> ExecutionRecord {
+        let claim = Claim {
+            fingerprint:
+                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
+                    .parse()
+                    .unwrap(),
+            tool: "t".into(),
+            actor: "a".into(),
+            intent_scope: "s".into(),
+            target: "srv".into(),
+            credential_ref: None,
+            retry_class: class,
+            link_window: Duration::from_secs(60),
+            retention: Duration::from_secs(60),
+            owner: "me".into(),
+            at: Timestamp::from_millis(0),
+        };
+        let mut r =
+            ExecutionRecord::from_accepted(&claim.accepted_event(crate::ExecutionId::new()))
+                .unwrap();
+        r.state = state;
+        r.result_reference = kept.then(|| "result_x".into());
+        r
+    }
+
+    fn facts(attempt_alive: bool, resumable: bool, has_probe: bool) -> Facts {
+        Facts {
+            attempt_alive,
+            resumable,
+            has_probe,
+        }
+    }
+
+    /// DESIGN §4, row by row, for every retry class.
+    #[test]
+    fn the_decision_table() {
+        use Decision as D;
+        use ExecutionState as S;
+        use UncertainReason as U;
+        let idle = facts(false, false, false);
+        for class in CLASSES {
+            let by_class =
+                |read_only: D, idempotent: D, recoverable: D, irreversible: D| match class {
+                    RetryClass::ReadOnly => read_only,
+                    RetryClass::Idempotent => idempotent,
+                    RetryClass::Recoverable => recoverable,
+                    RetryClass::Irreversible => irreversible,
+                };
+            let rows: Vec<(&str, Claimed, Facts, D)> = vec![
+                (
+                    "no prior execution",
+                    Claimed::New(record(class, S::Accepted, false)),
+                    idle,
+                    D::Start,
+                ),
+                (
+                    "accepted, owner alive",
+                    Claimed::Existing(record(class, S::Accepted, false)),
+                    facts(true, false, false),
+                    D::Attach,
+                ),
+                (
+                    "authorized, owner alive",
+                    Claimed::Existing(record(class, S::Authorized, false)),
+                    facts(true, false, false),
+                    D::Attach,
+                ),
+                (
+                    "accepted, owner gone",
+                    Claimed::Existing(record(class, S::Accepted, false)),
+                    idle,
+                    D::Continue,
+                ),
+                (
+                    "authorized, owner gone",
+                    Claimed::Existing(record(class, S::Authorized, false)),
+                    idle,
+                    D::Continue,
+                ),
+                (
+                    "not sent, owner gone",
+                    Claimed::Existing(record(class, S::NotSent, false)),
+                    idle,
+                    D::Continue,
+                ),
+                (
+                    "dispatched, in flight",
+                    Claimed::Existing(record(class, S::Dispatched, false)),
+                    facts(true, false, false),
+                    D::Attach,
+                ),
+                (
+                    "unknown, resumable",
+                    Claimed::Existing(record(class, S::Unknown, false)),
+                    facts(false, true, true),
+                    D::Resume,
+                ),
+                (
+                    "unknown, no probe",
+                    Claimed::Existing(record(class, S::Unknown, false)),
+                    idle,
+                    by_class(
+                        D::Resend,
+                        D::Resend,
+                        D::Uncertain(U::NeedsReview),
+                        D::Uncertain(U::NeedsReview),
+                    ),
+                ),
+                (
+                    "unknown, with probe",
+                    Claimed::Existing(record(class, S::Unknown, false)),
+                    facts(false, false, true),
+                    by_class(D::Resend, D::Resend, D::Probe, D::Uncertain(U::NeedsReview)),
+                ),
+                (
+                    "dispatched, attempt died",
+                    Claimed::Existing(record(class, S::Dispatched, false)),
+                    facts(false, false, true),
+                    by_class(D::Resend, D::Resend, D::Probe, D::Uncertain(U::NeedsReview)),
+                ),
+                (
+                    "completed, not delivered, kept",
+                    Claimed::Existing(record(class, S::Completed, true)),
+                    idle,
+                    D::ReturnStored,
+                ),
+                (
+                    "completed, not delivered, not kept",
+                    Claimed::Existing(record(class, S::Completed, false)),
+                    idle,
+                    by_class(
+                        D::Resend,
+                        D::Uncertain(U::ResultNotKept),
+                        D::Uncertain(U::ResultNotKept),
+                        D::Uncertain(U::ResultNotKept),
+                    ),
+                ),
+                (
+                    "resolved applied, kept",
+                    Claimed::Existing(record(class, S::ResolvedApplied, true)),
+                    idle,
+                    D::ReturnStored,
+                ),
+                (
+                    "denied",
+                    Claimed::Existing(record(class, S::Denied, false)),
+                    facts(false, true, true),
+                    D::RepeatDenial,
+                ),
+                (
+                    "needs review",
+                    Claimed::Existing(record(class, S::NeedsReview, false)),
+                    facts(false, true, true),
+                    D::Uncertain(U::NeedsReview),
+                ),
+            ];
+            for (row, claimed, facts, expected) in rows {
+                assert_eq!(decide(&claimed, facts), expected, "{class}: {row}");
+            }
+        }
+    }
+
+    #[test]
+    fn delivered_failed_and_expired_executions_do_not_link() {
+        let now = Timestamp::from_millis(1_000);
+        let mut delivered = record(RetryClass::Irreversible, ExecutionState::Completed, true);
+        assert!(delivered.is_linkable(now));
+        delivered.delivered_at = Some(now);
+        assert!(!delivered.is_linkable(now));
+        assert!(!record(RetryClass::Irreversible, ExecutionState::Failed, false).is_linkable(now));
+        let unknown = record(RetryClass::Irreversible, ExecutionState::Unknown, false);
+        assert!(unknown.is_linkable(now));
+        assert!(!unknown.is_linkable(Timestamp::from_millis(60_001)));
+    }
+}

@@ -1,0 +1,399 @@
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use dashmap::{DashMap, mapref::entry::Entry};
+
+use super::{
+    Claim, Claimed, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp, result_reference,
+};
+use crate::{Actor, ExecutionId, IntentScope, fingerprint::Fingerprint};
+
+/// How many claims pass between two sweeps of expired records.
+const SWEEP_EVERY: u64 = 1024;
+
+/// A ledger in memory, on `dashmap`: fast, shared by every clone, and gone when the process
+/// exits. Records leave it when their contract's retention ends, so memory stays bounded by
+/// the number of executions inside their retention.
+///
+/// # Clone
+///
+/// Clones share the same ledger.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLedger {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    executions: DashMap<ExecutionId, Stored>,
+    /// The latest execution of each intent.
+    intents: DashMap<IntentKey, ExecutionId>,
+    claims: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Stored {
+    record: ExecutionRecord,
+    events: Vec<LedgerEvent>,
+    result: Option<Bytes>,
+}
+
+type IntentKey = (Actor, IntentScope, Fingerprint);
+
+impl MemoryLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Removes every execution whose retention ended before `now`; returns how many.
+    pub fn purge_expired(&self, now: Timestamp) -> usize {
+        let before = self.inner.executions.len();
+        self.inner
+            .executions
+            .retain(|_, e| e.record.retain_until >= now);
+        self.inner
+            .intents
+            .retain(|_, id| self.inner.executions.contains_key(id));
+        before - self.inner.executions.len()
+    }
+
+    /// Number of executions in the index.
+    pub fn len(&self) -> usize {
+        self.inner.executions.len()
+    }
+
+    /// Whether the index is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.executions.is_empty()
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryLedger {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        if self.inner.claims.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            self.purge_expired(claim.at);
+        }
+        let key = (
+            claim.actor.clone(),
+            claim.intent_scope.clone(),
+            claim.fingerprint,
+        );
+        // The intent's shard stays locked until the new execution is in place: one winner.
+        match self.inner.intents.entry(key) {
+            Entry::Occupied(mut occupied) => {
+                let linked = self
+                    .inner
+                    .executions
+                    .get(occupied.get())
+                    .filter(|e| e.record.is_linkable(claim.at))
+                    .map(|e| e.record.clone());
+                if let Some(record) = linked {
+                    return Ok(Claimed::Existing(record));
+                }
+                let record = self.insert_new(&claim);
+                occupied.insert(record.execution_id);
+                Ok(Claimed::New(record))
+            }
+            Entry::Vacant(vacant) => {
+                let record = self.insert_new(&claim);
+                vacant.insert(record.execution_id);
+                Ok(Claimed::New(record))
+            }
+        }
+    }
+
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        let mut entry = self
+            .inner
+            .executions
+            .get_mut(&event.execution_id)
+            .ok_or(LedgerError::NotFound(event.execution_id))?;
+        entry.record.apply(&event)?;
+        entry.events.push(event);
+        Ok(entry.record.clone())
+    }
+
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
+        Ok(self
+            .inner
+            .executions
+            .get(&execution_id)
+            .map(|e| e.record.clone()))
+    }
+
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        Ok(self
+            .inner
+            .executions
+            .get(&execution_id)
+            .map(|e| e.events.clone())
+            .unwrap_or_default())
+    }
+
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
+        let mut records: Vec<_> = self
+            .inner
+            .executions
+            .iter()
+            .map(|e| e.record.clone())
+            .collect();
+        records.sort_by_key(|r| r.execution_id);
+        Ok(records)
+    }
+
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError> {
+        let mut entry = self
+            .inner
+            .executions
+            .get_mut(&execution_id)
+            .ok_or(LedgerError::NotFound(execution_id))?;
+        entry.result = Some(result);
+        Ok(result_reference(execution_id))
+    }
+
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
+        let Some(id) = reference
+            .strip_prefix("result_")
+            .and_then(|ulid| format!("act_{ulid}").parse::<ExecutionId>().ok())
+        else {
+            return Ok(None);
+        };
+        Ok(self
+            .inner
+            .executions
+            .get(&id)
+            .and_then(|e| e.result.clone()))
+    }
+}
+
+impl MemoryLedger {
+    fn insert_new(&self, claim: &Claim) -> ExecutionRecord {
+        let event = claim.accepted_event(ExecutionId::new());
+        let record = ExecutionRecord::from_accepted(&event).expect("an accepted event");
+        self.inner.executions.insert(
+            record.execution_id,
+            Stored {
+                record: record.clone(),
+                events: vec![event],
+                result: None,
+            },
+        );
+        record
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        IdempotencyKey,
+        contract::RetryClass,
+        ledger::{EventKind, ExecutionState},
+    };
+
+    fn claim(fingerprint_byte: u8, at: u64) -> Claim {
+        Claim {
+            fingerprint: format!(
+                "hmac-sha256:{}",
+                format!("{fingerprint_byte:02x}").repeat(32)
+            )
+            .parse()
+            .unwrap(),
+            tool: "deploy_release".into(),
+            actor: "signed-process:com.example.agent".into(),
+            intent_scope: "run:5f8097".into(),
+            target: "deploy-api.internal.example/mcp".into(),
+            credential_ref: Some("deploy-service".into()),
+            retry_class: RetryClass::Irreversible,
+            link_window: Duration::from_secs(60),
+            retention: Duration::from_secs(3600),
+            owner: "test".into(),
+            at: Timestamp::from_millis(at),
+        }
+    }
+
+    fn event(id: ExecutionId, at: u64, kind: EventKind) -> LedgerEvent {
+        LedgerEvent {
+            execution_id: id,
+            at: Timestamp::from_millis(at),
+            kind,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_claims_of_one_intent_have_exactly_one_winner() {
+        let ledger = MemoryLedger::new();
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let ledger = ledger.clone();
+                tokio::spawn(async move { ledger.claim(claim(1, 1_000)).await.unwrap() })
+            })
+            .collect();
+        let mut new = 0;
+        let mut ids = std::collections::HashSet::new();
+        for task in tasks {
+            let claimed = task.await.unwrap();
+            new += usize::from(matches!(claimed, Claimed::New(_)));
+            ids.insert(claimed.record().execution_id);
+        }
+        assert_eq!((new, ids.len()), (1, 1));
+        assert!(matches!(
+            ledger.claim(claim(2, 1_000)).await.unwrap(),
+            Claimed::New(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_lifecycle_reads_as_the_design_record() {
+        let ledger = MemoryLedger::new();
+        let Claimed::New(record) = ledger.claim(claim(1, 1_000)).await.unwrap() else {
+            panic!()
+        };
+        let id = record.execution_id;
+        ledger
+            .append(event(id, 1_001, EventKind::Authorized))
+            .await
+            .unwrap();
+        ledger
+            .append(event(
+                id,
+                1_002,
+                EventKind::Dispatched {
+                    attempt: 1,
+                    idempotency_key: IdempotencyKey::from(id),
+                    key_from_caller: false,
+                    jsonrpc_id: Some(7.into()),
+                    session_id: None,
+                },
+            ))
+            .await
+            .unwrap();
+        let reference = ledger
+            .store_result(id, Bytes::from_static(b"{\"content\":[]}"))
+            .await
+            .unwrap();
+        let record = ledger
+            .append(event(
+                id,
+                7_000,
+                EventKind::Completed {
+                    target_status: 201,
+                    is_error: false,
+                    result_reference: Some(reference.clone()),
+                },
+            ))
+            .await
+            .unwrap();
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["state"], "completed_result_not_delivered");
+        assert_eq!(json["execution_id"], json!(id.to_string()));
+        assert_eq!(json["target_status"], 201);
+        assert_eq!(json["result_reference"], json!(reference));
+        assert_eq!(json["dispatched_at"], "1970-01-01T00:00:01.002Z");
+        assert_eq!(json["attempts"], 1);
+        assert_eq!(
+            ledger.load_result(&reference).await.unwrap().unwrap(),
+            &b"{\"content\":[]}"[..]
+        );
+        // Still linkable: a repeat gets this execution back.
+        assert!(
+            matches!(ledger.claim(claim(1, 2_000)).await.unwrap(), Claimed::Existing(r) if r.execution_id == id)
+        );
+        let record = ledger
+            .append(event(id, 7_001, EventKind::Delivered { jsonrpc_id: None }))
+            .await
+            .unwrap();
+        assert_eq!(serde_json::to_value(&record).unwrap()["state"], "delivered");
+        // Delivered: the same intent again is a new execution.
+        assert!(
+            matches!(ledger.claim(claim(1, 8_000)).await.unwrap(), Claimed::New(r) if r.execution_id != id)
+        );
+        let names: Vec<_> = ledger
+            .events(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.name())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "accepted",
+                "authorized",
+                "dispatched",
+                "completed",
+                "delivered"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn transitions_the_state_machine_refuses_leave_the_record_untouched() {
+        let ledger = MemoryLedger::new();
+        let id = ledger
+            .claim(claim(1, 0))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        let err = ledger
+            .append(event(
+                id,
+                1,
+                EventKind::Completed {
+                    target_status: 200,
+                    is_error: false,
+                    result_reference: None,
+                },
+            ))
+            .await
+            .unwrap_err();
+        assert!(err.is_invalid_transition(), "{err}");
+        assert_eq!(
+            ledger.get(id).await.unwrap().unwrap().state,
+            ExecutionState::Accepted
+        );
+        assert_eq!(ledger.events(id).await.unwrap().len(), 1);
+        let missing = ExecutionId::new();
+        assert!(matches!(
+            ledger.append(event(missing, 1, EventKind::Authorized)).await,
+            Err(LedgerError::NotFound(m)) if m == missing
+        ));
+    }
+
+    #[tokio::test]
+    async fn links_end_with_the_window_and_records_leave_with_their_retention() {
+        let ledger = MemoryLedger::new();
+        let first = ledger
+            .claim(claim(1, 0))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        assert!(matches!(
+            ledger.claim(claim(1, 60_000)).await.unwrap(),
+            Claimed::Existing(_)
+        ));
+        let second = ledger.claim(claim(1, 60_001)).await.unwrap();
+        assert!(matches!(&second, Claimed::New(r) if r.execution_id != first));
+        assert_eq!(ledger.len(), 2);
+        assert_eq!(ledger.purge_expired(Timestamp::from_millis(3_600_001)), 1);
+        assert!(ledger.get(first).await.unwrap().is_none());
+        assert_eq!(ledger.purge_expired(Timestamp::from_millis(10_000_000)), 1);
+        assert!(ledger.is_empty());
+    }
+}

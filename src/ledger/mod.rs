@@ -1,0 +1,162 @@
+//! The execution ledger: every accepted action's lifecycle, and the record every retry is
+//! decided from.
+//!
+//! Each transition is an appended, timestamped [`LedgerEvent`]; an [`ExecutionRecord`] is the
+//! fold of an execution's events through the state machine ([`ExecutionRecord::apply`]), which
+//! refuses transitions its state does not allow. The one operation that must be atomic is
+//! [`Ledger::claim`]: find the linkable execution of an intent, or create it, with exactly one
+//! winner among concurrent callers.
+//!
+//! # What is recorded
+//!
+//! The fingerprint, never the arguments; the credential *reference*, never a credential; no
+//! HTTP header except the `Idempotency-Key` the guard itself sent. Results are kept apart,
+//! under a `result_reference`, when the tool's contract says so and they fit its size cap.
+
+mod memory;
+mod record;
+
+use std::{fmt, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use memory::MemoryLedger;
+pub use record::{
+    Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
+    LedgerEvent, Timestamp,
+};
+
+use crate::{
+    Actor, CredentialRef, ExecutionId, IntentScope, Target, contract::RetryClass,
+    fingerprint::Fingerprint,
+};
+
+/// A request to find or create the execution of an intent.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The intent fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The tool.
+    pub tool: String,
+    /// Who acts.
+    pub actor: Actor,
+    /// The intent scope.
+    pub intent_scope: IntentScope,
+    /// The target.
+    pub target: Target,
+    /// The credential reference.
+    pub credential_ref: Option<CredentialRef>,
+    /// The contract's class.
+    pub retry_class: RetryClass,
+    /// The contract's link window.
+    pub link_window: Duration,
+    /// The contract's retention.
+    pub retention: Duration,
+    /// Who claims (a process or guard instance id).
+    pub owner: String,
+    /// When.
+    pub at: Timestamp,
+}
+
+impl Claim {
+    /// The `accepted` event of a new execution for this claim.
+    pub fn accepted_event(&self, execution_id: ExecutionId) -> LedgerEvent {
+        LedgerEvent {
+            execution_id,
+            at: self.at,
+            kind: EventKind::Accepted {
+                fingerprint: self.fingerprint,
+                tool: self.tool.clone(),
+                actor: self.actor.clone(),
+                intent_scope: self.intent_scope.clone(),
+                target: self.target.clone(),
+                credential_ref: self.credential_ref.clone(),
+                retry_class: self.retry_class,
+                link_until: self.at.saturating_add(self.link_window),
+                retain_until: self.at.saturating_add(self.retention.max(self.link_window)),
+                owner: self.owner.clone(),
+            },
+        }
+    }
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claimed {
+    /// No linkable execution: this one was created (state `accepted`), and the caller owns it.
+    New(ExecutionRecord),
+    /// A linkable execution of the same intent exists.
+    Existing(ExecutionRecord),
+}
+
+impl Claimed {
+    /// The record, new or existing.
+    pub fn record(&self) -> &ExecutionRecord {
+        match self {
+            Self::New(r) | Self::Existing(r) => r,
+        }
+    }
+}
+
+/// A ledger operation that failed. The guard never sends a request whose dispatch it could
+/// not record.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The event is not allowed in the execution's state.
+    #[error(transparent)]
+    InvalidTransition(#[from] InvalidTransition),
+    /// No such execution (or it left the index after its retention).
+    #[error("no execution {0} in the ledger")]
+    NotFound(ExecutionId),
+    /// The storage failed.
+    #[error("ledger storage failed: {0}")]
+    Storage(String),
+}
+
+impl LedgerError {
+    /// Whether the event was refused by the state machine.
+    pub fn is_invalid_transition(&self) -> bool {
+        matches!(self, Self::InvalidTransition(_))
+    }
+}
+
+/// Where executions are recorded. Implementations: [`MemoryLedger`]; durable ones arrive with
+/// their own features.
+#[async_trait]
+pub trait Ledger: Send + Sync + fmt::Debug + 'static {
+    /// Finds the linkable execution of `(actor, intent scope, fingerprint)` inside its link
+    /// window, or creates one in state `accepted`. Atomic: among concurrent claims of one intent
+    /// exactly one gets [`Claimed::New`].
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError>;
+
+    /// Appends an event and returns the updated record. Refused (and nothing written) when the
+    /// state machine does not allow it.
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError>;
+
+    /// The record of an execution.
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError>;
+
+    /// The events of an execution, oldest first.
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError>;
+
+    /// Every execution still in the index.
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError>;
+
+    /// Keeps a completed result (the JSON of the JSON-RPC `result` member) and returns its
+    /// reference.
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError>;
+
+    /// A kept result.
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError>;
+}
+
+/// The reference under which an execution's result is kept.
+pub fn result_reference(execution_id: ExecutionId) -> String {
+    format!("result_{}", execution_id.ulid())
+}

@@ -1,0 +1,641 @@
+//! The execution record, its events, and the state machine that folds one into the other.
+
+use std::{
+    fmt,
+    str::FromStr,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, contract::RetryClass,
+    fingerprint::Fingerprint, protocol::RequestId,
+};
+
+/// A point in time, to the millisecond, written as RFC 3339 UTC (`2026-07-22T14:03:18.512Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timestamp(u64);
+
+impl Timestamp {
+    /// Now.
+    pub fn now() -> Self {
+        Self::from(SystemTime::now())
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// From milliseconds since the Unix epoch.
+    pub fn from_millis(millis: u64) -> Self {
+        Self(millis)
+    }
+
+    /// This time plus `duration` (saturating).
+    pub fn saturating_add(self, duration: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(time: SystemTime) -> Self {
+        let millis = time
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        Self(u64::try_from(millis).unwrap_or(u64::MAX))
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> Self {
+        UNIX_EPOCH + Duration::from_millis(t.0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}",
+            humantime::format_rfc3339_millis(SystemTime::from(*self))
+        )
+    }
+}
+
+/// Text that is not an RFC 3339 timestamp.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid timestamp: {0}")]
+pub struct InvalidTimestamp(String);
+
+impl FromStr for Timestamp {
+    type Err = InvalidTimestamp;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_rfc3339_weak(s)
+            .map(Self::from)
+            .map_err(|e| InvalidTimestamp(e.to_string()))
+    }
+}
+
+crate::serde_display_fromstr!(Timestamp);
+
+/// Where an execution stands.
+///
+/// `delivered` is not a state of its own: a record carries `delivered_at`. A completed record
+/// that was never delivered reads as `completed_result_not_delivered` in its JSON form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionState {
+    /// The guard accepted the call and gave it an execution ID.
+    Accepted,
+    /// The authorization hook allowed it.
+    Authorized,
+    /// Recorded before the request bytes left: the target may have run it from here on.
+    Dispatched,
+    /// The target answered with a result (which may be a tool-level error, `isError: true`).
+    Completed,
+    /// The target refused the call before running the tool (HTTP 4xx, JSON-RPC error).
+    Failed,
+    /// Nobody can tell whether the target ran it.
+    Unknown,
+    /// The authorization hook refused it.
+    Denied,
+    /// Provably never left the process (connect error, request body never read).
+    NotSent,
+    /// Unknown on a tool that may not be re-sent: a person or a probe must settle it.
+    NeedsReview,
+    /// Settled: the action was applied.
+    ResolvedApplied,
+    /// Settled: the action was not applied.
+    ResolvedNotApplied,
+}
+
+impl ExecutionState {
+    /// The state's name in records and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Authorized => "authorized",
+            Self::Dispatched => "dispatched",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+            Self::Denied => "denied",
+            Self::NotSent => "not_sent",
+            Self::NeedsReview => "needs_review",
+            Self::ResolvedApplied => "resolved_applied",
+            Self::ResolvedNotApplied => "resolved_not_applied",
+        }
+    }
+
+    /// Whether a repeat of the same intent links to an execution in this state (and then the
+    /// decision table says what to do). Settled, delivered or refused-before-running states are
+    /// not linkable once their result reached the caller; see [`ExecutionRecord::is_linkable`].
+    fn may_link(self) -> bool {
+        !matches!(self, Self::Failed | Self::ResolvedNotApplied)
+    }
+}
+
+impl fmt::Display for ExecutionState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Protocol correlation of the latest attempt: never identity, only where to look.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Correlation {
+    /// JSON-RPC id of the latest request that carried this execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jsonrpc_id: Option<RequestId>,
+    /// `Mcp-Session-Id` of the latest attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The last SSE event id seen on the response stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_id: Option<String>,
+    /// The MCP task id, when the call became a task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+}
+
+/// What happened to an execution: one appended, timestamped event per transition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The execution was created by a claim.
+    Accepted {
+        /// The intent fingerprint.
+        fingerprint: Fingerprint,
+        /// The tool.
+        tool: String,
+        /// Who acts.
+        actor: Actor,
+        /// The intent scope.
+        intent_scope: IntentScope,
+        /// The target.
+        target: Target,
+        /// The credential reference.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credential_ref: Option<CredentialRef>,
+        /// The contract's class.
+        retry_class: RetryClass,
+        /// Until when a repeat links to it.
+        link_until: Timestamp,
+        /// Until when the record is kept in the index.
+        retain_until: Timestamp,
+        /// The process that accepted it.
+        owner: String,
+    },
+    /// The authorization hook allowed it.
+    Authorized,
+    /// The authorization hook refused it.
+    Denied {
+        /// Why.
+        reason: String,
+    },
+    /// An attempt is about to leave the process.
+    Dispatched {
+        /// 1 for the first attempt.
+        attempt: u32,
+        /// The key sent.
+        idempotency_key: IdempotencyKey,
+        /// Whether the caller set the key (the guard keeps a caller's key).
+        #[serde(default)]
+        key_from_caller: bool,
+        /// JSON-RPC id of the request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jsonrpc_id: Option<RequestId>,
+        /// Session of the request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_id: Option<String>,
+    },
+    /// An SSE event id was seen on the response (or resume) stream.
+    EventSeen {
+        /// The event id.
+        last_event_id: String,
+    },
+    /// The call became an MCP task.
+    TaskCreated {
+        /// The task id.
+        task_id: String,
+    },
+    /// The target answered.
+    Completed {
+        /// HTTP status of the answer.
+        target_status: u16,
+        /// Whether the tool reported an error (`isError: true`).
+        is_error: bool,
+        /// Where the result is kept, if it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result_reference: Option<String>,
+    },
+    /// The target refused the call before running the tool.
+    Failed {
+        /// HTTP status, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_status: Option<u16>,
+        /// Why.
+        reason: String,
+    },
+    /// The outcome cannot be known.
+    Unknown {
+        /// HTTP status, when there was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_status: Option<u16>,
+        /// Why.
+        reason: String,
+    },
+    /// Provably never sent.
+    NotSent {
+        /// Why.
+        reason: String,
+    },
+    /// The result reached the caller.
+    Delivered {
+        /// The JSON-RPC id it was delivered under.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jsonrpc_id: Option<RequestId>,
+    },
+    /// The outcome is unknown and the tool may not be re-sent.
+    NeedsReview {
+        /// Why.
+        reason: String,
+    },
+    /// A probe or an operator settled an unknown outcome.
+    Resolved {
+        /// Whether the action was applied.
+        applied: bool,
+        /// Who settled it (`probe`, `operator:<name>`).
+        by: String,
+        /// Why.
+        note: String,
+        /// The result, when the probe returned one and it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result_reference: Option<String>,
+    },
+}
+
+impl EventKind {
+    /// The event's name (`dispatched`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Accepted { .. } => "accepted",
+            Self::Authorized => "authorized",
+            Self::Denied { .. } => "denied",
+            Self::Dispatched { .. } => "dispatched",
+            Self::EventSeen { .. } => "event_seen",
+            Self::TaskCreated { .. } => "task_created",
+            Self::Completed { .. } => "completed",
+            Self::Failed { .. } => "failed",
+            Self::Unknown { .. } => "unknown",
+            Self::NotSent { .. } => "not_sent",
+            Self::Delivered { .. } => "delivered",
+            Self::NeedsReview { .. } => "needs_review",
+            Self::Resolved { .. } => "resolved",
+        }
+    }
+}
+
+/// One appended event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEvent {
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// When.
+    pub at: Timestamp,
+    /// What.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// An execution as its events describe it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionRecord {
+    /// The execution ID.
+    pub execution_id: ExecutionId,
+    /// The intent fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The tool.
+    pub tool: String,
+    /// Who acts.
+    pub actor: Actor,
+    /// The intent scope.
+    pub intent_scope: IntentScope,
+    /// The target.
+    pub target: Target,
+    /// The credential reference.
+    pub credential_ref: Option<CredentialRef>,
+    /// The retry class of its contract.
+    pub retry_class: RetryClass,
+    /// Where it stands.
+    pub state: ExecutionState,
+    /// Protocol correlation of the latest attempt.
+    pub correlation: Correlation,
+    /// The key sent with its dispatches.
+    pub idempotency_key: Option<IdempotencyKey>,
+    /// When it was accepted.
+    pub accepted_at: Timestamp,
+    /// When it was authorized.
+    pub authorized_at: Option<Timestamp>,
+    /// When it was first dispatched.
+    pub dispatched_at: Option<Timestamp>,
+    /// When the target's answer (or a settlement) was recorded.
+    pub completed_at: Option<Timestamp>,
+    /// When the result reached the caller.
+    pub delivered_at: Option<Timestamp>,
+    /// HTTP status of the target's answer.
+    pub target_status: Option<u16>,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+    /// Where the result is kept.
+    pub result_reference: Option<String>,
+    /// Number of dispatches.
+    pub attempts: u32,
+    /// Why the latest non-success state was entered (denial, failure, unknown, review).
+    pub reason: Option<String>,
+    /// Until when a repeat links to it.
+    pub link_until: Timestamp,
+    /// Until when it stays in the index.
+    pub retain_until: Timestamp,
+    /// The process that accepted it.
+    pub owner: String,
+}
+
+/// An event that the record's state does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("execution {execution_id} is {state}; a `{event}` event is not allowed there")]
+pub struct InvalidTransition {
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// Its state.
+    pub state: ExecutionState,
+    /// The refused event.
+    pub event: &'static str,
+}
+
+impl ExecutionRecord {
+    /// The record an `accepted` event creates.
+    pub fn from_accepted(event: &LedgerEvent) -> Option<Self> {
+        let EventKind::Accepted {
+            fingerprint,
+            tool,
+            actor,
+            intent_scope,
+            target,
+            credential_ref,
+            retry_class,
+            link_until,
+            retain_until,
+            owner,
+        } = &event.kind
+        else {
+            return None;
+        };
+        Some(Self {
+            execution_id: event.execution_id,
+            fingerprint: *fingerprint,
+            tool: tool.clone(),
+            actor: actor.clone(),
+            intent_scope: intent_scope.clone(),
+            target: target.clone(),
+            credential_ref: credential_ref.clone(),
+            retry_class: *retry_class,
+            state: ExecutionState::Accepted,
+            correlation: Correlation::default(),
+            idempotency_key: None,
+            accepted_at: event.at,
+            authorized_at: None,
+            dispatched_at: None,
+            completed_at: None,
+            delivered_at: None,
+            target_status: None,
+            is_error: false,
+            result_reference: None,
+            attempts: 0,
+            reason: None,
+            link_until: *link_until,
+            retain_until: *retain_until,
+            owner: owner.clone(),
+        })
+    }
+
+    /// Applies one event: the state machine. An event the state does not allow is refused and
+    /// the record is left as it was.
+    pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
+        use ExecutionState as S;
+        let refuse = || InvalidTransition {
+            execution_id: self.execution_id,
+            state: self.state,
+            event: event.kind.name(),
+        };
+        let at = event.at;
+        match &event.kind {
+            EventKind::Accepted { .. } => return Err(refuse()),
+            EventKind::Authorized => {
+                if self.state != S::Accepted {
+                    return Err(refuse());
+                }
+                self.state = S::Authorized;
+                self.authorized_at = Some(at);
+            }
+            EventKind::Denied { reason } => {
+                if !matches!(self.state, S::Accepted | S::Authorized) {
+                    return Err(refuse());
+                }
+                self.state = S::Denied;
+                self.reason = Some(reason.clone());
+            }
+            EventKind::Dispatched {
+                attempt,
+                idempotency_key,
+                jsonrpc_id,
+                session_id,
+                ..
+            } => {
+                // A dispatch starts an execution, continues one that never left, re-sends an
+                // idempotent or read-only one, or re-sends after a probe said "not applied".
+                if !matches!(
+                    self.state,
+                    S::Accepted | S::Authorized | S::NotSent | S::Unknown | S::ResolvedNotApplied
+                ) {
+                    return Err(refuse());
+                }
+                self.state = S::Dispatched;
+                self.dispatched_at.get_or_insert(at);
+                self.attempts = (*attempt).max(self.attempts + 1);
+                self.idempotency_key = Some(idempotency_key.clone());
+                self.correlation.jsonrpc_id = jsonrpc_id.clone();
+                self.correlation.session_id = session_id.clone();
+                self.correlation.last_event_id = None;
+                self.reason = None;
+            }
+            EventKind::EventSeen { last_event_id } => {
+                self.correlation.last_event_id = Some(last_event_id.clone());
+            }
+            EventKind::TaskCreated { task_id } => {
+                self.correlation.task_id = Some(task_id.clone());
+            }
+            EventKind::Completed {
+                target_status,
+                is_error,
+                result_reference,
+            } => {
+                if !matches!(self.state, S::Dispatched | S::Unknown | S::NeedsReview) {
+                    return Err(refuse());
+                }
+                self.state = S::Completed;
+                self.completed_at = Some(at);
+                self.target_status = Some(*target_status);
+                self.is_error = *is_error;
+                self.result_reference = result_reference.clone();
+                self.reason = None;
+            }
+            EventKind::Failed {
+                target_status,
+                reason,
+            } => {
+                if self.state != S::Dispatched {
+                    return Err(refuse());
+                }
+                self.state = S::Failed;
+                self.completed_at = Some(at);
+                self.target_status = *target_status;
+                self.reason = Some(reason.clone());
+            }
+            EventKind::Unknown {
+                target_status,
+                reason,
+            } => {
+                if self.state != S::Dispatched {
+                    return Err(refuse());
+                }
+                self.state = S::Unknown;
+                self.target_status = *target_status;
+                self.reason = Some(reason.clone());
+            }
+            EventKind::NotSent { reason } => {
+                if self.state != S::Dispatched {
+                    return Err(refuse());
+                }
+                self.state = S::NotSent;
+                self.reason = Some(reason.clone());
+            }
+            EventKind::Delivered { .. } => {
+                if !matches!(
+                    self.state,
+                    S::Completed | S::Failed | S::ResolvedApplied | S::Denied
+                ) {
+                    return Err(refuse());
+                }
+                self.delivered_at.get_or_insert(at);
+            }
+            EventKind::NeedsReview { reason } => {
+                if !matches!(self.state, S::Unknown | S::Dispatched) {
+                    return Err(refuse());
+                }
+                self.state = S::NeedsReview;
+                self.reason = Some(reason.clone());
+            }
+            EventKind::Resolved {
+                applied,
+                note,
+                result_reference,
+                ..
+            } => {
+                if !matches!(self.state, S::Unknown | S::NeedsReview | S::Dispatched) {
+                    return Err(refuse());
+                }
+                self.state = if *applied {
+                    S::ResolvedApplied
+                } else {
+                    S::ResolvedNotApplied
+                };
+                self.completed_at = Some(at);
+                self.reason = Some(note.clone());
+                if result_reference.is_some() {
+                    self.result_reference = result_reference.clone();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a repeat of the same intent at `now` links to this execution. Not linkable:
+    /// past its link window; failed (the target refused it); settled as not applied; or
+    /// completed and delivered (a repeat after the caller got the answer is a new intent).
+    pub fn is_linkable(&self, now: Timestamp) -> bool {
+        now <= self.link_until
+            && self.state.may_link()
+            && !(self.delivered_at.is_some()
+                && matches!(
+                    self.state,
+                    ExecutionState::Completed | ExecutionState::ResolvedApplied
+                ))
+    }
+
+    /// The state as the JSON form spells it: a completed record without delivery is
+    /// `completed_result_not_delivered`; a delivered one `delivered`.
+    pub fn state_label(&self) -> &'static str {
+        match (self.state, self.delivered_at) {
+            (ExecutionState::Completed, None) => "completed_result_not_delivered",
+            (ExecutionState::Completed, Some(_)) => "delivered",
+            (state, _) => state.as_str(),
+        }
+    }
+}
+
+/// The JSON form of a record, as DESIGN and incident reports show it.
+impl Serialize for ExecutionRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("execution_id", &self.execution_id)?;
+        map.serialize_entry("fingerprint", &self.fingerprint)?;
+        map.serialize_entry("tool", &self.tool)?;
+        map.serialize_entry("actor", &self.actor)?;
+        map.serialize_entry("intent_scope", &self.intent_scope)?;
+        map.serialize_entry("target", &self.target)?;
+        if let Some(c) = &self.credential_ref {
+            map.serialize_entry("credential_ref", c)?;
+        }
+        map.serialize_entry("retry_class", &self.retry_class)?;
+        map.serialize_entry("state", self.state_label())?;
+        map.serialize_entry("correlation", &self.correlation)?;
+        if let Some(k) = &self.idempotency_key {
+            map.serialize_entry("idempotency_key", k)?;
+        }
+        map.serialize_entry("accepted_at", &self.accepted_at)?;
+        for (name, value) in [
+            ("authorized_at", self.authorized_at),
+            ("dispatched_at", self.dispatched_at),
+            ("completed_at", self.completed_at),
+            ("delivered_at", self.delivered_at),
+        ] {
+            if let Some(t) = value {
+                map.serialize_entry(name, &t)?;
+            }
+        }
+        if let Some(s) = self.target_status {
+            map.serialize_entry("target_status", &s)?;
+        }
+        if self.is_error {
+            map.serialize_entry("is_error", &true)?;
+        }
+        if let Some(r) = &self.result_reference {
+            map.serialize_entry("result_reference", r)?;
+        }
+        map.serialize_entry("attempts", &self.attempts)?;
+        if let Some(r) = &self.reason {
+            map.serialize_entry("reason", r)?;
+        }
+        map.end()
+    }
+}

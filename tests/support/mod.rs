@@ -1,0 +1,53 @@
+//! Shared end-to-end test support: a real rmcp Streamable HTTP MCP server on
+//! 127.0.0.1 whose tools count their side effects, a fault-injection tower
+//! layer in front of it, and small generic client helpers.
+//!
+//! Use it from a test file with `mod support;`. The ground truth of every
+//! duplicate test is [`ServerState::side_effects`]: how many times a tool's
+//! body actually ran on the server.
+//!
+//! ```ignore
+//! mod support;
+//! use support::*;
+//!
+//! #[tokio::test]
+//! async fn lost_response_does_not_run_twice() {
+//!     let server = TestServer::start().await;
+//!     let mut client = hyper_client();
+//!     let session = initialize(&mut client, &server.url).await.unwrap();
+//!     server.state.faults().schedule("deploy_release", Fault::DropResponseAfterTool);
+//!     let err = call_tool(&mut client, &server.url, session.as_deref(), 2, "deploy_release",
+//!         serde_json::json!({"service": "api", "version": "1.2.3"})).await;
+//!     assert!(err.is_err());
+//!     assert_eq!(server.state.side_effects("deploy_release"), 1);
+//! }
+//! ```
+#![allow(dead_code)]
+#![allow(unused_imports)]
+
+mod client;
+mod event_store;
+mod faults;
+mod server;
+mod sse;
+mod tools;
+
+pub use client::*;
+pub use event_store::InMemoryEventStore;
+pub use faults::{Fault, FaultLayer, FaultPlan, FaultService, FiredFault};
+pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
+pub use sse::{SseEvent, SseReader};
+pub use tools::{TOOL_NAMES, TestTools};
+
+/// The error type every helper returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The session-era protocol version (initialize handshake, `Mcp-Session-Id`).
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// The stateless-era protocol version (no handshake; per-request `_meta`,
+/// `Mcp-Method` / `Mcp-Name` headers).
+pub const STATELESS_PROTOCOL_VERSION: &str = "2026-07-28";
+
+/// Header a guard uses to carry its idempotency key; the test tools record it.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
