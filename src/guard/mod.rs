@@ -1,5 +1,162 @@
 //! The guard: the decision of DESIGN §4 and the tower layer that applies it.
+//!
+//! [`GuardLayer`] wraps any `Service<http::Request<GuardRequestBody>>` that speaks MCP
+//! Streamable HTTP (a hyper client, say). Every `tools/call` that passes through it is
+//! classified, fingerprinted, given an execution ID and a ledger record, and every repeat of
+//! the same intent is decided from that record ([`decide`]) instead of being sent blindly.
+//! Everything else (initialize, tools/list, notifications, GET, DELETE) and every read-only
+//! tool passes through untouched.
+//!
+//! # When a call is re-sent
+//!
+//! | prior execution | what the guard does |
+//! |---|---|
+//! | none, delivered, failed | a new execution: `accepted` → authorize → `dispatched` (recorded before the bytes leave) → send with `Idempotency-Key` |
+//! | in flight in this process | wait for it (bounded) and return its result |
+//! | never sent (accepted, authorized, `not_sent`) | continue it under the same execution ID |
+//! | unknown, idempotent | re-send under the same execution ID and key |
+//! | unknown, recoverable | ask the status probe: applied → its result; not applied → re-send same key; unknown → review |
+//! | unknown, irreversible | never re-send: `needs_review` and an honest uncertain answer |
+//! | completed, not delivered | the kept result, re-keyed to the caller's JSON-RPC id |
+//! | denied | the same denial, no new authorization |
+//!
+//! # What is recorded
+//!
+//! See [`crate::ledger`]. A send error before the transport read the request body, or a
+//! connect error, is `not_sent`; any other send error, a broken response stream, or a 5xx is
+//! `unknown`; 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
 
+mod answer;
+mod body;
 mod decision;
+mod hooks;
+mod service;
 
+use std::fmt;
+
+pub use answer::STRUCTURED_KEY;
+pub use body::{GuardRequestBody, GuardResponseBody};
 pub use decision::{Decision, Facts, UncertainReason, decide};
+pub use hooks::{
+    Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
+};
+pub use service::{DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, ResponseFuture, resolve};
+
+use crate::{ExecutionId, ledger::LedgerError};
+
+/// A boxed error, as tower uses.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error of the guarded service.
+#[derive(Debug)]
+pub struct GuardError {
+    kind: ErrorKind,
+    execution_id: Option<ExecutionId>,
+    source: BoxError,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrorKind {
+    NotSent,
+    Unknown,
+    Ledger,
+    RequestBody,
+    Inner,
+}
+
+impl GuardError {
+    pub(crate) fn not_sent(id: ExecutionId, source: BoxError) -> Self {
+        Self {
+            kind: ErrorKind::NotSent,
+            execution_id: Some(id),
+            source,
+        }
+    }
+    pub(crate) fn unknown(id: ExecutionId, source: BoxError) -> Self {
+        Self {
+            kind: ErrorKind::Unknown,
+            execution_id: Some(id),
+            source,
+        }
+    }
+    pub(crate) fn ledger(source: LedgerError) -> Self {
+        Self {
+            kind: ErrorKind::Ledger,
+            execution_id: None,
+            source: source.into(),
+        }
+    }
+    pub(crate) fn request_body(source: BoxError) -> Self {
+        Self {
+            kind: ErrorKind::RequestBody,
+            execution_id: None,
+            source,
+        }
+    }
+    pub(crate) fn inner(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: ErrorKind::Inner,
+            execution_id: None,
+            source: source.into(),
+        }
+    }
+
+    /// The transport failed before the request was sent: safe to send again (the guard
+    /// continues the same execution).
+    pub fn is_not_sent(&self) -> bool {
+        self.kind == ErrorKind::NotSent
+    }
+
+    /// The transport failed after the request may have been sent: the outcome is unknown.
+    pub fn is_unknown(&self) -> bool {
+        self.kind == ErrorKind::Unknown
+    }
+
+    /// The ledger failed; nothing was sent if the failure was on `dispatched`.
+    pub fn is_ledger(&self) -> bool {
+        self.kind == ErrorKind::Ledger
+    }
+
+    /// Reading the caller's request body failed; nothing was sent.
+    pub fn is_request_body(&self) -> bool {
+        self.kind == ErrorKind::RequestBody
+    }
+
+    /// The inner service failed on a request the guard passed through.
+    pub fn is_inner(&self) -> bool {
+        self.kind == ErrorKind::Inner
+    }
+
+    pub(crate) fn is_ledger_transition(&self) -> bool {
+        self.source
+            .downcast_ref::<LedgerError>()
+            .is_some_and(LedgerError::is_invalid_transition)
+    }
+
+    /// The execution the error belongs to, for `not_sent` and `unknown`.
+    pub fn execution_id(&self) -> Option<ExecutionId> {
+        self.execution_id
+    }
+}
+
+impl fmt::Display for GuardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ErrorKind::NotSent => "not sent",
+            ErrorKind::Unknown => "outcome unknown",
+            ErrorKind::Ledger => "ledger failed",
+            ErrorKind::RequestBody => "could not read the request body",
+            ErrorKind::Inner => "inner service failed",
+        };
+        match self.execution_id {
+            Some(id) => write!(f, "{what} (execution {id})"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for GuardError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}

@@ -87,7 +87,8 @@ impl TestTools {
         Parameters(args): Parameters<DeployReleaseArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let arguments = json!({"service": args.service, "version": args.version, "region": args.region});
+        let arguments =
+            json!({"service": args.service, "version": args.version, "region": args.region});
         self.state.record_start("deploy_release");
         let n = self.state.record_run("deploy_release", &ctx, arguments);
         Ok(result(

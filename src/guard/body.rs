@@ -1,0 +1,359 @@
+//! Request and response bodies of the guard.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll, ready},
+};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use serde_json::Value;
+
+use super::{BoxError, service::Observation};
+use crate::protocol::sse::SseParser;
+
+/// The body the guard sends to the inner service: the buffered request bytes, plus a flag that
+/// tells whether the transport ever read them (a body never read proves the request was not
+/// sent).
+#[derive(Debug)]
+pub struct GuardRequestBody {
+    data: Option<Bytes>,
+    polled: Arc<AtomicBool>,
+}
+
+impl GuardRequestBody {
+    pub(super) fn new(data: Bytes) -> (Self, Arc<AtomicBool>) {
+        let polled = Arc::new(AtomicBool::new(false));
+        let body = Self {
+            data: Some(data),
+            polled: polled.clone(),
+        };
+        (body, polled)
+    }
+}
+
+impl Body for GuardRequestBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.polled.store(true, Ordering::Release);
+        let data = self.data.take().filter(|d| !d.is_empty());
+        Poll::Ready(data.map(|d| Ok(Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.as_ref().is_none_or(Bytes::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+type LedgerWrite = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+pin_project! {
+    /// The response body the guard returns: the target's body, observed on its way to the
+    /// caller, or an answer the guard wrote itself.
+    ///
+    /// Observation never buffers a stream: SSE is parsed incrementally. The execution is
+    /// recorded `completed` before the frame carrying its result is handed on, and `delivered`
+    /// when the caller reads the body to its end.
+    pub struct GuardResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+/// The observed body, boxed so that a body the caller drops early can be handed to a task
+/// that keeps reading it until the outcome is known.
+type ObservedBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Observed {
+            watch: Watch,
+        },
+        Passthrough {
+            #[pin]
+            inner: B,
+        },
+        Answer {
+            data: Option<Bytes>,
+        },
+    }
+}
+
+impl<B> GuardResponseBody<B> {
+    pub(super) fn observed(inner: B, observation: Observation, sse: bool, max_event: usize) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let inner: ObservedBody = Box::pin(http_body_util::BodyExt::map_err(inner, Into::into));
+        let format = if sse {
+            Format::Sse(SseParser::with_max_event_size(max_event))
+        } else {
+            Format::Json(BytesMut::new(), max_event)
+        };
+        let watch = Watch {
+            body: Some(inner),
+            observation: Some(observation),
+            format,
+            pending: None,
+            held: None,
+            held_error: None,
+            finished: false,
+            caller_gone: false,
+        };
+        Self {
+            kind: Kind::Observed { watch },
+        }
+    }
+
+    pub(super) fn passthrough(inner: B) -> Self {
+        Self {
+            kind: Kind::Passthrough { inner },
+        }
+    }
+
+    pub(super) fn answer(data: Bytes) -> Self {
+        Self {
+            kind: Kind::Answer { data: Some(data) },
+        }
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Observed { .. } => f.write_str("Observed"),
+            Kind::Passthrough { inner } => f.debug_tuple("Passthrough").field(inner).finish(),
+            Kind::Answer { data } => f.debug_tuple("Answer").field(data).finish(),
+        }
+    }
+}
+
+struct Watch {
+    /// The target's body.
+    body: Option<ObservedBody>,
+    /// Present until the outcome and the delivery are recorded.
+    observation: Option<Observation>,
+    format: Format,
+    /// A ledger write that must finish before the next frame is handed on.
+    pending: Option<LedgerWrite>,
+    /// A frame held back until `pending` is done.
+    held: Option<Frame<Bytes>>,
+    /// A body error held back until the break is recorded.
+    held_error: Option<BoxError>,
+    finished: bool,
+    /// The caller dropped the body: read on for the outcome, but never record a delivery.
+    caller_gone: bool,
+}
+
+enum Format {
+    Sse(SseParser),
+    Json(BytesMut, usize),
+}
+
+impl Watch {
+    /// Feeds response bytes; sets `pending` to the ledger write when the response is found.
+    fn feed(&mut self, chunk: &[u8]) {
+        let Some(observation) = self.observation.as_mut() else {
+            return;
+        };
+        match &mut self.format {
+            Format::Sse(parser) => {
+                let mut found = None;
+                let result = parser.push(chunk, |event| {
+                    if found.is_none() {
+                        found = serde_json::from_str::<Value>(&event.data)
+                            .ok()
+                            .filter(|m| observation.is_response(m));
+                    }
+                });
+                if !parser.last_event_id().is_empty() {
+                    observation.last_event_id = Some(parser.last_event_id().to_owned());
+                }
+                if result.is_err() {
+                    observation.oversize = true;
+                }
+                if let Some(message) = found {
+                    self.pending = Some(observation.completed(message));
+                }
+            }
+            Format::Json(buffer, max) => {
+                if buffer.len() + chunk.len() <= *max {
+                    buffer.extend_from_slice(chunk);
+                } else {
+                    observation.oversize = true;
+                }
+            }
+        }
+    }
+
+    /// At the end of the body: the outcome if it is still open, then the delivery.
+    fn finish(&mut self) -> Option<LedgerWrite> {
+        let observation = self.observation.take()?;
+        if let Format::Json(buffer, _) = &self.format
+            && !observation.has_outcome()
+            && !observation.oversize
+        {
+            let message = serde_json::from_slice::<Value>(buffer).ok();
+            return Some(observation.finish_json(message, !self.caller_gone));
+        }
+        Some(observation.end_of_body(!self.caller_gone))
+    }
+}
+
+impl Watch {
+    /// Polls the target's body, observing it, until it has a frame for the caller.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if let Some(write) = self.pending.as_mut() {
+                ready!(write.as_mut().poll(cx));
+                self.pending = None;
+            }
+            if let Some(frame) = self.held.take() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            if let Some(error) = self.held_error.take() {
+                self.finished = true;
+                return Poll::Ready(Some(Err(error)));
+            }
+            let Some(body) = self.body.as_mut().filter(|_| !self.finished) else {
+                return Poll::Ready(None);
+            };
+            match ready!(body.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        self.feed(data.chunk());
+                    }
+                    if self.pending.is_none() {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    self.held = Some(frame);
+                }
+                // Record the break first, then report it.
+                Some(Err(error)) => {
+                    if let Some(observation) = self.observation.take() {
+                        self.pending = Some(observation.broken(&*error));
+                    }
+                    self.held_error = Some(error);
+                }
+                None => {
+                    self.pending = self.finish();
+                    self.finished = true;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    /// A body dropped before its JSON-RPC response was seen: keep reading it in the background
+    /// (bounded in time) so that a result the target sent is still recorded, undelivered.
+    fn drop(&mut self) {
+        let Some(observation) = self.observation.take() else {
+            return;
+        };
+        if observation.has_outcome() {
+            return; // completed, not delivered: already recorded
+        }
+        let drain_for = observation.drain_timeout;
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            observation.dropped_early();
+            return;
+        };
+        let mut rest = Watch {
+            body: self.body.take(),
+            observation: Some(observation),
+            format: std::mem::replace(&mut self.format, Format::Json(BytesMut::new(), 0)),
+            pending: self.pending.take(),
+            held: None,
+            held_error: None,
+            finished: self.finished,
+            caller_gone: true,
+        };
+        drop(handle.spawn(async move {
+            let drain = async {
+                while rest.observation.as_ref().is_some_and(|o| !o.has_outcome()) {
+                    match std::future::poll_fn(|cx| rest.poll_next(cx)).await {
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => break,
+                    }
+                }
+                if let Some(write) = rest.pending.take() {
+                    write.await;
+                }
+            };
+            if tokio::time::timeout(drain_for, drain).await.is_err()
+                && let Some(observation) = rest.observation.take()
+            {
+                observation.dropped_early();
+            }
+            // Whatever is left (an outcome recorded, not delivered) stays as it is; taking it
+            // keeps `rest`'s own drop from draining again.
+            rest.observation.take();
+        }));
+    }
+}
+
+impl<B> Body for GuardResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Passthrough { inner } => inner.poll_frame(cx).map_err(Into::into),
+            KindProj::Observed { watch } => watch.poll_next(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Answer { data } => data.is_none(),
+            Kind::Passthrough { inner } => inner.is_end_stream(),
+            // The end must be polled so that the delivery is recorded.
+            Kind::Observed { watch, .. } => {
+                watch.finished
+                    && watch.pending.is_none()
+                    && watch.held.is_none()
+                    && watch.held_error.is_none()
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Answer { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Passthrough { inner } => inner.size_hint(),
+            Kind::Observed { watch } => watch
+                .body
+                .as_ref()
+                .map(|b| b.size_hint())
+                .unwrap_or_default(),
+        }
+    }
+}

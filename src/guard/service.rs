@@ -1,0 +1,1301 @@
+//! `GuardLayer` / `Guard<S>`: the decision applied to real requests.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use dashmap::{DashMap, mapref::entry::Entry};
+use http::{Request, Response, StatusCode, header::CONTENT_TYPE};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
+use tokio::sync::watch;
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::{
+    Authorization, AuthorizationRequest, Authorize, BoxError, Decision, Facts, GuardError,
+    GuardRequestBody, GuardResponseBody, ProbeOutcome, ProbeRequest, StatusProbe, UncertainReason,
+    answer, decide,
+};
+use crate::{
+    Actor, CredentialRef, ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat,
+    IntentScope, Target,
+    contract::{ContractRegistry, RetryClass},
+    fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintKey},
+    ledger::{
+        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp,
+    },
+    protocol::{self, Message, RequestId, RequestKind, ToolCall},
+};
+
+/// Default bound on a buffered request body.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Clone)]
+struct Config {
+    ledger: Arc<dyn Ledger>,
+    contracts: Arc<ContractRegistry>,
+    key: FingerprintKey,
+    actor: Actor,
+    intent_scope: IntentScope,
+    credential_ref: Option<CredentialRef>,
+    target: Option<Target>,
+    authorizer: Option<Arc<dyn Authorize>>,
+    probes: HashMap<String, Arc<dyn StatusProbe>>,
+    max_body_bytes: usize,
+    attach_timeout: Duration,
+    drain_timeout: Duration,
+    key_format: IdempotencyKeyFormat,
+    owner: String,
+}
+
+/// A [`Layer`] that puts the guard in front of an MCP client transport.
+///
+/// # When a call is re-sent
+///
+/// Only as its tool's contract and the ledger allow: see the [module docs](super).
+///
+/// # Clone
+///
+/// Clones share the ledger and the in-flight table, so two services built from one layer
+/// single-flight the same intents.
+#[derive(Clone)]
+pub struct GuardLayer {
+    config: Arc<Config>,
+    inflight: Arc<Inflight>,
+}
+
+impl std::fmt::Debug for GuardLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardLayer")
+            .field("ledger", &self.config.ledger)
+            .field("actor", &self.config.actor)
+            .field("intent_scope", &self.config.intent_scope)
+            .field("owner", &self.config.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardLayer {
+    /// A guard recording into `ledger`, governed by `contracts`, fingerprinting under `key`.
+    ///
+    /// Defaults: actor `anonymous`, intent scope `process:<random>` (links repeats within this
+    /// guard's life only), target from each request's URI, no authorization hook, 4 MiB body
+    /// limit, 30 s attach wait, raw `Idempotency-Key`.
+    pub fn new(ledger: impl Ledger, contracts: ContractRegistry, key: FingerprintKey) -> Self {
+        let owner = format!("guard:{}", ExecutionId::new().ulid());
+        Self {
+            config: Arc::new(Config {
+                ledger: Arc::new(ledger),
+                contracts: Arc::new(contracts),
+                key,
+                actor: Actor::new("anonymous"),
+                intent_scope: IntentScope::new(format!("process:{owner}")),
+                credential_ref: None,
+                target: None,
+                authorizer: None,
+                probes: HashMap::new(),
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                attach_timeout: Duration::from_secs(30),
+                drain_timeout: Duration::from_secs(60),
+                key_format: IdempotencyKeyFormat::Raw,
+                owner,
+            }),
+            inflight: Arc::default(),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// The default actor (a request's [`Actor`] extension overrides it).
+    pub fn actor(mut self, actor: Actor) -> Self {
+        self.config().actor = actor;
+        self
+    }
+
+    /// The default intent scope (a request's [`IntentScope`] extension overrides it).
+    pub fn intent_scope(mut self, scope: IntentScope) -> Self {
+        self.config().intent_scope = scope;
+        self
+    }
+
+    /// The default credential reference (a request's [`CredentialRef`] extension overrides it).
+    pub fn credential_ref(mut self, credential_ref: CredentialRef) -> Self {
+        self.config().credential_ref = Some(credential_ref);
+        self
+    }
+
+    /// The target; by default each request's URI authority and path.
+    pub fn target(mut self, target: Target) -> Self {
+        self.config().target = Some(target);
+        self
+    }
+
+    /// The authorization hook, asked once per new execution.
+    pub fn authorizer(mut self, authorizer: impl Authorize) -> Self {
+        self.config().authorizer = Some(Arc::new(authorizer));
+        self
+    }
+
+    /// The status probe of a recoverable tool.
+    pub fn status_probe(mut self, tool: impl Into<String>, probe: impl StatusProbe) -> Self {
+        self.config().probes.insert(tool.into(), Arc::new(probe));
+        self
+    }
+
+    /// The largest request body buffered; a larger `tools/call` is refused before sending.
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.config().max_body_bytes = max;
+        self
+    }
+
+    /// How long a repeat waits for an in-flight attempt of the same execution.
+    pub fn attach_timeout(mut self, timeout: Duration) -> Self {
+        self.config().attach_timeout = timeout;
+        self
+    }
+
+    /// How long a response body the caller dropped before its JSON-RPC response is still read
+    /// in the background to learn the outcome (after that, the outcome is `unknown`).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.config().drain_timeout = timeout;
+        self
+    }
+
+    /// How the `Idempotency-Key` header is spelled.
+    pub fn idempotency_key_format(mut self, format: IdempotencyKeyFormat) -> Self {
+        self.config().key_format = format;
+        self
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.config.ledger
+    }
+
+    /// Settles a `needs_review` (or unknown) execution as an operator: applied or not applied,
+    /// recorded as a `resolved` event with the note.
+    pub async fn resolve(
+        &self,
+        execution_id: ExecutionId,
+        applied: bool,
+        operator: &str,
+        note: &str,
+    ) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
+        resolve(
+            &*self.config.ledger,
+            execution_id,
+            applied,
+            &format!("operator:{operator}"),
+            note,
+        )
+        .await
+    }
+}
+
+/// Records an operator's (or any settler's) resolution.
+pub async fn resolve(
+    ledger: &dyn Ledger,
+    execution_id: ExecutionId,
+    applied: bool,
+    by: &str,
+    note: &str,
+) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
+    ledger
+        .append(LedgerEvent {
+            execution_id,
+            at: Timestamp::now(),
+            kind: EventKind::Resolved {
+                applied,
+                by: by.to_owned(),
+                note: note.to_owned(),
+                result_reference: None,
+            },
+        })
+        .await
+}
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard {
+            inner,
+            config: self.config.clone(),
+            inflight: self.inflight.clone(),
+        }
+    }
+}
+
+/// The guard middleware; see [`GuardLayer`].
+#[derive(Clone)]
+pub struct Guard<S> {
+    inner: S,
+    config: Arc<Config>,
+    inflight: Arc<Inflight>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Guard<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of [`Guard`]. Boxed inside: the decision awaits the ledger several times, and a
+/// hand-written state machine for it would hide the logic this crate exists for.
+pub struct ResponseFuture<RB> {
+    inner: Pin<Box<dyn Future<Output = Answer<RB>> + Send>>,
+}
+
+impl<RB> std::fmt::Debug for ResponseFuture<RB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<RB> Future for ResponseFuture<RB> {
+    type Output = Answer<RB>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Guard<S>
+where
+    S: Service<Request<GuardRequestBody>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<GuardResponseBody<RB>>;
+    type Error = GuardError;
+    type Future = ResponseFuture<RB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(GuardError::inner)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The ready service goes with this call; the clone (maybe not ready) stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let call = Call {
+            inner,
+            inner_ready: true,
+            config: self.config.clone(),
+            inflight: self.inflight.clone(),
+        };
+        ResponseFuture {
+            inner: Box::pin(call.run(request)),
+        }
+    }
+}
+
+type Answer<RB> = Result<Response<GuardResponseBody<RB>>, GuardError>;
+
+fn answered<RB>(response: Response<Bytes>) -> Answer<RB> {
+    Ok(response.map(GuardResponseBody::answer))
+}
+
+struct Call<S> {
+    inner: S,
+    inner_ready: bool,
+    config: Arc<Config>,
+    inflight: Arc<Inflight>,
+}
+
+/// What the guard knows of one `tools/call` once it is fingerprinted.
+struct Intent {
+    call: ToolCall,
+    fingerprint: Fingerprint,
+    actor: Actor,
+    intent_scope: IntentScope,
+    target: Target,
+    credential_ref: Option<CredentialRef>,
+    class: RetryClass,
+    link_window: Duration,
+    retention: Duration,
+    keep_results: bool,
+    max_result_bytes: usize,
+    session_id: Option<String>,
+    caller_key: Option<IdempotencyKey>,
+}
+
+impl<S, RB> Call<S>
+where
+    S: Service<Request<GuardRequestBody>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    async fn run<B>(self, request: Request<B>) -> Answer<RB>
+    where
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = request.into_parts();
+        let max = self.config.max_body_bytes;
+        let bytes = match Limited::new(body, max).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                return answered(answer::jsonrpc_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    None,
+                    -32600,
+                    format!(
+                        "the request body is larger than the guard's {max}-byte limit; nothing was sent"
+                    ),
+                ));
+            }
+            Err(error) => return Err(GuardError::request_body(error)),
+        };
+        let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
+        let call = match classified {
+            Ok(c) => match c.kind {
+                RequestKind::Message(Message::ToolCall(call)) => (call, c.session_id),
+                RequestKind::Batch(ref messages)
+                    if messages.iter().any(|m| matches!(m, Message::ToolCall(_))) =>
+                {
+                    return answered(answer::jsonrpc_error(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        -32600,
+                        "a JSON-RPC batch carrying tools/call cannot be guarded; send each tools/call in its own request".into(),
+                    ));
+                }
+                _ => return self.pass_through(parts, bytes).await,
+            },
+            Err(error) if parts.method == http::Method::POST => {
+                return answered(answer::jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    -32600,
+                    format!("{error}; nothing was sent"),
+                ));
+            }
+            Err(_) => return self.pass_through(parts, bytes).await,
+        };
+        let (call, session_id) = call;
+        let intent = match self.intent(&parts, call, session_id) {
+            Ok(intent) => intent,
+            Err(response) => return answered(*response),
+        };
+        if intent.class == RetryClass::ReadOnly {
+            return self.pass_through(parts, bytes).await;
+        }
+        let span = tracing::info_span!(
+            "tools_call",
+            tool = %intent.call.name,
+            fingerprint = %intent.fingerprint.short(),
+            execution_id = tracing::field::Empty,
+            decision = tracing::field::Empty,
+        );
+        self.guarded(parts, bytes, intent).instrument(span).await
+    }
+
+    fn intent(
+        &self,
+        parts: &http::request::Parts,
+        call: ToolCall,
+        session_id: Option<String>,
+    ) -> Result<Intent, Box<Response<Bytes>>> {
+        let config = &self.config;
+        let ext = &parts.extensions;
+        let actor = ext.get::<Actor>().unwrap_or(&config.actor).clone();
+        let intent_scope = ext
+            .get::<IntentScope>()
+            .unwrap_or(&config.intent_scope)
+            .clone();
+        let credential_ref = ext
+            .get::<CredentialRef>()
+            .or(config.credential_ref.as_ref())
+            .cloned();
+        let target = ext
+            .get::<Target>()
+            .or(config.target.as_ref())
+            .cloned()
+            .unwrap_or_else(|| target_of(&parts.uri));
+        let caller_key = match parts
+            .headers
+            .get(IDEMPOTENCY_KEY)
+            .map(IdempotencyKey::from_header)
+        {
+            None => None,
+            Some(Ok(key)) => Some(key),
+            Some(Err(error)) => {
+                return Err(Box::new(answer::jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    Some(&call.id),
+                    -32600,
+                    format!("{error}; nothing was sent"),
+                )));
+            }
+        };
+        let resolved = config
+            .contracts
+            .resolve(&call.name, &target, None)
+            .map_err(|error| {
+                Box::new(answer::jsonrpc_error(
+                    StatusCode::OK,
+                    Some(&call.id),
+                    -32601,
+                    format!("{error}; nothing was sent"),
+                ))
+            })?;
+        let contract = resolved.contract;
+        let record = ActionRecord::new(
+            actor.clone(),
+            intent_scope.clone(),
+            call.name.clone(),
+            Channel::mcp(target.clone()),
+        )
+        .argument_map(call.arguments.clone());
+        let record = match &credential_ref {
+            Some(c) => record.credential_ref(c.clone()),
+            None => record,
+        };
+        let fingerprint = config.key.fingerprint(record, contract.fingerprint_rules());
+        Ok(Intent {
+            call,
+            fingerprint,
+            actor,
+            intent_scope,
+            target,
+            credential_ref,
+            class: contract.class(),
+            link_window: contract.link_window_duration(),
+            retention: contract.retention_duration(),
+            keep_results: contract.keeps_results(),
+            max_result_bytes: contract.max_result_size(),
+            session_id,
+            caller_key,
+        })
+    }
+
+    async fn pass_through(mut self, parts: http::request::Parts, bytes: Bytes) -> Answer<RB> {
+        let (body, _) = GuardRequestBody::new(bytes);
+        let response = self
+            .send(Request::from_parts(parts, body))
+            .await
+            .map_err(GuardError::inner)?;
+        Ok(response.map(GuardResponseBody::passthrough))
+    }
+
+    async fn send(&mut self, request: Request<GuardRequestBody>) -> Result<Response<RB>, BoxError> {
+        if !self.inner_ready {
+            std::future::poll_fn(|cx| self.inner.poll_ready(cx))
+                .await
+                .map_err(Into::into)?;
+        }
+        self.inner_ready = false;
+        self.inner.call(request).await.map_err(Into::into)
+    }
+
+    async fn guarded(
+        self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        intent: Intent,
+    ) -> Answer<RB> {
+        let key = (
+            intent.actor.clone(),
+            intent.intent_scope.clone(),
+            intent.fingerprint,
+        );
+        loop {
+            let mut settled = match self.inflight.acquire(key.clone()) {
+                Acquired::Owner(owner) => return self.own(parts, bytes, intent, owner).await,
+                Acquired::Waiter(receiver) => receiver,
+            };
+            tracing::Span::current().record("decision", "attach");
+            let wait = async {
+                settled
+                    .wait_for(Option::is_some)
+                    .await
+                    .map(|value| value.clone())
+            };
+            match tokio::time::timeout(self.config.attach_timeout, wait).await {
+                Ok(Ok(value)) => {
+                    if let Some(Settlement::Completed(Some(result))) = value {
+                        return answered(answer::stored_result(&intent.call.id, &result));
+                    }
+                    // Any other outcome: decide again from the ledger.
+                }
+                Ok(Err(_)) => {} // the owner went away without settling: decide again
+                Err(_) => {
+                    let claimed = self.config.claim(&intent).await?;
+                    return answered(answer::uncertain(
+                        &intent.call.id,
+                        claimed.record(),
+                        UncertainReason::InProgress,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// This call owns the intent in this process: decide and act.
+    async fn own(
+        self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        intent: Intent,
+        owner: Owner,
+    ) -> Answer<RB> {
+        let claimed = self.config.claim(&intent).await?;
+        let has_probe = self.config.probes.contains_key(&intent.call.name);
+        let decision = decide(
+            &claimed,
+            Facts {
+                attempt_alive: false,
+                resumable: false,
+                has_probe,
+            },
+        );
+        let mut record = claimed.record().clone();
+        let span = tracing::Span::current();
+        span.record("execution_id", tracing::field::display(record.execution_id));
+        span.record("decision", tracing::field::debug(decision));
+        tracing::info!(state = record.state.as_str(), "decided");
+        let id = record.execution_id;
+        let reply_id = intent.call.id.clone();
+        // A dispatched execution whose attempt is gone has an unknown outcome: record it so.
+        if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start) {
+            record = self
+                .config
+                .mark_unknown(id, "the attempt ended before its outcome was observed")
+                .await?;
+        }
+        match decision {
+            Decision::Start | Decision::Continue => {
+                if matches!(record.state, ExecutionState::Accepted) {
+                    match self.config.authorize(&record, &intent).await? {
+                        Some(denied) => {
+                            owner.settle(Settlement::Other);
+                            return answered(answer::denied(&reply_id, &denied));
+                        }
+                        None => record = self.config.append(id, EventKind::Authorized).await?,
+                    }
+                }
+                self.dispatch(parts, bytes, intent, record, owner).await
+            }
+            Decision::Resend => self.dispatch(parts, bytes, intent, record, owner).await,
+            // Resumption belongs to the resume layer and attachment happened before the claim;
+            // neither ever turns into a re-send here.
+            Decision::Resume | Decision::Attach => answered(answer::uncertain(
+                &reply_id,
+                &record,
+                UncertainReason::InProgress,
+            )),
+            Decision::Probe => self.probe(parts, bytes, intent, record, owner).await,
+            Decision::ReturnStored => {
+                let stored = match &record.result_reference {
+                    Some(reference) => self
+                        .config
+                        .ledger
+                        .load_result(reference)
+                        .await
+                        .map_err(GuardError::ledger)?,
+                    None => None,
+                };
+                match stored {
+                    Some(result) => {
+                        self.config
+                            .append(
+                                id,
+                                EventKind::Delivered {
+                                    jsonrpc_id: Some(reply_id.clone()),
+                                },
+                            )
+                            .await?;
+                        owner.settle(Settlement::Completed(Some(result.clone())));
+                        answered(answer::stored_result(&reply_id, &result))
+                    }
+                    None => answered(answer::uncertain(
+                        &reply_id,
+                        &record,
+                        UncertainReason::ResultNotKept,
+                    )),
+                }
+            }
+            Decision::RepeatDenial => answered(answer::denied(&reply_id, &record)),
+            Decision::Uncertain(reason) => {
+                if reason == UncertainReason::NeedsReview
+                    && record.state != ExecutionState::NeedsReview
+                {
+                    let why = format!(
+                        "unknown outcome on a {} tool; not re-sent",
+                        record.retry_class
+                    );
+                    record = self
+                        .config
+                        .append(id, EventKind::NeedsReview { reason: why })
+                        .await?;
+                }
+                tracing::warn!(
+                    state = record.state_label(),
+                    "answered with an uncertain result"
+                );
+                answered(answer::uncertain(&reply_id, &record, reason))
+            }
+        }
+    }
+
+    async fn probe(
+        self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        intent: Intent,
+        record: ExecutionRecord,
+        owner: Owner,
+    ) -> Answer<RB> {
+        let probe = self.config.probes[&intent.call.name].clone();
+        let outcome = probe
+            .probe(ProbeRequest {
+                execution: &record,
+                arguments: &intent.call.arguments,
+            })
+            .await;
+        tracing::info!(?outcome, "status probe answered");
+        let id = record.execution_id;
+        let reply_id = intent.call.id.clone();
+        match outcome {
+            ProbeOutcome::Applied { result } => {
+                let stored = match result.as_ref().map(serde_json::to_vec) {
+                    Some(Ok(bytes))
+                        if intent.keep_results && bytes.len() <= intent.max_result_bytes =>
+                    {
+                        let bytes = Bytes::from(bytes);
+                        let reference = self
+                            .config
+                            .ledger
+                            .store_result(id, bytes.clone())
+                            .await
+                            .map_err(GuardError::ledger)?;
+                        Some((reference, bytes))
+                    }
+                    _ => None,
+                };
+                let record = self
+                    .config
+                    .append(
+                        id,
+                        EventKind::Resolved {
+                            applied: true,
+                            by: "probe".into(),
+                            note: "the status probe found the action applied".into(),
+                            result_reference: stored.as_ref().map(|(r, _)| r.clone()),
+                        },
+                    )
+                    .await?;
+                match stored {
+                    Some((_, result)) => {
+                        self.config
+                            .append(
+                                id,
+                                EventKind::Delivered {
+                                    jsonrpc_id: Some(reply_id.clone()),
+                                },
+                            )
+                            .await?;
+                        owner.settle(Settlement::Completed(Some(result.clone())));
+                        answered(answer::stored_result(&reply_id, &result))
+                    }
+                    None => answered(answer::uncertain(
+                        &reply_id,
+                        &record,
+                        UncertainReason::ResultNotKept,
+                    )),
+                }
+            }
+            ProbeOutcome::NotApplied => {
+                let record = self
+                    .config
+                    .append(id, EventKind::Resolved {
+                        applied: false,
+                        by: "probe".into(),
+                        note: "the status probe found the action not applied; sent again under the same key".into(),
+                        result_reference: None,
+                    })
+                    .await?;
+                self.dispatch(parts, bytes, intent, record, owner).await
+            }
+            ProbeOutcome::Unknown { reason } => {
+                let record = self
+                    .config
+                    .append(
+                        id,
+                        EventKind::NeedsReview {
+                            reason: format!("status probe: {reason}"),
+                        },
+                    )
+                    .await?;
+                answered(answer::uncertain(
+                    &reply_id,
+                    &record,
+                    UncertainReason::NeedsReview,
+                ))
+            }
+        }
+    }
+
+    /// Records `dispatched`, then sends with the `Idempotency-Key`.
+    async fn dispatch(
+        mut self,
+        mut parts: http::request::Parts,
+        bytes: Bytes,
+        intent: Intent,
+        record: ExecutionRecord,
+        mut owner: Owner,
+    ) -> Answer<RB> {
+        let id = record.execution_id;
+        let key_from_caller = intent.caller_key.is_some();
+        let key = intent
+            .caller_key
+            .clone()
+            .unwrap_or_else(|| IdempotencyKey::from(id));
+        self.config
+            .append(
+                id,
+                EventKind::Dispatched {
+                    attempt: record.attempts + 1,
+                    idempotency_key: key.clone(),
+                    key_from_caller,
+                    jsonrpc_id: Some(intent.call.id.clone()),
+                    session_id: intent.session_id.clone(),
+                },
+            )
+            .await?;
+        owner.dispatched(self.config.ledger.clone(), id);
+        if !key_from_caller {
+            parts
+                .headers
+                .insert(IDEMPOTENCY_KEY, key.to_header_value(self.config.key_format));
+        }
+        tracing::info!(attempt = record.attempts + 1, "dispatched");
+        let (body, polled) = GuardRequestBody::new(bytes);
+        let response = match self.send(Request::from_parts(parts, body)).await {
+            Ok(response) => response,
+            Err(error) => return send_failed(&self.config, id, &polled, error, owner).await,
+        };
+        let status = response.status();
+        if status.is_success() {
+            let sse = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let observation = Observation {
+                ledger: self.config.ledger.clone(),
+                execution_id: id,
+                request_id: intent.call.id,
+                status: status.as_u16(),
+                keep_results: intent.keep_results,
+                max_result_bytes: intent.max_result_bytes,
+                outcome_recorded: false,
+                last_event_id: None,
+                oversize: false,
+                drain_timeout: self.config.drain_timeout,
+                owner: Some(owner),
+            };
+            let max = self.config.max_body_bytes.max(intent.max_result_bytes);
+            return Ok(response.map(|b| GuardResponseBody::observed(b, observation, sse, max)));
+        }
+        let kind = if refused_before_running(status) {
+            EventKind::Failed {
+                target_status: Some(status.as_u16()),
+                reason: format!("the target refused the call with HTTP {status}"),
+            }
+        } else {
+            EventKind::Unknown {
+                target_status: Some(status.as_u16()),
+                reason: format!("HTTP {status} on tools/call: the tool may have run"),
+            }
+        };
+        self.config.append(id, kind).await?;
+        owner.settle(Settlement::Other);
+        Ok(response.map(GuardResponseBody::passthrough))
+    }
+}
+
+async fn send_failed<RB>(
+    config: &Config,
+    id: ExecutionId,
+    polled: &AtomicBool,
+    error: BoxError,
+    owner: Owner,
+) -> Answer<RB> {
+    {
+        let sent = polled.load(Ordering::Acquire) && !is_connect_error(&*error);
+        let (kind, error) = if sent {
+            (
+                EventKind::Unknown {
+                    target_status: None,
+                    reason: format!(
+                        "transport error after the request may have been sent: {error}"
+                    ),
+                },
+                GuardError::unknown(id, error),
+            )
+        } else {
+            (
+                EventKind::NotSent {
+                    reason: format!("transport error before the request was sent: {error}"),
+                },
+                GuardError::not_sent(id, error),
+            )
+        };
+        tracing::warn!(outcome = kind.name(), "send failed");
+        config.append(id, kind).await?;
+        owner.settle(Settlement::Other);
+        Err(error)
+    }
+}
+
+impl Config {
+    async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
+        self.ledger
+            .claim(Claim {
+                fingerprint: intent.fingerprint,
+                tool: intent.call.name.clone(),
+                actor: intent.actor.clone(),
+                intent_scope: intent.intent_scope.clone(),
+                target: intent.target.clone(),
+                credential_ref: intent.credential_ref.clone(),
+                retry_class: intent.class,
+                link_window: intent.link_window,
+                retention: intent.retention,
+                owner: self.owner.clone(),
+                at: Timestamp::now(),
+            })
+            .await
+            .map_err(GuardError::ledger)
+    }
+
+    async fn append(
+        &self,
+        id: ExecutionId,
+        kind: EventKind,
+    ) -> Result<ExecutionRecord, GuardError> {
+        self.ledger
+            .append(LedgerEvent {
+                execution_id: id,
+                at: Timestamp::now(),
+                kind,
+            })
+            .await
+            .map_err(GuardError::ledger)
+    }
+
+    async fn mark_unknown(
+        &self,
+        id: ExecutionId,
+        reason: &str,
+    ) -> Result<ExecutionRecord, GuardError> {
+        match self
+            .append(
+                id,
+                EventKind::Unknown {
+                    target_status: None,
+                    reason: reason.into(),
+                },
+            )
+            .await
+        {
+            Ok(record) => Ok(record),
+            // Someone recorded the outcome meanwhile: take the record as it is.
+            Err(e) if e.is_ledger_transition() => self
+                .ledger
+                .get(id)
+                .await
+                .map_err(GuardError::ledger)?
+                .ok_or_else(|| GuardError::ledger(crate::ledger::LedgerError::NotFound(id))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs the hook; returns the denied record, or `None` when allowed.
+    async fn authorize(
+        &self,
+        record: &ExecutionRecord,
+        intent: &Intent,
+    ) -> Result<Option<ExecutionRecord>, GuardError> {
+        let Some(authorizer) = &self.authorizer else {
+            return Ok(None);
+        };
+        let request = AuthorizationRequest {
+            execution: record,
+            arguments: &intent.call.arguments,
+        };
+        match authorizer.authorize(request).await {
+            Authorization::Allow => Ok(None),
+            Authorization::Deny { reason } => {
+                tracing::info!(%reason, "authorization denied");
+                self.append(record.execution_id, EventKind::Denied { reason })
+                    .await
+                    .map(Some)
+            }
+        }
+    }
+}
+
+/// HTTP statuses on a `tools/call` that mean the server refused it before running the tool.
+fn refused_before_running(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        400 | 401 | 403 | 404 | 405 | 406 | 415 | 422 | 429
+    )
+}
+
+/// Whether an error proves nothing was sent: a connect error anywhere in the source chain.
+fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        if let Some(hyper) = e.downcast_ref::<hyper_util::client::legacy::Error>()
+            && hyper.is_connect()
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+fn target_of(uri: &http::Uri) -> Target {
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    Target::new(format!("{authority}{}", uri.path()))
+}
+
+/// The outcome of an execution as its attached waiters need it.
+#[derive(Debug, Clone)]
+pub(super) enum Settlement {
+    /// The target's result (kept bytes of the JSON-RPC `result`), when kept.
+    Completed(Option<Bytes>),
+    /// Anything else: waiters decide again from the ledger.
+    Other,
+}
+
+type IntentKey = (Actor, IntentScope, Fingerprint);
+
+/// In-process single flight: one owner per intent at a time.
+#[derive(Debug, Default)]
+struct Inflight {
+    intents: DashMap<IntentKey, watch::Sender<Option<Settlement>>>,
+}
+
+enum Acquired {
+    Owner(Owner),
+    Waiter(watch::Receiver<Option<Settlement>>),
+}
+
+impl Inflight {
+    fn acquire(self: &Arc<Self>, key: IntentKey) -> Acquired {
+        match self.intents.entry(key.clone()) {
+            Entry::Occupied(occupied) => Acquired::Waiter(occupied.get().subscribe()),
+            Entry::Vacant(vacant) => {
+                let (sender, _) = watch::channel(None);
+                vacant.insert(sender.clone());
+                Acquired::Owner(Owner {
+                    inflight: self.clone(),
+                    key,
+                    sender,
+                    abandoned: None,
+                })
+            }
+        }
+    }
+}
+
+/// Ownership of an intent in this process. Dropping it releases the intent; if the attempt was
+/// dispatched and never settled, the execution is recorded `unknown`.
+pub(super) struct Owner {
+    inflight: Arc<Inflight>,
+    key: IntentKey,
+    sender: watch::Sender<Option<Settlement>>,
+    abandoned: Option<(Arc<dyn Ledger>, ExecutionId)>,
+}
+
+impl Owner {
+    fn dispatched(&mut self, ledger: Arc<dyn Ledger>, id: ExecutionId) {
+        self.abandoned = Some((ledger, id));
+    }
+
+    pub(super) fn settle(mut self, settlement: Settlement) {
+        self.abandoned = None;
+        self.sender.send_replace(Some(settlement));
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inflight
+            .intents
+            .remove_if(&self.key, |_, s| s.same_channel(&self.sender));
+        if let Some((ledger, id)) = self.abandoned.take() {
+            // Dropped between dispatch and outcome (the caller cancelled, or dropped the body
+            // before the response arrived): the target may have run it.
+            let record = async move {
+                let event = LedgerEvent {
+                    execution_id: id,
+                    at: Timestamp::now(),
+                    kind: EventKind::Unknown {
+                        target_status: None,
+                        reason: "the caller dropped the call before its outcome was observed"
+                            .into(),
+                    },
+                };
+                if let Err(error) = ledger.append(event).await {
+                    tracing::warn!(execution_id = %id, %error, "could not record an abandoned attempt");
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => drop(handle.spawn(record)),
+                Err(_) => {
+                    tracing::warn!(execution_id = %id, "attempt abandoned outside a tokio runtime; it stays `dispatched` and reads as unknown")
+                }
+            }
+        }
+        if self.sender.borrow().is_none() {
+            self.sender.send_replace(Some(Settlement::Other));
+        }
+    }
+}
+
+/// What the response body watcher records.
+pub(super) struct Observation {
+    ledger: Arc<dyn Ledger>,
+    execution_id: ExecutionId,
+    request_id: RequestId,
+    status: u16,
+    keep_results: bool,
+    max_result_bytes: usize,
+    outcome_recorded: bool,
+    pub(super) last_event_id: Option<String>,
+    pub(super) oversize: bool,
+    pub(super) drain_timeout: Duration,
+    owner: Option<Owner>,
+}
+
+type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Observation {
+    pub(super) fn is_response(&self, message: &Value) -> bool {
+        (message.get("result").is_some() || message.get("error").is_some())
+            && message.get("id").is_some_and(|id| {
+                serde_json::from_value::<RequestId>(id.clone())
+                    .ok()
+                    .as_ref()
+                    == Some(&self.request_id)
+            })
+    }
+
+    pub(super) fn has_outcome(&self) -> bool {
+        self.outcome_recorded
+    }
+
+    /// The JSON-RPC response was seen: record the outcome (and keep the result) before the
+    /// caller sees it.
+    pub(super) fn completed(&mut self, message: Value) -> Write {
+        self.outcome_recorded = true;
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let status = self.status;
+        let keep = self.keep_results;
+        let max = self.max_result_bytes;
+        let owner = self.owner.take();
+        let last_event_id = self.last_event_id.clone();
+        Box::pin(async move {
+            let settlement =
+                record_outcome(&*ledger, id, status, keep, max, message, last_event_id).await;
+            if let Some(owner) = owner {
+                owner.settle(settlement);
+            }
+        })
+    }
+
+    pub(super) fn finish_json(mut self, message: Option<Value>, deliver: bool) -> Write {
+        let Some(message) = message.filter(|m| self.is_response(m)) else {
+            return self.end_of_body(deliver);
+        };
+        let record = self.completed(message);
+        let delivered = self.end_of_body(deliver);
+        Box::pin(async move {
+            record.await;
+            delivered.await;
+        })
+    }
+
+    pub(super) fn end_of_body(mut self, deliver: bool) -> Write {
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let request_id = self.request_id.clone();
+        if self.outcome_recorded {
+            if !deliver {
+                return Box::pin(async {});
+            }
+            return Box::pin(async move {
+                append_logged(
+                    &*ledger,
+                    id,
+                    EventKind::Delivered {
+                        jsonrpc_id: Some(request_id),
+                    },
+                )
+                .await;
+            });
+        }
+        let reason = if self.oversize {
+            "the response was too large to observe"
+        } else {
+            "the response ended before the JSON-RPC response to the call"
+        };
+        self.unknown(reason.into())
+    }
+
+    pub(super) fn broken(mut self, error: &(dyn std::error::Error + Send + Sync)) -> Write {
+        if self.outcome_recorded {
+            // Completed, not delivered: the record already says so.
+            return Box::pin(async {});
+        }
+        self.unknown(format!(
+            "the response stream broke before the JSON-RPC response: {error}"
+        ))
+    }
+
+    fn unknown(&mut self, reason: String) -> Write {
+        self.outcome_recorded = true;
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let status = self.status;
+        let owner = self.owner.take();
+        let last_event_id = self.last_event_id.clone();
+        Box::pin(async move {
+            if let Some(last_event_id) = last_event_id {
+                append_logged(&*ledger, id, EventKind::EventSeen { last_event_id }).await;
+            }
+            append_logged(
+                &*ledger,
+                id,
+                EventKind::Unknown {
+                    target_status: Some(status),
+                    reason,
+                },
+            )
+            .await;
+            if let Some(owner) = owner {
+                owner.settle(Settlement::Other);
+            }
+        })
+    }
+
+    pub(super) fn dropped_early(mut self) {
+        if self.outcome_recorded {
+            return;
+        }
+        let write = self
+            .unknown("the caller dropped the response before the JSON-RPC response arrived".into());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            drop(handle.spawn(write));
+        }
+    }
+}
+
+async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
+    let name = kind.name();
+    if let Err(error) = ledger
+        .append(LedgerEvent {
+            execution_id: id,
+            at: Timestamp::now(),
+            kind,
+        })
+        .await
+    {
+        tracing::warn!(execution_id = %id, event = name, %error, "could not record");
+    }
+}
+
+async fn record_outcome(
+    ledger: &dyn Ledger,
+    id: ExecutionId,
+    status: u16,
+    keep: bool,
+    max: usize,
+    mut message: Value,
+    last_event_id: Option<String>,
+) -> Settlement {
+    if let Some(last_event_id) = last_event_id {
+        append_logged(ledger, id, EventKind::EventSeen { last_event_id }).await;
+    }
+    let Some(result) = message.get_mut("result").map(Value::take) else {
+        let reason = message
+            .pointer("/error/message")
+            .and_then(Value::as_str)
+            .unwrap_or("JSON-RPC error")
+            .chars()
+            .take(200)
+            .collect();
+        append_logged(
+            ledger,
+            id,
+            EventKind::Failed {
+                target_status: Some(status),
+                reason,
+            },
+        )
+        .await;
+        return Settlement::Other;
+    };
+    let is_error = result
+        .get("isError")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let bytes = serde_json::to_vec(&result).map(Bytes::from).ok();
+    let kept = match bytes.filter(|b| keep && b.len() <= max) {
+        Some(bytes) => match ledger.store_result(id, bytes.clone()).await {
+            Ok(reference) => Some((reference, bytes)),
+            Err(error) => {
+                tracing::warn!(execution_id = %id, %error, "could not keep the result");
+                None
+            }
+        },
+        None => None,
+    };
+    append_logged(
+        ledger,
+        id,
+        EventKind::Completed {
+            target_status: status,
+            is_error,
+            result_reference: kept.as_ref().map(|(r, _)| r.clone()),
+        },
+    )
+    .await;
+    Settlement::Completed(kept.map(|(_, b)| b))
+}

@@ -1,0 +1,862 @@
+//! The guard end to end: a hyper client stacked with `GuardLayer` against rmcp's own
+//! Streamable HTTP server on 127.0.0.1, with faults injected between them. The server's
+//! side-effect counters are the ground truth.
+
+mod support;
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response};
+use http_body_util::Full;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use mcp_replay_guard::{
+    Actor, IntentScope,
+    contract::{ContractRegistry, ToolContract},
+    fingerprint::{FingerprintKey, FingerprintRules},
+    guard::{
+        Authorization, AuthorizationRequest, Authorize, Guard, GuardLayer, GuardRequestBody,
+        ProbeOutcome, ProbeRequest, StatusProbe,
+    },
+    ledger::{ExecutionRecord, ExecutionState, Ledger, MemoryLedger},
+};
+use serde_json::{Value, json};
+use support::*;
+use tower::{Layer, retry::Retry};
+
+type Inner = Client<HttpConnector, GuardRequestBody>;
+
+fn registry() -> ContractRegistry {
+    ContractRegistry::builder()
+        .tool(
+            "deploy_release",
+            ToolContract::irreversible()
+                .fingerprint(FingerprintRules::new().secret("/approval_token")),
+        )
+        .tool("create_payment", ToolContract::idempotent())
+        .tool("rotate_credential", ToolContract::recoverable())
+        .tool("slow_deploy", ToolContract::irreversible())
+        .tool("list_branches", ToolContract::read_only())
+        .build()
+        .unwrap()
+}
+
+fn layer(ledger: &MemoryLedger) -> GuardLayer {
+    GuardLayer::new(
+        ledger.clone(),
+        registry(),
+        FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+    )
+    .actor(Actor::from("signed-process:com.example.agent"))
+    .intent_scope(IntentScope::from("run:5f8097"))
+}
+
+fn guarded(layer: &GuardLayer) -> Guard<Inner> {
+    layer.layer(hyper_client_with_body::<GuardRequestBody>())
+}
+
+/// A generic retry policy of the kind this crate replaces: retry every error, up to 3 times.
+#[derive(Clone)]
+struct RetryEveryError(usize);
+
+impl<E>
+    tower::retry::Policy<
+        Request<Full<Bytes>>,
+        Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
+        E,
+    > for RetryEveryError
+{
+    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Full<Bytes>>,
+        result: &mut Result<
+            Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
+            E,
+        >,
+    ) -> Option<Self::Future> {
+        if result.is_err() && self.0 > 0 {
+            self.0 -= 1;
+            Some(Box::pin(async {}))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::builder().method(req.method()).uri(req.uri());
+        for (name, value) in req.headers() {
+            clone = clone.header(name, value);
+        }
+        let mut clone = clone.body(req.body().clone()).unwrap();
+        *clone.extensions_mut() = req.extensions().clone();
+        Some(clone)
+    }
+}
+
+fn deploy_args() -> Value {
+    json!({"service": "catalog", "version": "2026.07.22"})
+}
+
+async fn session(server: &TestServer) -> Option<String> {
+    initialize(&mut hyper_client(), &server.url).await.unwrap()
+}
+
+fn guard_answer(response: &Value) -> &Value {
+    response
+        .pointer("/result/structuredContent/mcp_replay_guard")
+        .unwrap_or_else(|| panic!("not a guard answer: {response}"))
+}
+
+async fn only_record(ledger: &MemoryLedger) -> ExecutionRecord {
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    records.into_iter().next().unwrap()
+}
+
+/// Reads a response body to its end (as a client that consumes the whole stream does) and
+/// returns the JSON-RPC response with `id`.
+async fn read_to_end(
+    response: Response<impl http_body::Body<Error = impl Into<BoxError>>>,
+    id: i64,
+) -> Value {
+    let text = body_text(response.into_body()).await.unwrap();
+    let json_lines = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim);
+    std::iter::once(text.trim())
+        .chain(json_lines)
+        .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+        .find(|m| m.get("id") == Some(&json!(id)))
+        .unwrap_or_else(|| panic!("no response for id {id} in {text}"))
+}
+
+#[tokio::test]
+async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(response["result"]["isError"], true, "{response}");
+    let record = guard_answer(&response);
+    assert_eq!(record["state"], "needs_review");
+    assert_eq!(
+        record["why_not_resent"],
+        "unknown outcome on a tool that may not be re-sent"
+    );
+    assert!(
+        first_text(&response).unwrap().contains("NOT sent again"),
+        "{response}"
+    );
+    let stored = only_record(&ledger).await;
+    assert_eq!(stored.state, ExecutionState::NeedsReview);
+    assert_eq!(
+        record["execution_id"],
+        json!(stored.execution_id.to_string())
+    );
+    assert_eq!(stored.attempts, 1);
+    // Asking again gives the same answer, still without sending.
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(guard_answer(&again)["execution_id"], record["execution_id"]);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+}
+
+#[tokio::test]
+async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
+    server
+        .state
+        .faults()
+        .schedule("create_payment", Fault::DropResponseAfterTool);
+
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "create_payment",
+        json!({"amount": 500, "currency": "eur"}),
+    )
+    .await
+    .unwrap();
+
+    assert!(
+        response.get("result").is_some() && response["result"]["isError"] != true,
+        "{response}"
+    );
+    let keys = server.state.idempotency_keys("create_payment");
+    assert_eq!(keys.len(), 2, "the server saw both sends: {keys:?}");
+    assert_eq!(keys[0], keys[1]);
+    let record = only_record(&ledger).await;
+    assert_eq!(
+        keys[0].as_deref(),
+        Some(record.execution_id.to_string().as_str())
+    );
+    assert_eq!(record.attempts, 2);
+}
+
+/// Asks the test server's read-only `credential_status` tool whether a rotation happened.
+#[derive(Debug)]
+struct CredentialStatusProbe {
+    url: String,
+    session: Option<String>,
+    asked: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl StatusProbe for CredentialStatusProbe {
+    async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let name = request.arguments["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let status = call_tool(
+            &mut hyper_client(),
+            &self.url,
+            self.session.as_deref(),
+            900,
+            "credential_status",
+            json!({"name": name}),
+        )
+        .await;
+        match status
+            .as_ref()
+            .ok()
+            .and_then(structured)
+            .and_then(|s| s["rotated"].as_bool())
+        {
+            Some(true) => ProbeOutcome::Applied {
+                result: Some(
+                    json!({"content": [{"type": "text", "text": format!("rotated {name} (confirmed by status probe)")}], "isError": false}),
+                ),
+            },
+            Some(false) => ProbeOutcome::NotApplied,
+            None => ProbeOutcome::Unknown {
+                reason: format!("status query failed: {status:?}"),
+            },
+        }
+    }
+}
+
+#[tokio::test]
+async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let probe = CredentialStatusProbe {
+        url: server.url.clone(),
+        session: session.clone(),
+        asked: asked.clone(),
+    };
+    let mut client = Retry::new(
+        RetryEveryError(3),
+        guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
+    );
+    server
+        .state
+        .faults()
+        .schedule("rotate_credential", Fault::DropResponseAfterTool);
+
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "rotate_credential",
+        json!({"name": "db-password"}),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(server.state.side_effects("rotate_credential"), 1);
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        first_text(&response),
+        Some("rotated db-password (confirmed by status probe)")
+    );
+    let record = only_record(&ledger).await;
+    assert_eq!(record.state, ExecutionState::ResolvedApplied);
+    assert!(record.delivered_at.is_some());
+}
+
+#[tokio::test]
+async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let probe = CredentialStatusProbe {
+        url: server.url.clone(),
+        session: session.clone(),
+        asked: asked.clone(),
+    };
+    let mut client = Retry::new(
+        RetryEveryError(3),
+        guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
+    );
+    // 502 before the tool runs is an unknown outcome for the guard; the probe finds nothing.
+    server
+        .state
+        .faults()
+        .schedule("rotate_credential", Fault::Status(502));
+
+    let first = send(
+        &mut client,
+        post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(2, "rotate_credential", json!({"name": "api-key"})),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.status(), 502);
+    drop(first);
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "rotate_credential",
+        json!({"name": "api-key"}),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(server.state.side_effects("rotate_credential"), 1);
+    assert!(response["result"]["isError"] != true, "{response}");
+    let record = only_record(&ledger).await;
+    let keys = server.state.idempotency_keys("rotate_credential");
+    assert_eq!(keys, [Some(record.execution_id.to_string())]);
+    assert_eq!(record.attempts, 2);
+}
+
+#[tokio::test]
+async fn a_deliberate_repeat_after_delivery_is_a_new_execution() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    for id in [2, 3] {
+        let request = post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(id, "deploy_release", deploy_args()),
+        );
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_to_end(response, id).await;
+        assert!(message.get("result").is_some(), "{message}");
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 2);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.state == ExecutionState::Completed && r.delivered_at.is_some())
+    );
+    let keys = server.state.idempotency_keys("deploy_release");
+    assert_ne!(keys[0], keys[1]);
+}
+
+#[tokio::test]
+async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "deploy_release", deploy_args()),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    drop(response); // the agent crashed before reading its answer
+
+    // The guard reads the dropped stream on in the background until the result is recorded.
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert_eq!(
+        serde_json::to_value(&record).unwrap()["state"],
+        "completed_result_not_delivered"
+    );
+
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        7,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again["id"], 7, "re-keyed to the new JSON-RPC id");
+    assert_eq!(
+        first_text(&again),
+        Some("deployed catalog 2026.07.22"),
+        "{again}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let record = only_record(&ledger).await;
+    assert!(record.delivered_at.is_some());
+}
+
+async fn wait_for_state(ledger: &MemoryLedger, state: ExecutionState) -> ExecutionRecord {
+    for _ in 0..200 {
+        if let Some(r) = ledger
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.state == state)
+        {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "no record reached {state}: {:#?}",
+        ledger.list().await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_identical_calls_dispatch_once() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let client = guarded(&layer(&ledger));
+    let call = |id: i64, actor: Option<&str>, scope: Option<&str>| {
+        let mut client = client.clone();
+        let mut request = post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(id, "slow_deploy", json!({"service": "catalog"})),
+        );
+        if let Some(actor) = actor {
+            request.extensions_mut().insert(Actor::from(actor));
+        }
+        if let Some(scope) = scope {
+            request.extensions_mut().insert(IntentScope::from(scope));
+        }
+        tokio::spawn(async move {
+            let response = send(&mut client, request).await.unwrap();
+            read_jsonrpc_response(response, &json!(id)).await.unwrap()
+        })
+    };
+    let tasks: Vec<_> = (0..100).map(|id| call(id, None, None)).collect();
+    let mut texts = Vec::new();
+    for (id, task) in tasks.into_iter().enumerate() {
+        let response = task.await.unwrap();
+        assert_eq!(response["id"], id, "{response}");
+        texts.push(first_text(&response).map(str::to_owned));
+    }
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    assert!(
+        texts[0].is_some() && texts.iter().all(|t| t == &texts[0]),
+        "{texts:?}"
+    );
+
+    // Another actor, or another scope, is another intent.
+    call(200, Some("signed-process:other-agent"), None)
+        .await
+        .unwrap();
+    call(201, None, Some("run:another-run")).await.unwrap();
+    assert_eq!(server.state.side_effects("slow_deploy"), 3);
+    assert_eq!(ledger.list().await.unwrap().len(), 3);
+}
+
+#[derive(Debug, Default, Clone)]
+struct DenyDeploys {
+    asked: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Authorize for DenyDeploys {
+    async fn authorize(&self, request: AuthorizationRequest<'_>) -> Authorization {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(request.execution.state, ExecutionState::Accepted);
+        Authorization::Deny {
+            reason: "deploys are frozen until Monday".into(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_denied_call_gets_the_same_denial_without_asking_again() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let authorizer = DenyDeploys::default();
+    let mut client = guarded(&layer(&ledger).authorizer(authorizer.clone()));
+    for id in [2, 3] {
+        let response = call_tool(
+            &mut client,
+            &server.url,
+            session.as_deref(),
+            id,
+            "deploy_release",
+            deploy_args(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response["result"]["isError"], true);
+        assert!(
+            first_text(&response)
+                .unwrap()
+                .contains("deploys are frozen until Monday"),
+            "{response}"
+        );
+        assert_eq!(guard_answer(&response)["state"], "denied");
+    }
+    assert_eq!(authorizer.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+    assert!(server.state.tool_call_requests("deploy_release").is_empty());
+}
+
+#[tokio::test]
+async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger).max_body_bytes(1024));
+    let requests_before = server.state.requests().len();
+
+    let big = json!({"service": "x".repeat(2000), "version": "1"});
+    let response = send(
+        &mut client,
+        post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(2, "deploy_release", big),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 413);
+    let text = body_text(response.into_body()).await.unwrap();
+    assert!(
+        text.contains("1024-byte limit") && text.contains("nothing was sent"),
+        "{text}"
+    );
+
+    for malformed in [
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"arguments": {}}}),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "deploy_release", "arguments": [1]}}),
+    ] {
+        let response = send(
+            &mut client,
+            post(&server.url, session.as_deref(), PROTOCOL_VERSION, malformed),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 400);
+        let body: Value =
+            serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+    }
+    let duplicate = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"deploy_release\",\"arguments\":{\"service\":\"a\",\"service\":\"b\",\"version\":\"1\"}}}";
+    let mut request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        json!(null),
+    );
+    *request.body_mut() = Full::new(Bytes::from_static(duplicate.as_bytes()));
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(
+        body_text(response.into_body())
+            .await
+            .unwrap()
+            .contains("twice")
+    );
+
+    assert_eq!(
+        server.state.requests().len(),
+        requests_before,
+        "something reached the server"
+    );
+    assert!(ledger.is_empty());
+}
+
+#[tokio::test]
+async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::Status(429));
+    let response = send(
+        &mut client,
+        post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(2, "deploy_release", deploy_args()),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(only_record(&ledger).await.state, ExecutionState::Failed);
+    // A failed execution does not link: the next call is a new one, and it runs.
+    call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    server
+        .state
+        .faults()
+        .schedule("create_payment", Fault::Status(503));
+    let response = send(
+        &mut client,
+        post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(4, "create_payment", json!({"amount": 1, "currency": "eur"})),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 503);
+    let records = ledger.list().await.unwrap();
+    let payment = records.iter().find(|r| r.tool == "create_payment").unwrap();
+    assert_eq!(
+        (payment.state, payment.target_status),
+        (ExecutionState::Unknown, Some(503))
+    );
+}
+
+#[tokio::test]
+async fn an_operator_settles_a_held_execution() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let layer = layer(&ledger);
+    let mut client = Retry::new(RetryEveryError(1), guarded(&layer));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::Status(500));
+    let _ = send(
+        &mut client,
+        post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(2, "deploy_release", deploy_args()),
+        ),
+    )
+    .await
+    .unwrap();
+    let held = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(guard_answer(&held)["state"], "needs_review");
+    let id = only_record(&ledger).await.execution_id;
+
+    let record = layer
+        .resolve(
+            id,
+            false,
+            "alice",
+            "checked the deploy API: nothing deployed",
+        )
+        .await
+        .unwrap();
+    assert_eq!(record.state, ExecutionState::ResolvedNotApplied);
+    let events = ledger.events(id).await.unwrap();
+    let last = serde_json::to_value(events.last().unwrap()).unwrap();
+    assert_eq!(last["event"], "resolved");
+    assert_eq!(last["by"], "operator:alice");
+    assert_eq!(last["note"], "checked the deploy API: nothing deployed");
+
+    // Settled as not applied: the intent may run now.
+    call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        4,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert!(
+        layer.resolve(id, true, "bob", "again").await.is_err(),
+        "a settled execution cannot be settled twice"
+    );
+}
+
+#[tokio::test]
+async fn read_only_tools_and_other_traffic_pass_through() {
+    let server = TestServer::start().await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let session = initialize(&mut client, &server.url).await.unwrap();
+    assert!(session.is_some());
+    for id in [2, 3] {
+        call_tool(
+            &mut client,
+            &server.url,
+            session.as_deref(),
+            id,
+            "list_branches",
+            json!({}),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(server.state.side_effects("list_branches"), 2);
+    assert!(ledger.is_empty());
+    assert_eq!(server.state.idempotency_keys("list_branches"), [None, None]);
+}
+
+/// Collects formatted log output of the current thread.
+#[derive(Clone, Default)]
+struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn secrets_reach_neither_the_ledger_nor_the_logs() {
+    let logs = CapturedLogs::default();
+    let writer = logs.clone();
+    // This crate's own log lines, at every level. (The in-process test server and hyper log
+    // request bodies at TRACE themselves; they are not this crate's to police.)
+    use tracing_subscriber::{filter::Targets, layer::SubscriberExt};
+    let subscriber = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        )
+        .with(Targets::new().with_target("mcp_replay_guard", tracing::Level::TRACE));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = Retry::new(RetryEveryError(2), guarded(&layer(&ledger)));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let args = json!({"service": "catalog", "version": "1", "approval_token": "SECRET-ARG-4f1c"});
+    let mut request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "deploy_release", args),
+    );
+    request.headers_mut().insert(
+        "authorization",
+        HeaderValue::from_static("Bearer SECRET-BEARER-9a7e"),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    let answer = read_jsonrpc_response(response, &json!(2)).await.unwrap();
+    assert_eq!(guard_answer(&answer)["state"], "needs_review");
+
+    let mut recorded = String::new();
+    for record in ledger.list().await.unwrap() {
+        recorded.push_str(&serde_json::to_string(&record).unwrap());
+        for event in ledger.events(record.execution_id).await.unwrap() {
+            recorded.push_str(&serde_json::to_string(&event).unwrap());
+        }
+    }
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("dispatched") && logs.contains("execution_id"),
+        "the logs were not captured: {logs}"
+    );
+    assert!(recorded.contains("needs_review"), "{recorded}");
+    for secret in ["SECRET-ARG-4f1c", "SECRET-BEARER-9a7e"] {
+        assert!(
+            !recorded.contains(secret),
+            "{secret} in the ledger: {recorded}"
+        );
+        assert!(!logs.contains(secret), "{secret} in the logs: {logs}");
+        assert!(
+            !answer.to_string().contains(secret),
+            "{secret} in the answer"
+        );
+    }
+}
