@@ -860,3 +860,43 @@ async fn secrets_reach_neither_the_ledger_nor_the_logs() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_key_the_caller_set_is_kept_and_recorded() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "create_payment", json!({"amount": 9, "currency": "usd"})),
+    );
+    let request = with_idempotency_key(request, "\"order-1234\"");
+    let response = send(&mut client, request).await.unwrap();
+    read_to_end(response, 2).await;
+    assert_eq!(
+        server.state.idempotency_keys("create_payment"),
+        [Some("\"order-1234\"".to_owned())]
+    );
+    let record = only_record(&ledger).await;
+    assert_eq!(
+        record.idempotency_key.as_ref().map(|k| k.as_str()),
+        Some("order-1234")
+    );
+    let events = ledger.events(record.execution_id).await.unwrap();
+    let names: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "accepted",
+            "authorized",
+            "dispatched",
+            "completed",
+            "delivered"
+        ]
+    );
+    let dispatched = serde_json::to_value(&events[2]).unwrap();
+    assert_eq!(dispatched["key_from_caller"], true);
+}

@@ -1047,17 +1047,24 @@ impl Owner {
         self.abandoned = Some((ledger, id));
     }
 
+    /// Publishes the outcome to attached waiters; the intent is released first, so a waiter
+    /// that must decide again becomes the next owner instead of waiting on a settled channel.
     pub(super) fn settle(mut self, settlement: Settlement) {
         self.abandoned = None;
+        self.release();
         self.sender.send_replace(Some(settlement));
+    }
+
+    fn release(&self) {
+        self.inflight
+            .intents
+            .remove_if(&self.key, |_, s| s.same_channel(&self.sender));
     }
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.inflight
-            .intents
-            .remove_if(&self.key, |_, s| s.same_channel(&self.sender));
+        self.release();
         if let Some((ledger, id)) = self.abandoned.take() {
             // Dropped between dispatch and outcome (the caller cancelled, or dropped the body
             // before the response arrived): the target may have run it.
@@ -1130,10 +1137,8 @@ impl Observation {
         let keep = self.keep_results;
         let max = self.max_result_bytes;
         let owner = self.owner.take();
-        let last_event_id = self.last_event_id.clone();
         Box::pin(async move {
-            let settlement =
-                record_outcome(&*ledger, id, status, keep, max, message, last_event_id).await;
+            let settlement = record_outcome(&*ledger, id, status, keep, max, message).await;
             if let Some(owner) = owner {
                 owner.settle(settlement);
             }
@@ -1248,11 +1253,7 @@ async fn record_outcome(
     keep: bool,
     max: usize,
     mut message: Value,
-    last_event_id: Option<String>,
 ) -> Settlement {
-    if let Some(last_event_id) = last_event_id {
-        append_logged(ledger, id, EventKind::EventSeen { last_event_id }).await;
-    }
     let Some(result) = message.get_mut("result").map(Value::take) else {
         let reason = message
             .pointer("/error/message")
