@@ -411,6 +411,50 @@ async fn resume_with_event_store_replays_a_completed_result() {
 }
 
 #[tokio::test]
+async fn resume_with_event_store_follows_an_in_flight_request() {
+    let server = TestServer::start_with(ServerOptions {
+        event_store: true,
+        ..ServerOptions::default()
+    })
+    .await;
+    let state = &server.state;
+    let mut client = hyper_client();
+    let session = initialize(&mut client, &server.url).await.unwrap();
+    let s = session.as_deref();
+
+    state
+        .faults()
+        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
+    let response = post_tool(
+        &mut client,
+        &server,
+        s,
+        4,
+        "slow_deploy",
+        json!({"service": "api"}),
+    )
+    .await;
+    let (events, error) = SseReader::new(response.into_body()).read_all().await;
+    assert!(error.is_some());
+    assert_eq!(state.side_effects("slow_deploy"), 0, "still sleeping");
+
+    // The replay stays open and delivers the response when it is produced,
+    // then ends.
+    let last_event_id = events[0].id.clone().expect("priming id");
+    let resumed = send(
+        &mut client,
+        get_stream(&server.url, s, PROTOCOL_VERSION, Some(&last_event_id)),
+    )
+    .await
+    .unwrap();
+    let (events, error) = SseReader::new(resumed.into_body()).read_all().await;
+    assert!(error.is_none());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].json().unwrap()["id"], json!(4));
+    assert_eq!(state.side_effects("slow_deploy"), 1);
+}
+
+#[tokio::test]
 async fn status_fault_answers_without_running_the_tool() {
     let server = TestServer::start().await;
     let state = &server.state;

@@ -34,7 +34,9 @@ mod tools;
 
 pub use client::*;
 pub use event_store::InMemoryEventStore;
-pub use faults::{Fault, FaultLayer, FaultPlan, FaultService, FiredFault};
+pub use faults::{
+    Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
+};
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
 pub use tools::{TOOL_NAMES, TestTools};

@@ -45,6 +45,11 @@ pub struct ServerOptions {
     /// sessions when `event_store` is set, so resumption still works). No
     /// `Mcp-Session-Id` is issued; requests need no handshake. This is the
     /// 2026-07-28 era; rmcp also serves 2025-era requests statelessly here.
+    ///
+    /// Note: for 2026-07-28 requests (per-request `_meta`) rmcp holds the
+    /// response head until the handler's first message (it must know the
+    /// HTTP status), so there the priming event and the response leave
+    /// together and every fault that needs the head fires after the tool ran.
     pub stateless: bool,
     /// Stateless mode only: answer simple tool calls with `application/json`
     /// instead of SSE (rmcp's `json_response`).

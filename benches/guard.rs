@@ -1,0 +1,190 @@
+//! Guard overhead per `tools/call` (1 KiB of arguments, memory ledger), each guarded path next
+//! to its bare baseline in the same run:
+//!
+//! - in process: the guard around an in-memory MCP-like service, against that service alone;
+//! - over loopback: a hyper client stacked with the guard against a bare hyper client, both
+//!   talking to the same HTTP server on 127.0.0.1.
+//!
+//! `cargo bench --bench guard`
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use http::{Request, Response, header::CONTENT_TYPE};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{
+    client::legacy::Client,
+    rt::{TokioExecutor, TokioIo},
+};
+use mcp_replay_guard::{
+    contract::{ContractRegistry, ToolContract},
+    fingerprint::FingerprintKey,
+    guard::{GuardLayer, GuardRequestBody},
+    ledger::MemoryLedger,
+};
+use serde_json::{Map, Value, json};
+use tower::{Layer, Service, ServiceExt};
+
+/// A `tools/call` body with 1 KiB of arguments.
+fn body() -> Bytes {
+    let mut arguments = Map::new();
+    for i in 0..16 {
+        arguments.insert(format!("field_{i:02}"), json!({"name": format!("value-{i:04}"), "n": i * 1000 + 7, "flag": i % 2 == 0, "tags": ["a", "b"]}));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "deploy_release", "arguments": arguments}});
+    Bytes::from(serde_json::to_vec(&body).unwrap())
+}
+
+fn request<B>(body: B) -> Request<B> {
+    Request::post("http://127.0.0.1/mcp")
+        .header(CONTENT_TYPE, "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body)
+        .unwrap()
+}
+
+/// Answers a `tools/call` with a JSON result for its id, as a server in JSON-response mode.
+async fn answer(body: Bytes) -> Response<Full<Bytes>> {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let response = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "deployed"}]}});
+    let mut response = Response::new(Full::new(Bytes::from(response.to_string())));
+    response.headers_mut().insert(CONTENT_TYPE, "application/json".parse().unwrap());
+    response
+}
+
+/// The in-process MCP-like server: reads the body, answers it.
+#[derive(Clone, Copy)]
+struct InProcessServer;
+
+impl<B> Service<Request<B>> for InProcessServer
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::fmt::Debug,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        Box::pin(async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            Ok(answer(body).await)
+        })
+    }
+}
+
+fn guard_layer() -> GuardLayer {
+    // Every call is a new execution that completes and is delivered: the full path
+    // (claim, authorized, dispatched, completed, delivered). Records expire at once so that
+    // the ledger stays small over millions of iterations.
+    let contract = ToolContract::irreversible()
+        .link_window(Duration::ZERO)
+        .retention(Duration::from_millis(1));
+    let registry = ContractRegistry::builder().tool("deploy_release", contract).build().unwrap();
+    GuardLayer::new(MemoryLedger::new(), registry, FingerprintKey::from_bytes(&[7; 32]).unwrap())
+}
+
+async fn call_and_read<S, B, RB>(service: &mut S, body: B)
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: std::fmt::Debug,
+    RB: Body,
+    RB::Error: std::fmt::Debug,
+{
+    let response = service.ready().await.unwrap().call(request(body)).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(bytes.len() > 40);
+}
+
+fn in_process(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let body = body();
+    let mut group = c.benchmark_group("guard_in_process_1KiB");
+    group.bench_function("baseline_bare_service", |b| {
+        b.to_async(&rt).iter(|| async {
+            call_and_read(&mut InProcessServer, Full::new(body.clone())).await;
+        })
+    });
+    let guarded = guard_layer().layer(InProcessServer);
+    group.bench_function("guarded", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut guarded = guarded.clone();
+            let body = body.clone();
+            async move { call_and_read(&mut guarded, Full::new(body)).await }
+        })
+    });
+    group.finish();
+}
+
+fn loopback(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let addr = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|request: Request<hyper::body::Incoming>| async move {
+                        let body = request.into_body().collect().await?.to_bytes();
+                        Ok::<_, hyper::Error>(answer(body).await)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        addr
+    });
+    let uri: http::Uri = format!("http://{addr}/mcp").parse().unwrap();
+    let body = body();
+    let with_uri = |mut request: Request<_>| {
+        *request.uri_mut() = uri.clone();
+        request
+    };
+
+    let mut group = c.benchmark_group("guard_loopback_1KiB");
+    let bare: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    group.bench_function("baseline_bare_hyper", |b| {
+        b.to_async(&rt).iter(|| {
+            let bare = bare.clone();
+            let request = with_uri(request(Full::new(body.clone())));
+            async move {
+                let response = bare.request(request).await.unwrap();
+                response.into_body().collect().await.unwrap();
+            }
+        })
+    });
+    let client: Client<_, GuardRequestBody> = Client::builder(TokioExecutor::new()).build_http();
+    let guarded = guard_layer().layer(client);
+    group.bench_function("guarded_hyper", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut guarded = guarded.clone();
+            let request = with_uri(request(Full::new(body.clone())));
+            async move {
+                let response = ServiceExt::<Request<Full<Bytes>>>::ready(&mut guarded).await.unwrap().call(request).await.unwrap();
+                response.into_body().collect().await.unwrap();
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, in_process, loopback);
+criterion_main!(benches);
