@@ -28,7 +28,7 @@ fn body() -> Vec<u8> {
     .unwrap()
 }
 
-fn record(arguments: Map<String, Value>) -> ActionRecord {
+fn record(arguments: Map<String, Value>) -> ActionRecord<'static> {
     ActionRecord::new(
         "signed-process:com.example.agent".into(),
         "run:5f8097".into(),

@@ -58,7 +58,9 @@ async fn answer(body: Bytes) -> Response<Full<Bytes>> {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let response = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "deployed"}]}});
     let mut response = Response::new(Full::new(Bytes::from(response.to_string())));
-    response.headers_mut().insert(CONTENT_TYPE, "application/json".parse().unwrap());
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, "application/json".parse().unwrap());
     response
 }
 
@@ -95,8 +97,15 @@ fn guard_layer() -> GuardLayer {
     let contract = ToolContract::irreversible()
         .link_window(Duration::ZERO)
         .retention(Duration::from_millis(1));
-    let registry = ContractRegistry::builder().tool("deploy_release", contract).build().unwrap();
-    GuardLayer::new(MemoryLedger::new(), registry, FingerprintKey::from_bytes(&[7; 32]).unwrap())
+    let registry = ContractRegistry::builder()
+        .tool("deploy_release", contract)
+        .build()
+        .unwrap();
+    GuardLayer::new(
+        MemoryLedger::new(),
+        registry,
+        FingerprintKey::from_bytes(&[7; 32]).unwrap(),
+    )
 }
 
 async fn call_and_read<S, B, RB>(service: &mut S, body: B)
@@ -106,13 +115,22 @@ where
     RB: Body,
     RB::Error: std::fmt::Debug,
 {
-    let response = service.ready().await.unwrap().call(request(body)).await.unwrap();
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request(body))
+        .await
+        .unwrap();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     assert!(bytes.len() > 40);
 }
 
 fn in_process(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let body = body();
     let mut group = c.benchmark_group("guard_in_process_1KiB");
     group.bench_function("baseline_bare_service", |b| {
@@ -132,18 +150,26 @@ fn in_process(c: &mut Criterion) {
 }
 
 fn loopback(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let addr = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|request: Request<hyper::body::Incoming>| async move {
-                        let body = request.into_body().collect().await?.to_bytes();
-                        Ok::<_, hyper::Error>(answer(body).await)
-                    });
+                    let service = hyper::service::service_fn(
+                        |request: Request<hyper::body::Incoming>| async move {
+                            let body = request.into_body().collect().await?.to_bytes();
+                            Ok::<_, hyper::Error>(answer(body).await)
+                        },
+                    );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -178,7 +204,12 @@ fn loopback(c: &mut Criterion) {
             let mut guarded = guarded.clone();
             let request = with_uri(request(Full::new(body.clone())));
             async move {
-                let response = ServiceExt::<Request<Full<Bytes>>>::ready(&mut guarded).await.unwrap().call(request).await.unwrap();
+                let response = ServiceExt::<Request<Full<Bytes>>>::ready(&mut guarded)
+                    .await
+                    .unwrap()
+                    .call(request)
+                    .await
+                    .unwrap();
                 response.into_body().collect().await.unwrap();
             }
         })

@@ -9,7 +9,7 @@
 
 use std::cmp::Ordering;
 
-use serde_json::{Number, Value};
+use serde_json::{Map, Number, Value};
 
 /// Appends the canonical form of `value` to `out`.
 pub(super) fn write(value: &Value, out: &mut Vec<u8>) {
@@ -29,26 +29,28 @@ pub(super) fn write(value: &Value, out: &mut Vec<u8>) {
             }
             out.push(b']');
         }
-        Value::Object(map) => {
-            // JCS orders members by the UTF-16 code units of their names. serde_json's map is
-            // sorted by UTF-8 bytes (or kept in insertion order when some crate in the build
-            // turns on `preserve_order`), so sort only when the order does not already hold.
-            let mut names = map.keys();
-            let sorted = names.next().is_none_or(|first| {
-                names
-                    .try_fold(first, |prev, name| {
-                        (utf16_cmp(prev, name) != Ordering::Greater).then_some(name)
-                    })
-                    .is_some()
-            });
-            if sorted {
-                write_members(map.iter(), out);
-            } else {
-                let mut members: Vec<(&String, &Value)> = map.iter().collect();
-                members.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
-                write_members(members.into_iter(), out);
-            }
-        }
+        Value::Object(map) => write_object(map, out),
+    }
+}
+
+fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
+    // JCS orders members by the UTF-16 code units of their names. serde_json's map is sorted by
+    // UTF-8 bytes (or kept in insertion order when some crate in the build turns on
+    // `preserve_order`), so sort only when the order does not already hold.
+    let mut names = map.keys();
+    let sorted = names.next().is_none_or(|first| {
+        names
+            .try_fold(first, |prev, name| {
+                (utf16_cmp(prev, name) != Ordering::Greater).then_some(name)
+            })
+            .is_some()
+    });
+    if sorted {
+        write_members(map.iter(), out);
+    } else {
+        let mut members: Vec<(&String, &Value)> = map.iter().collect();
+        members.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
+        write_members(members.into_iter(), out);
     }
 }
 
@@ -71,8 +73,8 @@ fn write_members<'a>(members: impl Iterator<Item = (&'a String, &'a Value)>, out
 pub(super) enum Field<'a> {
     /// A string.
     Str(&'a str),
-    /// Any JSON value.
-    Json(&'a Value),
+    /// A JSON object.
+    Object(&'a Map<String, Value>),
 }
 
 /// Writes an object from fields already sorted in canonical order.
@@ -86,7 +88,7 @@ pub(super) fn write_fields(fields: &[(&str, Field<'_>)], out: &mut Vec<u8>) {
         out.push(b':');
         match field {
             Field::Str(s) => write_string(s, out),
-            Field::Json(value) => write(value, out),
+            Field::Object(map) => write_object(map, out),
         }
     }
     out.push(b'}');

@@ -38,7 +38,7 @@ mod jcs;
 mod path;
 mod rules;
 
-use std::{fmt, str::FromStr};
+use std::{borrow::Cow, fmt, str::FromStr};
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value};
@@ -112,7 +112,11 @@ impl FingerprintKey {
 
     /// Applies the rules and canonicalises the record (RFC 8785): the exact bytes the
     /// fingerprint is computed over.
-    pub fn canonicalize(&self, record: ActionRecord, rules: &FingerprintRules) -> CanonicalRecord {
+    pub fn canonicalize(
+        &self,
+        record: ActionRecord<'_>,
+        rules: &FingerprintRules,
+    ) -> CanonicalRecord {
         let ActionRecord {
             actor,
             tool,
@@ -121,11 +125,13 @@ impl FingerprintKey {
             mut arguments,
             intent_scope,
         } = record;
-        rules.apply(&mut arguments, |secret| self.seal_secret(secret));
-        let arguments = Value::Object(arguments);
+        // Borrowed arguments are copied only when a rule has to change them.
+        if !rules.is_empty() {
+            rules.apply(arguments.to_mut(), |secret| self.seal_secret(secret));
+        }
         let mut fields = vec![
             ("actor", jcs::Field::Str(actor.as_str())),
-            ("arguments", jcs::Field::Json(&arguments)),
+            ("arguments", jcs::Field::Object(&arguments)),
             ("intent_scope", jcs::Field::Str(intent_scope.as_str())),
             ("tool", jcs::Field::Str(&tool)),
         ];
@@ -148,7 +154,7 @@ impl FingerprintKey {
     }
 
     /// Canonicalises the record under the rules and digests it.
-    pub fn fingerprint(&self, record: ActionRecord, rules: &FingerprintRules) -> Fingerprint {
+    pub fn fingerprint(&self, record: ActionRecord<'_>, rules: &FingerprintRules) -> Fingerprint {
         self.digest(&self.canonicalize(record, rules))
     }
 
@@ -324,16 +330,16 @@ impl Channel {
 
 /// The canonical action record: everything that makes two requests the same intent.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ActionRecord {
+pub struct ActionRecord<'a> {
     actor: Actor,
     tool: String,
     channel: Channel,
     credential_ref: Option<CredentialRef>,
-    arguments: Map<String, Value>,
+    arguments: Cow<'a, Map<String, Value>>,
     intent_scope: IntentScope,
 }
 
-impl ActionRecord {
+impl<'a> ActionRecord<'a> {
     /// A record with no credential reference and empty arguments.
     pub fn new(
         actor: Actor,
@@ -346,7 +352,7 @@ impl ActionRecord {
             tool: tool.into(),
             channel,
             credential_ref: None,
-            arguments: Map::new(),
+            arguments: Cow::Owned(Map::new()),
             intent_scope,
         }
     }
@@ -360,17 +366,24 @@ impl ActionRecord {
     /// Sets the arguments. A value that is not an object is taken as `{"": value}` so that it
     /// still counts, though MCP tool arguments are always objects.
     pub fn arguments(mut self, arguments: impl Into<Value>) -> Self {
-        self.arguments = match arguments.into() {
+        self.arguments = Cow::Owned(match arguments.into() {
             Value::Object(map) => map,
             Value::Null => Map::new(),
             other => Map::from_iter([(String::new(), other)]),
-        };
+        });
         self
     }
 
     /// Sets the arguments from a parsed `tools/call`.
     pub fn argument_map(mut self, arguments: Map<String, Value>) -> Self {
-        self.arguments = arguments;
+        self.arguments = Cow::Owned(arguments);
+        self
+    }
+
+    /// Borrows the arguments (of a parsed `tools/call` the caller still needs): they are
+    /// copied only if the tool's rules change them.
+    pub fn borrowed_arguments(mut self, arguments: &'a Map<String, Value>) -> Self {
+        self.arguments = Cow::Borrowed(arguments);
         self
     }
 }

@@ -133,6 +133,14 @@ impl FingerprintRules {
         self
     }
 
+    /// Whether there are no rules (the arguments are fingerprinted as given).
+    pub fn is_empty(&self) -> bool {
+        self.defaults.is_empty()
+            && self.normalize.is_empty()
+            && self.drop.is_empty()
+            && self.secrets.is_empty()
+    }
+
     /// The paths marked secret.
     pub fn secret_paths(&self) -> impl Iterator<Item = &ArgPath> {
         self.secrets.iter()

@@ -93,7 +93,7 @@ fn key() -> FingerprintKey {
     FingerprintKey::from_bytes(b"an example fingerprint key of 32b").unwrap()
 }
 
-fn record(arguments: Value) -> ActionRecord {
+fn record(arguments: Value) -> ActionRecord<'static> {
     ActionRecord::new(
         "signed-process:com.example.agent".into(),
         "run:5f8097".into(),

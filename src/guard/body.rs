@@ -13,7 +13,6 @@ use std::{
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use serde_json::Value;
 
 use super::{BoxError, service::Observation};
 use crate::protocol::sse::SseParser;
@@ -178,9 +177,7 @@ impl Watch {
                 let mut found = None;
                 let result = parser.push(chunk, |event| {
                     if found.is_none() {
-                        found = serde_json::from_str::<Value>(&event.data)
-                            .ok()
-                            .filter(|m| observation.is_response(m));
+                        found = observation.match_response(event.data.as_bytes());
                     }
                 });
                 if !parser.last_event_id().is_empty() {
@@ -210,8 +207,7 @@ impl Watch {
             && !observation.has_outcome()
             && !observation.oversize
         {
-            let message = serde_json::from_slice::<Value>(buffer).ok();
-            return Some(observation.finish_json(message, !self.caller_gone));
+            return Some(observation.finish_json(buffer, !self.caller_gone));
         }
         Some(observation.end_of_body(!self.caller_gone))
     }

@@ -17,7 +17,6 @@ use dashmap::{DashMap, mapref::entry::Entry};
 use http::{Request, Response, StatusCode, header::CONTENT_TYPE};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
-use serde_json::Value;
 use tokio::sync::watch;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -471,7 +470,7 @@ where
             call.name.clone(),
             Channel::mcp(target.clone()),
         )
-        .argument_map(call.arguments.clone());
+        .borrowed_arguments(&call.arguments);
         let record = match &credential_ref {
             Some(c) => record.credential_ref(c.clone()),
             None => record,
@@ -1113,14 +1112,42 @@ pub(super) struct Observation {
 type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl Observation {
-    pub(super) fn is_response(&self, message: &Value) -> bool {
-        (message.get("result").is_some() || message.get("error").is_some())
-            && message.get("id").is_some_and(|id| {
-                serde_json::from_value::<RequestId>(id.clone())
+    /// The answer to the call, if `message` is the JSON-RPC response with the call's id. Parsed
+    /// without building a tree: the result is kept as the exact bytes the target sent.
+    pub(super) fn match_response(&self, message: &[u8]) -> Option<TargetAnswer> {
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            id: Option<RequestId>,
+            #[serde(borrow)]
+            result: Option<&'a serde_json::value::RawValue>,
+            error: Option<ErrorObject>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ErrorObject {
+            #[serde(default)]
+            code: i64,
+        }
+        #[derive(serde::Deserialize)]
+        struct ToolResult {
+            #[serde(rename = "isError", default)]
+            is_error: Option<bool>,
+        }
+        let envelope: Envelope<'_> = serde_json::from_slice(message).ok()?;
+        if envelope.id.as_ref() != Some(&self.request_id) {
+            return None;
+        }
+        match (envelope.result, envelope.error) {
+            (Some(raw), _) => {
+                let is_error = serde_json::from_str::<ToolResult>(raw.get())
                     .ok()
-                    .as_ref()
-                    == Some(&self.request_id)
-            })
+                    .and_then(|r| r.is_error)
+                    .unwrap_or(false);
+                let raw = Bytes::copy_from_slice(raw.get().as_bytes());
+                Some(TargetAnswer::Result { raw, is_error })
+            }
+            (None, Some(error)) => Some(TargetAnswer::Error { code: error.code }),
+            (None, None) => None,
+        }
     }
 
     pub(super) fn has_outcome(&self) -> bool {
@@ -1129,7 +1156,7 @@ impl Observation {
 
     /// The JSON-RPC response was seen: record the outcome (and keep the result) before the
     /// caller sees it.
-    pub(super) fn completed(&mut self, message: Value) -> Write {
+    pub(super) fn completed(&mut self, answer: TargetAnswer) -> Write {
         self.outcome_recorded = true;
         let ledger = self.ledger.clone();
         let id = self.execution_id;
@@ -1138,18 +1165,18 @@ impl Observation {
         let max = self.max_result_bytes;
         let owner = self.owner.take();
         Box::pin(async move {
-            let settlement = record_outcome(&*ledger, id, status, keep, max, message).await;
+            let settlement = record_outcome(&*ledger, id, status, keep, max, answer).await;
             if let Some(owner) = owner {
                 owner.settle(settlement);
             }
         })
     }
 
-    pub(super) fn finish_json(mut self, message: Option<Value>, deliver: bool) -> Write {
-        let Some(message) = message.filter(|m| self.is_response(m)) else {
+    pub(super) fn finish_json(mut self, body: &[u8], deliver: bool) -> Write {
+        let Some(answer) = self.match_response(body) else {
             return self.end_of_body(deliver);
         };
-        let record = self.completed(message);
+        let record = self.completed(answer);
         let delivered = self.end_of_body(deliver);
         Box::pin(async move {
             record.await;
@@ -1246,57 +1273,52 @@ async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
     }
 }
 
+/// The target's answer to a call.
+#[derive(Debug)]
+pub(super) enum TargetAnswer {
+    /// A `result` (its exact bytes), with the tool's `isError`.
+    Result { raw: Bytes, is_error: bool },
+    /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
+    /// message may echo arguments, secrets included).
+    Error { code: i64 },
+}
+
 async fn record_outcome(
     ledger: &dyn Ledger,
     id: ExecutionId,
     status: u16,
     keep: bool,
     max: usize,
-    mut message: Value,
+    answer: TargetAnswer,
 ) -> Settlement {
-    let Some(result) = message.get_mut("result").map(Value::take) else {
-        let reason = message
-            .pointer("/error/message")
-            .and_then(Value::as_str)
-            .unwrap_or("JSON-RPC error")
-            .chars()
-            .take(200)
-            .collect();
-        append_logged(
-            ledger,
-            id,
-            EventKind::Failed {
+    let (raw, is_error) = match answer {
+        TargetAnswer::Result { raw, is_error } => (raw, is_error),
+        TargetAnswer::Error { code } => {
+            let reason = format!("the server answered the call with JSON-RPC error {code}");
+            let failed = EventKind::Failed {
                 target_status: Some(status),
                 reason,
-            },
-        )
-        .await;
-        return Settlement::Other;
+            };
+            append_logged(ledger, id, failed).await;
+            return Settlement::Other;
+        }
     };
-    let is_error = result
-        .get("isError")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let bytes = serde_json::to_vec(&result).map(Bytes::from).ok();
-    let kept = match bytes.filter(|b| keep && b.len() <= max) {
-        Some(bytes) => match ledger.store_result(id, bytes.clone()).await {
-            Ok(reference) => Some((reference, bytes)),
+    let kept = if keep && raw.len() <= max {
+        match ledger.store_result(id, raw.clone()).await {
+            Ok(reference) => Some((reference, raw)),
             Err(error) => {
                 tracing::warn!(execution_id = %id, %error, "could not keep the result");
                 None
             }
-        },
-        None => None,
+        }
+    } else {
+        None
     };
-    append_logged(
-        ledger,
-        id,
-        EventKind::Completed {
-            target_status: status,
-            is_error,
-            result_reference: kept.as_ref().map(|(r, _)| r.clone()),
-        },
-    )
-    .await;
+    let completed = EventKind::Completed {
+        target_status: status,
+        is_error,
+        result_reference: kept.as_ref().map(|(r, _)| r.clone()),
+    };
+    append_logged(ledger, id, completed).await;
     Settlement::Completed(kept.map(|(_, b)| b))
 }
