@@ -341,10 +341,15 @@ impl<'de> Visitor<'de> for TrackDuplicates<'_> {
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             let value = map.next_value_seed(TrackDuplicates(&mut *self.0))?;
-            if object.contains_key(&key) {
-                self.0.get_or_insert_with(|| key.clone());
+            match object.entry(key) {
+                serde_json::map::Entry::Vacant(vacant) => {
+                    vacant.insert(value);
+                }
+                serde_json::map::Entry::Occupied(mut occupied) => {
+                    self.0.get_or_insert_with(|| occupied.key().clone());
+                    occupied.insert(value);
+                }
             }
-            object.insert(key, value);
         }
         Ok(Value::Object(object))
     }
