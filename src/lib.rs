@@ -21,8 +21,34 @@
 //!   record, which finds an earlier execution of the same intent. Secrets never enter it raw.
 //! - [`contract`]: per-tool contracts ([`RetryClass`](contract::RetryClass): read-only,
 //!   idempotent, recoverable, irreversible), built in code or loaded from a TOML/JSON policy.
+//! - [`ledger`]: each execution's lifecycle as appended events, the atomic claim that finds or
+//!   creates the execution of an intent, and kept results.
+//! - [`guard`]: the retry decision and [`GuardLayer`](guard::GuardLayer), the tower middleware
+//!   that applies it to a real MCP client transport.
 //!
-//! # Example
+//! # Stacking the guard
+//!
+//! ```no_run
+//! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+//! use mcp_replay_guard::{
+//!     contract::{ContractRegistry, ToolContract},
+//!     fingerprint::FingerprintKey,
+//!     guard::{GuardLayer, GuardRequestBody},
+//!     ledger::MemoryLedger,
+//! };
+//! use tower::ServiceBuilder;
+//!
+//! let contracts = ContractRegistry::builder()
+//!     .tool("deploy_release", ToolContract::irreversible())
+//!     .build()?;
+//! let client = ServiceBuilder::new()
+//!     .layer(GuardLayer::new(MemoryLedger::new(), contracts, FingerprintKey::generate()?))
+//!     .service(Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>());
+//! # let _ = client;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The parts on their own
 //!
 //! ```
 //! use http::{HeaderMap, Method};
