@@ -900,3 +900,52 @@ async fn a_key_the_caller_set_is_kept_and_recorded() {
     let dispatched = serde_json::to_value(&events[2]).unwrap();
     assert_eq!(dispatched["key_from_caller"], true);
 }
+
+#[tokio::test]
+async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let registry = ContractRegistry::builder()
+        .tool(
+            "deploy_release",
+            ToolContract::irreversible().max_result_bytes(16),
+        )
+        .build()
+        .unwrap();
+    let layer = GuardLayer::new(
+        ledger.clone(),
+        registry,
+        FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+    );
+    let mut client = guarded(&layer);
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "deploy_release", deploy_args()),
+    );
+    drop(send(&mut client, request).await.unwrap());
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert_eq!(record.result_reference, None);
+
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        guard_answer(&again)["state"],
+        "completed_result_not_delivered"
+    );
+    assert!(
+        first_text(&again).unwrap().contains("was NOT run again"),
+        "{again}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+}
