@@ -112,6 +112,43 @@ async fn session(server: &TestServer) -> Option<String> {
     initialize(&mut hyper_client(), &server.url).await.unwrap()
 }
 
+/// A server with an initialized session and an empty ledger.
+struct Fixture {
+    server: TestServer,
+    session: Option<String>,
+    ledger: MemoryLedger,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let server = TestServer::start().await;
+        let session = session(&server).await;
+        Self {
+            server,
+            session,
+            ledger: MemoryLedger::new(),
+        }
+    }
+}
+
+/// A `tools/call` in the fixture's session.
+async fn call<S, RB>(
+    client: &mut S,
+    server: &TestServer,
+    session: &Option<String>,
+    id: i64,
+    tool: &str,
+    args: Value,
+) -> Result<Value, BoxError>
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: http_body::Body,
+    RB::Error: Into<BoxError>,
+{
+    call_tool(client, &server.url, session.as_deref(), id, tool, args).await
+}
+
 fn guard_answer(response: &Value) -> &Value {
     response
         .pointer("/result/structuredContent/mcp_replay_guard")
@@ -144,19 +181,21 @@ async fn read_to_end(
 
 #[tokio::test]
 async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
     server
         .state
         .faults()
         .schedule("deploy_release", Fault::DropResponseAfterTool);
 
-    let response = call_tool(
+    let response = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         2,
         "deploy_release",
         deploy_args(),
@@ -184,10 +223,10 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
     );
     assert_eq!(stored.attempts, 1);
     // Asking again gives the same answer, still without sending.
-    let again = call_tool(
+    let again = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         3,
         "deploy_release",
         deploy_args(),
@@ -201,19 +240,21 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
 
 #[tokio::test]
 async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
     server
         .state
         .faults()
         .schedule("create_payment", Fault::DropResponseAfterTool);
 
-    let response = call_tool(
+    let response = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         2,
         "create_payment",
         json!({"amount": 500, "currency": "eur"}),
@@ -242,6 +283,18 @@ struct CredentialStatusProbe {
     url: String,
     session: Option<String>,
     asked: Arc<AtomicUsize>,
+}
+
+impl CredentialStatusProbe {
+    fn new(server: &TestServer, session: &Option<String>) -> (Self, Arc<AtomicUsize>) {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let probe = Self {
+            url: server.url.clone(),
+            session: session.clone(),
+            asked: asked.clone(),
+        };
+        (probe, asked)
+    }
 }
 
 #[async_trait]
@@ -282,15 +335,12 @@ impl StatusProbe for CredentialStatusProbe {
 
 #[tokio::test]
 async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
-    let asked = Arc::new(AtomicUsize::new(0));
-    let probe = CredentialStatusProbe {
-        url: server.url.clone(),
-        session: session.clone(),
-        asked: asked.clone(),
-    };
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let (probe, asked) = CredentialStatusProbe::new(&server, &session);
     let mut client = Retry::new(
         RetryEveryError(3),
         guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
@@ -300,10 +350,10 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         .faults()
         .schedule("rotate_credential", Fault::DropResponseAfterTool);
 
-    let response = call_tool(
+    let response = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         2,
         "rotate_credential",
         json!({"name": "db-password"}),
@@ -324,15 +374,12 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
 
 #[tokio::test]
 async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
-    let asked = Arc::new(AtomicUsize::new(0));
-    let probe = CredentialStatusProbe {
-        url: server.url.clone(),
-        session: session.clone(),
-        asked: asked.clone(),
-    };
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let (probe, asked) = CredentialStatusProbe::new(&server, &session);
     let mut client = Retry::new(
         RetryEveryError(3),
         guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
@@ -356,10 +403,10 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
     .unwrap();
     assert_eq!(first.status(), 502);
     drop(first);
-    let response = call_tool(
+    let response = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         3,
         "rotate_credential",
         json!({"name": "api-key"}),
@@ -378,9 +425,11 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
 
 #[tokio::test]
 async fn a_deliberate_repeat_after_delivery_is_a_new_execution() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = guarded(&layer(&ledger));
     for id in [2, 3] {
         let request = post(
@@ -407,9 +456,11 @@ async fn a_deliberate_repeat_after_delivery_is_a_new_execution() {
 
 #[tokio::test]
 async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = guarded(&layer(&ledger));
     let request = post(
         &server.url,
@@ -427,10 +478,10 @@ async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
         "completed_result_not_delivered"
     );
 
-    let again = call_tool(
+    let again = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         7,
         "deploy_release",
         deploy_args(),
@@ -469,9 +520,11 @@ async fn wait_for_state(ledger: &MemoryLedger, state: ExecutionState) -> Executi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_identical_calls_dispatch_once() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let client = guarded(&layer(&ledger));
     let call = |id: i64, actor: Option<&str>, scope: Option<&str>| {
         let mut client = client.clone();
@@ -532,16 +585,18 @@ impl Authorize for DenyDeploys {
 
 #[tokio::test]
 async fn a_denied_call_gets_the_same_denial_without_asking_again() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let authorizer = DenyDeploys::default();
     let mut client = guarded(&layer(&ledger).authorizer(authorizer.clone()));
     for id in [2, 3] {
-        let response = call_tool(
+        let response = call(
             &mut client,
-            &server.url,
-            session.as_deref(),
+            &server,
+            &session,
             id,
             "deploy_release",
             deploy_args(),
@@ -564,9 +619,11 @@ async fn a_denied_call_gets_the_same_denial_without_asking_again() {
 
 #[tokio::test]
 async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = guarded(&layer(&ledger).max_body_bytes(1024));
     let requests_before = server.state.requests().len();
 
@@ -631,9 +688,11 @@ async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
 
 #[tokio::test]
 async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = guarded(&layer(&ledger));
     server
         .state
@@ -653,10 +712,10 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
     assert_eq!(response.status(), 429);
     assert_eq!(only_record(&ledger).await.state, ExecutionState::Failed);
     // A failed execution does not link: the next call is a new one, and it runs.
-    call_tool(
+    call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         3,
         "deploy_release",
         deploy_args(),
@@ -691,9 +750,11 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
 
 #[tokio::test]
 async fn an_operator_settles_a_held_execution() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let layer = layer(&ledger);
     let mut client = Retry::new(RetryEveryError(1), guarded(&layer));
     server
@@ -711,10 +772,10 @@ async fn an_operator_settles_a_held_execution() {
     )
     .await
     .unwrap();
-    let held = call_tool(
+    let held = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         3,
         "deploy_release",
         deploy_args(),
@@ -741,10 +802,10 @@ async fn an_operator_settles_a_held_execution() {
     assert_eq!(last["note"], "checked the deploy API: nothing deployed");
 
     // Settled as not applied: the intent may run now.
-    call_tool(
+    call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         4,
         "deploy_release",
         deploy_args(),
@@ -766,10 +827,10 @@ async fn read_only_tools_and_other_traffic_pass_through() {
     let session = initialize(&mut client, &server.url).await.unwrap();
     assert!(session.is_some());
     for id in [2, 3] {
-        call_tool(
+        call(
             &mut client,
-            &server.url,
-            session.as_deref(),
+            &server,
+            &session,
             id,
             "list_branches",
             json!({}),
@@ -812,9 +873,11 @@ async fn secrets_reach_neither_the_ledger_nor_the_logs() {
         .with(Targets::new().with_target("mcp_replay_guard", tracing::Level::TRACE));
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(2), guarded(&layer(&ledger)));
     server
         .state
@@ -863,9 +926,11 @@ async fn secrets_reach_neither_the_ledger_nor_the_logs() {
 
 #[tokio::test]
 async fn a_key_the_caller_set_is_kept_and_recorded() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let mut client = guarded(&layer(&ledger));
     let request = post(
         &server.url,
@@ -903,9 +968,11 @@ async fn a_key_the_caller_set_is_kept_and_recorded() {
 
 #[tokio::test]
 async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() {
-    let server = TestServer::start().await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
     let registry = ContractRegistry::builder()
         .tool(
             "deploy_release",
@@ -929,10 +996,10 @@ async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() 
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
     assert_eq!(record.result_reference, None);
 
-    let again = call_tool(
+    let again = call(
         &mut client,
-        &server.url,
-        session.as_deref(),
+        &server,
+        &session,
         3,
         "deploy_release",
         deploy_args(),

@@ -619,25 +619,9 @@ where
                         .map_err(GuardError::ledger)?,
                     None => None,
                 };
-                match stored {
-                    Some(result) => {
-                        self.config
-                            .append(
-                                id,
-                                EventKind::Delivered {
-                                    jsonrpc_id: Some(reply_id.clone()),
-                                },
-                            )
-                            .await?;
-                        owner.settle(Settlement::Completed(Some(result.clone())));
-                        answered(answer::stored_result(&reply_id, &result))
-                    }
-                    None => answered(answer::uncertain(
-                        &reply_id,
-                        &record,
-                        UncertainReason::ResultNotKept,
-                    )),
-                }
+                self.config
+                    .hand_back(&record, &reply_id, stored, owner)
+                    .await
             }
             Decision::RepeatDenial => answered(answer::denied(&reply_id, &record)),
             Decision::Uncertain(reason) => {
@@ -709,25 +693,10 @@ where
                         },
                     )
                     .await?;
-                match stored {
-                    Some((_, result)) => {
-                        self.config
-                            .append(
-                                id,
-                                EventKind::Delivered {
-                                    jsonrpc_id: Some(reply_id.clone()),
-                                },
-                            )
-                            .await?;
-                        owner.settle(Settlement::Completed(Some(result.clone())));
-                        answered(answer::stored_result(&reply_id, &result))
-                    }
-                    None => answered(answer::uncertain(
-                        &reply_id,
-                        &record,
-                        UncertainReason::ResultNotKept,
-                    )),
-                }
+                let result = stored.map(|(_, result)| result);
+                self.config
+                    .hand_back(&record, &reply_id, result, owner)
+                    .await
             }
             ProbeOutcome::NotApplied => {
                 let record = self
@@ -874,6 +843,29 @@ async fn send_failed<RB>(
 }
 
 impl Config {
+    /// Answers with a kept result (recording its delivery), or honestly says it was not kept.
+    async fn hand_back<RB>(
+        &self,
+        record: &ExecutionRecord,
+        reply_id: &RequestId,
+        result: Option<Bytes>,
+        owner: Owner,
+    ) -> Answer<RB> {
+        let Some(result) = result else {
+            return answered(answer::uncertain(
+                reply_id,
+                record,
+                UncertainReason::ResultNotKept,
+            ));
+        };
+        let delivered = EventKind::Delivered {
+            jsonrpc_id: Some(reply_id.clone()),
+        };
+        self.append(record.execution_id, delivered).await?;
+        owner.settle(Settlement::Completed(Some(result.clone())));
+        answered(answer::stored_result(reply_id, &result))
+    }
+
     async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
         self.ledger
             .claim(Claim {
