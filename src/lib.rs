@@ -118,8 +118,10 @@ pub mod contract;
 mod execution_id;
 pub mod fingerprint;
 pub mod guard;
+pub mod integrations;
 pub mod ledger;
 pub mod protocol;
+pub mod replay_policy;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
 pub use execution_id::{

@@ -1,0 +1,1 @@
+//! reqwest-middleware integration (in progress).

@@ -1,0 +1,1 @@
+//! rmcp integration (in progress).

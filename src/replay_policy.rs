@@ -1,0 +1,1 @@
+//! `ReplayPolicy` (in progress).
