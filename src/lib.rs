@@ -122,6 +122,7 @@ pub mod integrations;
 pub mod ledger;
 pub mod protocol;
 pub mod replay_policy;
+pub mod resume;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
 pub use execution_id::{

@@ -37,6 +37,13 @@ impl GuardRequestBody {
     }
 }
 
+/// An empty body (what a GET carries).
+impl Default for GuardRequestBody {
+    fn default() -> Self {
+        Self::new(Bytes::new()).0
+    }
+}
+
 impl Body for GuardRequestBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
