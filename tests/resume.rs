@@ -156,7 +156,8 @@ async fn a_resume_that_recovers_nothing_ends_unknown_and_is_not_reposted() {
 /// A mock transport whose POST stream breaks after one event and whose resume GET is refused.
 #[tokio::test]
 async fn a_refused_resume_surfaces_the_break_after_one_get() {
-    let seen: Arc<Mutex<Vec<(Method, Option<String>)>>> = Arc::default();
+    type Log = Arc<Mutex<Vec<(Method, Option<String>)>>>;
+    let seen: Log = Arc::default();
     let log = seen.clone();
     let inner = service_fn(move |request: Request<Full<Bytes>>| {
         let log = log.clone();
