@@ -371,9 +371,16 @@ where
             Err(error) => return Err(GuardError::request_body(error)),
         };
         let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
+        let mut parts = parts;
+        if let Ok(c) = &classified {
+            add_standard_headers(&mut parts.headers, c);
+        }
         let call = match classified {
             Ok(c) => match c.kind {
                 RequestKind::Message(Message::ToolCall(call)) => (call, c.session_id),
+                RequestKind::Resume { last_event_id } => {
+                    return self.resume(parts, bytes, &last_event_id).await;
+                }
                 RequestKind::Batch(ref messages)
                     if messages.iter().any(|m| matches!(m, Message::ToolCall(_))) =>
                 {
@@ -491,6 +498,45 @@ where
             session_id,
             caller_key,
         })
+    }
+
+    /// A GET with `Last-Event-ID`: never a re-issue. When it continues the broken stream of an
+    /// execution, the answer it brings completes that execution.
+    async fn resume(
+        mut self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        last_event_id: &str,
+    ) -> Answer<RB> {
+        let Some((_, link)) = self.inflight.resume_links.remove(last_event_id) else {
+            return self.pass_through(parts, bytes).await;
+        };
+        tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
+        let (body, _) = GuardRequestBody::new(bytes);
+        let response = self
+            .send(Request::from_parts(parts, body))
+            .await
+            .map_err(GuardError::inner)?;
+        if !response.status().is_success() {
+            return Ok(response.map(GuardResponseBody::passthrough));
+        }
+        let observation = Observation {
+            ledger: self.config.ledger.clone(),
+            execution_id: link.execution_id,
+            request_id: link.request_id,
+            status: response.status().as_u16(),
+            keep_results: link.keep_results,
+            max_result_bytes: link.max_result_bytes,
+            outcome_recorded: false,
+            last_event_id: Some(last_event_id.to_owned()),
+            oversize: false,
+            drain_timeout: self.config.drain_timeout,
+            owner: None,
+            local: self.inflight.clone(),
+            resume: true,
+        };
+        let max = self.config.max_body_bytes.max(link.max_result_bytes);
+        Ok(response.map(|b| GuardResponseBody::observed(b, observation, true, max)))
     }
 
     async fn pass_through(mut self, parts: http::request::Parts, bytes: Bytes) -> Answer<RB> {
@@ -787,6 +833,8 @@ where
                 oversize: false,
                 drain_timeout: self.config.drain_timeout,
                 owner: Some(owner),
+                local: self.inflight.clone(),
+                resume: false,
             };
             let max = self.config.max_body_bytes.max(intent.max_result_bytes);
             return Ok(response.map(|b| GuardResponseBody::observed(b, observation, sse, max)));
@@ -952,6 +1000,32 @@ impl Config {
     }
 }
 
+/// In 2026-07-28 a POST mirrors its body's method (and a tool call's name) in `Mcp-Method` /
+/// `Mcp-Name`. Headers the caller set are kept (classification already checked them against
+/// the body).
+fn add_standard_headers(headers: &mut http::HeaderMap, request: &protocol::ClassifiedRequest) {
+    let RequestKind::Message(message) = &request.kind else {
+        return;
+    };
+    if !request.version.has_standard_headers() {
+        return;
+    }
+    if let Some(method) = message.method()
+        && !headers.contains_key(protocol::MCP_METHOD)
+        && let Ok(value) = http::HeaderValue::from_str(method)
+    {
+        headers.insert(protocol::MCP_METHOD, value);
+    }
+    if let Message::ToolCall(call) = message
+        && !headers.contains_key(protocol::MCP_NAME)
+    {
+        headers.insert(
+            protocol::MCP_NAME,
+            protocol::encode_header_value(&call.name),
+        );
+    }
+}
+
 /// HTTP statuses on a `tools/call` that mean the server refused it before running the tool.
 fn refused_before_running(status: StatusCode) -> bool {
     matches!(
@@ -995,10 +1069,35 @@ pub(super) enum Settlement {
 
 type IntentKey = (Actor, IntentScope, Fingerprint);
 
-/// In-process single flight: one owner per intent at a time.
+/// In-process state: single flight (one owner per intent at a time), and the broken streams a
+/// resume GET may continue.
 #[derive(Debug, Default)]
 struct Inflight {
     intents: DashMap<IntentKey, watch::Sender<Option<Settlement>>>,
+    resume_links: DashMap<String, ResumeLink>,
+}
+
+/// Bound on remembered broken streams (each is a few dozen bytes).
+const MAX_RESUME_LINKS: usize = 10_000;
+
+/// A broken response stream of an execution, by the last event id the caller saw: a GET with
+/// that `Last-Event-ID` (from a resume layer, or from a client that resumes by itself) belongs
+/// to the execution, and a result that arrives on it completes the execution.
+#[derive(Debug, Clone)]
+struct ResumeLink {
+    execution_id: ExecutionId,
+    request_id: RequestId,
+    keep_results: bool,
+    max_result_bytes: usize,
+}
+
+impl Inflight {
+    fn link(&self, last_event_id: String, link: ResumeLink) {
+        if self.resume_links.len() >= MAX_RESUME_LINKS {
+            self.resume_links.clear();
+        }
+        self.resume_links.insert(last_event_id, link);
+    }
 }
 
 enum Acquired {
@@ -1099,6 +1198,9 @@ pub(super) struct Observation {
     pub(super) oversize: bool,
     pub(super) drain_timeout: Duration,
     owner: Option<Owner>,
+    local: Arc<Inflight>,
+    /// Observing a resume GET of an execution whose outcome was unknown.
+    resume: bool,
 }
 
 type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -1123,6 +1225,10 @@ impl Observation {
         struct ToolResult {
             #[serde(rename = "isError", default)]
             is_error: Option<bool>,
+            #[serde(rename = "resultType", default)]
+            result_type: Option<String>,
+            #[serde(rename = "taskId", default)]
+            task_id: Option<String>,
         }
         let envelope: Envelope<'_> = serde_json::from_slice(message).ok()?;
         if envelope.id.as_ref() != Some(&self.request_id) {
@@ -1130,12 +1236,18 @@ impl Observation {
         }
         match (envelope.result, envelope.error) {
             (Some(raw), _) => {
-                let is_error = serde_json::from_str::<ToolResult>(raw.get())
-                    .ok()
-                    .and_then(|r| r.is_error)
-                    .unwrap_or(false);
+                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
+                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
+                // A 2026-07-28 `CreateTaskResult`: the call became a task.
+                let task_id = result
+                    .filter(|r| r.result_type.as_deref() == Some("task"))
+                    .and_then(|r| r.task_id);
                 let raw = Bytes::copy_from_slice(raw.get().as_bytes());
-                Some(TargetAnswer::Result { raw, is_error })
+                Some(TargetAnswer::Result {
+                    raw,
+                    is_error,
+                    task_id,
+                })
             }
             (None, Some(error)) => Some(TargetAnswer::Error { code: error.code }),
             (None, None) => None,
@@ -1220,19 +1332,28 @@ impl Observation {
         let status = self.status;
         let owner = self.owner.take();
         let last_event_id = self.last_event_id.clone();
+        if let Some(last_event_id) = &last_event_id {
+            let link = ResumeLink {
+                execution_id: id,
+                request_id: self.request_id.clone(),
+                keep_results: self.keep_results,
+                max_result_bytes: self.max_result_bytes,
+            };
+            self.local.link(last_event_id.clone(), link);
+        }
+        let resume = self.resume;
         Box::pin(async move {
             if let Some(last_event_id) = last_event_id {
                 append_logged(&*ledger, id, EventKind::EventSeen { last_event_id }).await;
             }
-            append_logged(
-                &*ledger,
-                id,
-                EventKind::Unknown {
+            // A resume stream that breaks again leaves the outcome as unknown as it was.
+            if !resume {
+                let unknown = EventKind::Unknown {
                     target_status: Some(status),
                     reason,
-                },
-            )
-            .await;
+                };
+                append_logged(&*ledger, id, unknown).await;
+            }
             if let Some(owner) = owner {
                 owner.settle(Settlement::Other);
             }
@@ -1268,8 +1389,13 @@ async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
 /// The target's answer to a call.
 #[derive(Debug)]
 pub(super) enum TargetAnswer {
-    /// A `result` (its exact bytes), with the tool's `isError`.
-    Result { raw: Bytes, is_error: bool },
+    /// A `result` (its exact bytes), with the tool's `isError`, and the task id when the call
+    /// became an MCP task.
+    Result {
+        raw: Bytes,
+        is_error: bool,
+        task_id: Option<String>,
+    },
     /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
     /// message may echo arguments, secrets included).
     Error { code: i64 },
@@ -1284,7 +1410,16 @@ async fn record_outcome(
     answer: TargetAnswer,
 ) -> Settlement {
     let (raw, is_error) = match answer {
-        TargetAnswer::Result { raw, is_error } => (raw, is_error),
+        TargetAnswer::Result {
+            raw,
+            is_error,
+            task_id,
+        } => {
+            if let Some(task_id) = task_id {
+                append_logged(ledger, id, EventKind::TaskCreated { task_id }).await;
+            }
+            (raw, is_error)
+        }
         TargetAnswer::Error { code } => {
             let reason = format!("the server answered the call with JSON-RPC error {code}");
             let failed = EventKind::Failed {

@@ -240,6 +240,25 @@ fn mismatch(header: HeaderName, header_value: &str, body_value: &str) -> Classif
     }
 }
 
+/// Writes an `Mcp-Name`-style value: plain when it can travel as a bare header value, else
+/// Base64 inside the `=?base64?…?=` sentinel.
+pub fn encode_header_value(value: &str) -> http::HeaderValue {
+    let bare = !value.is_empty()
+        && value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !value.starts_with([' ', '\t'])
+        && !value.ends_with([' ', '\t'])
+        && (!value.starts_with("=?base64?") || !value.ends_with("?="));
+    let text = if bare {
+        value.to_owned()
+    } else {
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value)
+        )
+    };
+    http::HeaderValue::from_str(&text).unwrap_or_else(|_| http::HeaderValue::from_static(""))
+}
+
 /// Reads an `Mcp-Name`-style value: plain, or Base64 inside the `=?base64?…?=` sentinel that
 /// 2026-07-28 uses for values that cannot travel as a bare header.
 pub(crate) fn decode_header_value(raw: &str) -> Option<String> {

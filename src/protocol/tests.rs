@@ -293,3 +293,14 @@ fn bad_headers_and_methods_are_typed_errors() {
         Err(ClassifyError::UnsupportedHttpMethod(m)) if m == Method::PUT
     ));
 }
+
+#[test]
+fn header_values_that_cannot_travel_bare_are_base64_wrapped_and_read_back() {
+    for name in ["deploy_release", "météo", " padded", "=?base64?x?="] {
+        let encoded = encode_header_value(name);
+        let text = encoded.to_str().unwrap();
+        assert_eq!(decode_header_value(text).as_deref(), Some(name), "{text}");
+    }
+    assert_eq!(encode_header_value("deploy_release"), "deploy_release");
+    assert_eq!(encode_header_value("météo"), "=?base64?bcOpdMOpbw==?=");
+}
