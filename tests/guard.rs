@@ -1016,3 +1016,49 @@ async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() 
     );
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
+
+#[tokio::test]
+async fn a_multi_round_trip_continuation_is_a_new_intent() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = Retry::new(RetryEveryError(1), guarded(&layer(&ledger)));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::Status(500));
+    let first = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "deploy_release", deploy_args()),
+    );
+    let _ = send(&mut client, first).await.unwrap();
+    // The same tool and arguments, continuing with the input the server asked for.
+    let mut body = tool_call_body(3, "deploy_release", deploy_args());
+    body["params"]["requestState"] = json!("state-from-server");
+    body["params"]["inputResponses"] = json!({"confirm": {"action": "accept"}});
+    let response = send(
+        &mut client,
+        post(&server.url, session.as_deref(), PROTOCOL_VERSION, body),
+    )
+    .await
+    .unwrap();
+    let message = read_jsonrpc_response(response, &json!(3)).await.unwrap();
+    assert!(
+        message
+            .pointer("/result/structuredContent/mcp_replay_guard")
+            .is_none(),
+        "the continuation was answered by the guard: {message}"
+    );
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 2, "{records:#?}");
+    assert_ne!(records[0].fingerprint, records[1].fingerprint);
+    assert_eq!(
+        server.state.tool_call_requests("deploy_release").len(),
+        1,
+        "the 500 never reached rmcp; the continuation did"
+    );
+}

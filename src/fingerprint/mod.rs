@@ -124,6 +124,7 @@ impl FingerprintKey {
             credential_ref,
             mut arguments,
             intent_scope,
+            continuation,
         } = record;
         // Borrowed arguments are copied only when a rule has to change them.
         if !rules.is_empty() {
@@ -137,6 +138,13 @@ impl FingerprintKey {
         ];
         if let Some(credential_ref) = &credential_ref {
             fields.push(("credential_ref", jcs::Field::Str(credential_ref.as_str())));
+        }
+        let continuation = continuation.map(|mut value| {
+            self.seal_secret(&mut value);
+            value
+        });
+        if let Some(Value::String(sealed)) = &continuation {
+            fields.push(("continuation", jcs::Field::Str(sealed)));
         }
         channel.fields(&mut fields);
         // Every name is ASCII, so byte order is JCS order.
@@ -337,6 +345,7 @@ pub struct ActionRecord<'a> {
     credential_ref: Option<CredentialRef>,
     arguments: Cow<'a, Map<String, Value>>,
     intent_scope: IntentScope,
+    continuation: Option<Value>,
 }
 
 impl<'a> ActionRecord<'a> {
@@ -354,6 +363,7 @@ impl<'a> ActionRecord<'a> {
             credential_ref: None,
             arguments: Cow::Owned(Map::new()),
             intent_scope,
+            continuation: None,
         }
     }
 
@@ -377,6 +387,14 @@ impl<'a> ActionRecord<'a> {
     /// Sets the arguments from a parsed `tools/call`.
     pub fn argument_map(mut self, arguments: Map<String, Value>) -> Self {
         self.arguments = Cow::Owned(arguments);
+        self
+    }
+
+    /// Marks the call as the continuation of an earlier one (MCP multi-round-trip requests carry
+    /// `inputResponses` / `requestState`): it is a new intent, not a re-issue of the call it
+    /// continues. Only a keyed HMAC of the continuation enters the record.
+    pub fn continuation(mut self, continuation: Value) -> Self {
+        self.continuation = Some(continuation);
         self
     }
 

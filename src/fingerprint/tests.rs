@@ -475,3 +475,17 @@ fn arb_json_wide() -> impl Strategy<Value = Value> {
         ]
     })
 }
+
+#[test]
+fn a_continuation_is_a_new_intent_and_its_state_never_appears_raw() {
+    let k = key();
+    let rules = FingerprintRules::new();
+    let original = k.fingerprint(record(json!({"service": "catalog"})), &rules);
+    let continued = record(json!({"service": "catalog"})).continuation(
+        json!({"requestState": "opaque-state-7d1f", "inputResponses": {"confirm": true}}),
+    );
+    let canonical = k.canonicalize(continued.clone(), &rules);
+    assert!(!String::from_utf8_lossy(canonical.as_bytes()).contains("opaque-state-7d1f"));
+    assert_ne!(k.digest(&canonical), original);
+    assert_eq!(k.fingerprint(continued, &rules), k.digest(&canonical));
+}

@@ -478,6 +478,18 @@ where
             Channel::mcp(target.clone()),
         )
         .borrowed_arguments(&call.arguments);
+        // A multi-round-trip continuation is a new intent, not a re-issue of the call it
+        // continues.
+        let continuation: serde_json::Map<String, serde_json::Value> =
+            ["inputResponses", "requestState"]
+                .into_iter()
+                .filter_map(|k| call.other_params.get(k).map(|v| (k.to_owned(), v.clone())))
+                .collect();
+        let record = if continuation.is_empty() {
+            record
+        } else {
+            record.continuation(serde_json::Value::Object(continuation))
+        };
         let record = match &credential_ref {
             Some(c) => record.credential_ref(c.clone()),
             None => record,
