@@ -49,8 +49,11 @@ pub struct Facts {
     pub attempt_alive: bool,
     /// The protocol era allows resumption and a last event id is known.
     pub resumable: bool,
-    /// The tool's contract has a status probe (or the call became an MCP task).
+    /// The tool's contract has a status probe.
     pub has_probe: bool,
+    /// The call became an MCP task whose id is known: `tasks/get` can tell its outcome,
+    /// whatever the tool's class (asking re-sends nothing).
+    pub task_known: bool,
 }
 
 /// Decides what to do with a `tools/call` given what its claim found.
@@ -90,6 +93,9 @@ fn decide_existing(record: &ExecutionRecord, facts: Facts) -> Decision {
 fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
     if facts.resumable {
         return Decision::Resume;
+    }
+    if facts.task_known {
+        return Decision::Probe;
     }
     match class {
         RetryClass::ReadOnly | RetryClass::Idempotent => Decision::Resend,
@@ -144,6 +150,7 @@ mod tests {
             attempt_alive,
             resumable,
             has_probe,
+            task_known: false,
         }
     }
 

@@ -60,6 +60,9 @@ pub enum ProbeOutcome {
     },
     /// The action did not take effect: the guard sends it again under the same execution ID.
     NotApplied,
+    /// The action is still running (an MCP task that is `working`): nothing is re-sent and the
+    /// caller is told to ask again later.
+    InProgress,
     /// The probe cannot tell: the execution waits for review.
     Unknown {
         /// Why.

@@ -623,12 +623,14 @@ where
     ) -> Answer<RB> {
         let claimed = self.config.claim(&intent).await?;
         let has_probe = self.config.probes.contains_key(&intent.call.name);
+        let task_known = claimed.record().correlation.task_id.is_some();
         let decision = decide(
             &claimed,
             Facts {
                 attempt_alive: false,
                 resumable: false,
                 has_probe,
+                task_known,
             },
         );
         let mut record = claimed.record().clone();
@@ -705,20 +707,32 @@ where
     }
 
     async fn probe(
-        self,
+        mut self,
         parts: http::request::Parts,
         bytes: Bytes,
         intent: Intent,
         record: ExecutionRecord,
         owner: Owner,
     ) -> Answer<RB> {
-        let probe = self.config.probes[&intent.call.name].clone();
-        let outcome = probe
-            .probe(ProbeRequest {
-                execution: &record,
-                arguments: &intent.call.arguments,
-            })
-            .await;
+        let outcome = match (
+            &record.correlation.task_id,
+            self.config.probes.get(&intent.call.name),
+        ) {
+            (Some(task_id), _) => {
+                let task_id = task_id.clone();
+                self.probe_task(&parts, &intent, &task_id).await
+            }
+            (None, Some(probe)) => {
+                let request = ProbeRequest {
+                    execution: &record,
+                    arguments: &intent.call.arguments,
+                };
+                probe.clone().probe(request).await
+            }
+            (None, None) => ProbeOutcome::Unknown {
+                reason: "no status probe".into(),
+            },
+        };
         tracing::info!(?outcome, "status probe answered");
         let id = record.execution_id;
         let reply_id = intent.call.id.clone();
@@ -768,6 +782,11 @@ where
                     .await?;
                 self.dispatch(parts, bytes, intent, record, owner).await
             }
+            ProbeOutcome::InProgress => answered(answer::uncertain(
+                &reply_id,
+                &record,
+                UncertainReason::InProgress,
+            )),
             ProbeOutcome::Unknown { reason } => {
                 let record = self
                     .config
@@ -784,6 +803,69 @@ where
                     UncertainReason::NeedsReview,
                 ))
             }
+        }
+    }
+
+    /// The built-in status probe of a call that became an MCP task: `tasks/get` (a read) through
+    /// the inner service, with the call's session, protocol version and `_meta`.
+    async fn probe_task(
+        &mut self,
+        parts: &http::request::Parts,
+        intent: &Intent,
+        task_id: &str,
+    ) -> ProbeOutcome {
+        let probe_id = format!("mcp-replay-guard-probe-{}", ExecutionId::new().ulid());
+        let mut params = serde_json::json!({ "taskId": task_id });
+        if let Some(meta) = &intent.call.meta {
+            params["_meta"] = serde_json::Value::Object(meta.clone());
+        }
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": probe_id, "method": "tasks/get", "params": params});
+        let mut request = Request::new(GuardRequestBody::new(Bytes::from(body.to_string())).0);
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = parts.uri.clone();
+        *request.headers_mut() = parts.headers.clone();
+        let headers = request.headers_mut();
+        headers.remove(IDEMPOTENCY_KEY);
+        headers.remove(http::header::CONTENT_LENGTH);
+        if headers.contains_key(protocol::MCP_METHOD) {
+            headers.insert(
+                protocol::MCP_METHOD,
+                http::HeaderValue::from_static("tasks/get"),
+            );
+            headers.insert(protocol::MCP_NAME, protocol::encode_header_value(task_id));
+        }
+        let unknown = |reason: String| ProbeOutcome::Unknown { reason };
+        let response = match self.send(request).await {
+            Ok(response) if response.status().is_success() => response,
+            Ok(response) => {
+                return unknown(format!("tasks/get answered HTTP {}", response.status()));
+            }
+            Err(error) => return unknown(format!("tasks/get failed: {error}")),
+        };
+        let limit = self.config.max_body_bytes.max(intent.max_result_bytes);
+        let bytes = match Limited::new(response.into_body(), limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => return unknown(format!("tasks/get answer unreadable: {error}")),
+        };
+        let Some(task) = find_response(&bytes, &RequestId::String(probe_id))
+            .and_then(|m| m.get("result").cloned())
+        else {
+            return unknown("no answer to tasks/get".into());
+        };
+        match task.get("status").and_then(serde_json::Value::as_str) {
+            Some("completed") => ProbeOutcome::Applied {
+                result: task.get("result").cloned(),
+            },
+            // The tool ran and failed: that is an outcome, and running it again could repeat
+            // whatever it did before failing.
+            Some("failed") => ProbeOutcome::Applied {
+                result: Some(serde_json::json!({
+                    "content": [{"type": "text", "text": format!("task {task_id} failed")}],
+                    "isError": true,
+                })),
+            },
+            Some("working" | "input_required") => ProbeOutcome::InProgress,
+            other => unknown(format!("task status {other:?}")),
         }
     }
 
@@ -1010,6 +1092,26 @@ impl Config {
             }
         }
     }
+}
+
+/// The JSON-RPC response with `id` in a body read whole: JSON, or SSE events.
+fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
+    let matches = |m: &serde_json::Value| {
+        m.get("id")
+            .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok())
+            .as_ref()
+            == Some(id)
+    };
+    if let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) {
+        return matches(&message).then_some(message);
+    }
+    let mut found = None;
+    let _ = protocol::sse::SseParser::new().push(body, |event| {
+        if found.is_none() {
+            found = serde_json::from_str(&event.data).ok().filter(matches);
+        }
+    });
+    found
 }
 
 /// In 2026-07-28 a POST mirrors its body's method (and a tool call's name) in `Mcp-Method` /

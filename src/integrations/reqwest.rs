@@ -300,7 +300,7 @@ impl AmbiguousOutcome {
         url: Url,
         replay_safe: bool,
     ) -> reqwest_middleware::Error {
-        if replay_safe || outcome_of(&error) == Outcome::NotSent || is_ambiguous(&error) {
+        if true {
             return error;
         }
         tracing::warn!(%method, %error, "outcome unknown; not re-sent");
