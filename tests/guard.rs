@@ -1062,3 +1062,44 @@ async fn a_multi_round_trip_continuation_is_a_new_intent() {
         "the 500 never reached rmcp; the continuation did"
     );
 }
+
+#[tokio::test]
+async fn a_refused_connection_is_not_sent_and_the_retry_continues_the_same_execution() {
+    // A port nobody listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    drop(listener);
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let request = || {
+        post(
+            &url,
+            None,
+            PROTOCOL_VERSION,
+            tool_call_body(2, "deploy_release", deploy_args()),
+        )
+    };
+
+    let error = send(&mut client, request()).await.unwrap_err();
+    let error = error
+        .downcast::<mcp_replay_guard::guard::GuardError>()
+        .unwrap();
+    assert!(error.is_not_sent(), "{error}");
+    let first = only_record(&ledger).await;
+    assert_eq!((first.state, first.attempts), (ExecutionState::NotSent, 1));
+    assert_eq!(error.execution_id(), Some(first.execution_id));
+
+    let error = send(&mut client, request()).await.unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<mcp_replay_guard::guard::GuardError>()
+            .unwrap()
+            .is_not_sent()
+    );
+    let second = only_record(&ledger).await;
+    assert_eq!(
+        second.execution_id, first.execution_id,
+        "the same execution continued"
+    );
+    assert_eq!(second.attempts, 2);
+}
