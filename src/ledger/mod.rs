@@ -13,7 +13,10 @@
 //! HTTP header except the `Idempotency-Key` the guard itself sent. Results are kept apart,
 //! under a `result_reference`, when the tool's contract says so and they fit its size cap.
 
+pub mod chain;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 
 use std::{fmt, time::Duration};
@@ -22,6 +25,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use memory::MemoryLedger;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresLedger;
 pub use record::{
     Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
     LedgerEvent, Timestamp,
@@ -154,6 +159,15 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// A kept result.
     async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError>;
+
+    /// Whether the owner of an execution (the `owner` of its `accepted` event: a guard in some
+    /// process) is still running, so that its attempt may still finish. Ledgers shared between
+    /// processes answer from a liveness signal; the default says yes, which makes a repeat wait
+    /// for the attempt (bounded) rather than continue it.
+    async fn is_owner_alive(&self, owner: &str) -> bool {
+        let _ = owner;
+        true
+    }
 }
 
 /// The reference under which an execution's result is kept.

@@ -139,6 +139,17 @@ pub(super) fn parse_body(text: &str) -> Result<Parsed, ClassifyError> {
     Ok(parsed)
 }
 
+/// Parses one JSON value and returns the first object key seen twice anywhere in it.
+pub(crate) fn parse_tracking_duplicates(text: &str) -> Result<(Value, Option<String>), String> {
+    let mut duplicate = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = TrackDuplicates(&mut duplicate)
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| e.to_string())?;
+    Ok((value, duplicate))
+}
+
 /// A body as parsed: each top-level message with the first duplicate key found inside it.
 #[derive(Debug)]
 pub(super) enum Parsed {
