@@ -396,7 +396,7 @@ fn resend_reason(
         ReplayKind::Tool(RetryClass::Recoverable) => {
             Err("recoverable tool: its status probe decides on the next call")
         }
-        ReplayKind::Tool(RetryClass::Irreversible) => Ok("mutant"),
+        ReplayKind::Tool(RetryClass::Irreversible) => Err("irreversible or unlisted tool"),
         ReplayKind::Http if is_idempotent_method(method) => Ok("idempotent HTTP method"),
         ReplayKind::Http if has_key => Ok("request with an Idempotency-Key"),
         ReplayKind::Http => Err("not idempotent and no Idempotency-Key"),

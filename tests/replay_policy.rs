@@ -137,7 +137,10 @@ async fn hyper_connect_error() -> BoxError {
 }
 
 /// Answers every request that reaches the mock transport with `fault`, recording each attempt.
-async fn transport<B>(mut handle: mock::Handle<Request<B>, Response<Full<Bytes>>>, fault: Fault) -> Seen
+async fn transport<B>(
+    mut handle: mock::Handle<Request<B>, Response<Full<Bytes>>>,
+    fault: Fault,
+) -> Seen
 where
     B: Body + Send + 'static,
     B::Error: std::fmt::Debug,
@@ -153,9 +156,9 @@ where
         );
         let read_body = async { request.into_body().collect().await.unwrap() };
         match fault {
-            Fault::Refused => respond.send_error(std::io::Error::from(
-                std::io::ErrorKind::ConnectionRefused,
-            )),
+            Fault::Refused => {
+                respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+            }
             Fault::HyperConnect => respond.send_error(hyper_connect_error().await),
             Fault::ResetBeforeBody => {
                 respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
@@ -232,7 +235,9 @@ async fn over_a_bare_transport_each_class_is_resent_only_as_its_contract_allows(
         // A re-send keeps the caller's key.
         if matches!(send, ToolWithKey(_) | PlainPostWithKey) {
             assert!(
-                seen.keys.iter().all(|k| k.as_deref() == Some("caller-key-1")),
+                seen.keys
+                    .iter()
+                    .all(|k| k.as_deref() == Some("caller-key-1")),
                 "{send:?}: {:?}",
                 seen.keys
             );
@@ -307,7 +312,10 @@ async fn above_the_guard_each_class_is_resent_only_as_its_contract_allows() {
         };
         assert_eq!(
             (error.is_not_sent(), error.is_unknown()),
-            (state == ExecutionState::NotSent, state == ExecutionState::Unknown),
+            (
+                state == ExecutionState::NotSent,
+                state == ExecutionState::Unknown
+            ),
             "{what}: {error}"
         );
         // One execution, whatever the number of attempts, and every attempt under its key.
@@ -350,7 +358,12 @@ async fn backoff_doubles_between_attempts_up_to_its_cap() {
         .await;
     assert!(result.is_err());
     transport.await.unwrap();
-    let ms: Vec<u128> = times.lock().unwrap().iter().map(|d| d.as_millis()).collect();
+    let ms: Vec<u128> = times
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_millis())
+        .collect();
     assert_eq!(ms, [0, 100, 300, 550]);
 }
 

@@ -213,7 +213,7 @@ impl ReplaySafeRetryMiddleware {
 impl Middleware for ReplaySafeRetryMiddleware {
     async fn handle(
         &self,
-        request: Request,
+        mut request: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
@@ -221,7 +221,6 @@ impl Middleware for ReplaySafeRetryMiddleware {
         let url = request.url().clone();
         let replay_safe =
             is_idempotent_method(&method) || request.headers().contains_key(IDEMPOTENCY_KEY);
-        let mut request = request;
         let mut attempt = 1;
         loop {
             // The copy for the next attempt, made before this one consumes the request.
@@ -300,7 +299,7 @@ impl AmbiguousOutcome {
         url: Url,
         replay_safe: bool,
     ) -> reqwest_middleware::Error {
-        if true {
+        if replay_safe || outcome_of(&error) == Outcome::NotSent || is_ambiguous(&error) {
             return error;
         }
         tracing::warn!(%method, %error, "outcome unknown; not re-sent");
