@@ -621,18 +621,34 @@ where
         intent: Intent,
         owner: Owner,
     ) -> Answer<RB> {
-        let claimed = self.config.claim(&intent).await?;
         let has_probe = self.config.probes.contains_key(&intent.call.name);
-        let task_known = claimed.record().correlation.task_id.is_some();
-        let decision = decide(
-            &claimed,
-            Facts {
-                attempt_alive: false,
+        let mut claimed = self.config.claim(&intent).await?;
+        let decision = loop {
+            let task_known = claimed.record().correlation.task_id.is_some();
+            let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
+            let facts = Facts {
+                attempt_alive,
                 resumable: false,
                 has_probe,
                 task_known,
-            },
-        );
+            };
+            let decision = decide(&claimed, facts);
+            if decision != Decision::Attach {
+                break decision;
+            }
+            // Another process's guard owns the execution: wait (bounded) for it to move on,
+            // then decide again.
+            match self.config.wait_for_other_attempt(claimed.record()).await? {
+                Some(_) => claimed = self.config.claim(&intent).await?,
+                None => {
+                    return answered(answer::uncertain(
+                        &intent.call.id,
+                        claimed.record(),
+                        UncertainReason::InProgress,
+                    ));
+                }
+            }
+        };
         let mut record = claimed.record().clone();
         let span = tracing::Span::current();
         span.record("execution_id", tracing::field::display(record.execution_id));
@@ -985,6 +1001,44 @@ async fn send_failed<RB>(
 }
 
 impl Config {
+    /// Whether a live attempt in another process (a guard with another owner whose process is
+    /// still running) owns an execution that has not left.
+    async fn attempt_elsewhere(&self, claimed: &Claimed) -> bool {
+        let Claimed::Existing(record) = claimed else {
+            return false;
+        };
+        matches!(
+            record.state,
+            ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched
+        ) && record.owner != self.owner
+            && self.ledger.is_owner_alive(&record.owner).await
+    }
+
+    /// Polls the ledger until the execution leaves its in-flight state or its owner dies;
+    /// `None` when the attach wait ran out.
+    async fn wait_for_other_attempt(
+        &self,
+        record: &ExecutionRecord,
+    ) -> Result<Option<ExecutionRecord>, GuardError> {
+        let deadline = tokio::time::Instant::now() + self.attach_timeout;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let current = self
+                .ledger
+                .get(record.execution_id)
+                .await
+                .map_err(GuardError::ledger)?;
+            match current {
+                Some(current)
+                    if current.state == record.state
+                        && self.ledger.is_owner_alive(&current.owner).await => {}
+                Some(current) => return Ok(Some(current)),
+                None => return Ok(Some(record.clone())),
+            }
+        }
+        Ok(None)
+    }
+
     /// Answers with a kept result (recording its delivery), or honestly says it was not kept.
     async fn hand_back<RB>(
         &self,

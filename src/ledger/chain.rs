@@ -64,8 +64,21 @@ pub enum LineBody {
         /// The checkpoint itself.
         checkpoint: Checkpoint,
     },
+    /// A kept result, chained like the events so that it cannot be altered unnoticed either.
+    Result(StoredResult),
     /// An execution's event.
     Event(LedgerEvent),
+}
+
+/// A kept result in the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredResult {
+    /// The execution it belongs to.
+    pub result_of: crate::ExecutionId,
+    /// Its reference (`result_…`).
+    pub reference: String,
+    /// The JSON-RPC `result`, as the target sent it.
+    pub result: Value,
 }
 
 /// A compaction checkpoint.
@@ -117,7 +130,7 @@ impl ChainedLine {
     pub fn event(&self) -> Option<&LedgerEvent> {
         match &self.body {
             LineBody::Event(event) => Some(event),
-            LineBody::Checkpoint { .. } => None,
+            LineBody::Checkpoint { .. } | LineBody::Result(_) => None,
         }
     }
 
@@ -155,10 +168,16 @@ impl fmt::Display for ChainProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Edited => f.write_str("its content does not match its hash (edited or forged)"),
-            Self::BrokenLink => f.write_str("its `prev` does not match the line before it (a line was replaced or inserted)"),
-            Self::Deleted { missing } => write!(f, "{missing} line(s) before it are missing (deleted)"),
+            Self::BrokenLink => f.write_str(
+                "its `prev` does not match the line before it (a line was replaced or inserted)",
+            ),
+            Self::Deleted { missing } => {
+                write!(f, "{missing} line(s) before it are missing (deleted)")
+            }
             Self::Reordered => f.write_str("its `seq` is out of order (reordered or duplicated)"),
-            Self::Unreadable { detail } => write!(f, "it cannot be read ({detail}): cut short or garbled"),
+            Self::Unreadable { detail } => {
+                write!(f, "it cannot be read ({detail}): cut short or garbled")
+            }
         }
     }
 }
@@ -301,16 +320,25 @@ mod tests {
 
         let mut deleted = lines.clone();
         deleted.remove(3);
-        assert_eq!(check(&deleted).first_bad, Some((5, ChainProblem::Deleted { missing: 1 })));
+        assert_eq!(
+            check(&deleted).first_bad,
+            Some((5, ChainProblem::Deleted { missing: 1 }))
+        );
 
         let mut swapped = lines.clone();
         swapped.swap(1, 2);
-        assert_eq!(check(&swapped).first_bad, Some((3, ChainProblem::Deleted { missing: 1 })));
+        assert_eq!(
+            check(&swapped).first_bad,
+            Some((3, ChainProblem::Deleted { missing: 1 }))
+        );
 
         let mut cut = lines.clone();
         let half = cut[5].len() / 2;
         cut[5].truncate(half);
-        assert!(matches!(check(&cut).first_bad, Some((6, ChainProblem::Unreadable { .. }))));
+        assert!(matches!(
+            check(&cut).first_bad,
+            Some((6, ChainProblem::Unreadable { .. }))
+        ));
 
         // A forged line that carries a hash of its own content but not the right `prev`.
         let mut forged = lines.clone();
@@ -318,15 +346,24 @@ mod tests {
         line.prev = ChainHash::GENESIS;
         line.hash = line.compute_hash();
         forged[4] = line.to_json_line();
-        assert_eq!(check(&forged).first_bad, Some((5, ChainProblem::BrokenLink)));
+        assert_eq!(
+            check(&forged).first_bad,
+            Some((5, ChainProblem::BrokenLink))
+        );
 
         let mut twice = lines.clone();
         twice[1] = twice[1].replacen("{", "{\"seq\":99,", 1);
-        assert!(matches!(check(&twice).first_bad, Some((2, ChainProblem::Unreadable { .. }))));
+        assert!(matches!(
+            check(&twice).first_bad,
+            Some((2, ChainProblem::Unreadable { .. }))
+        ));
 
         let mut duplicated = lines;
         duplicated.insert(3, duplicated[2].clone());
-        assert_eq!(check(&duplicated).first_bad, Some((3, ChainProblem::Reordered)));
+        assert_eq!(
+            check(&duplicated).first_bad,
+            Some((3, ChainProblem::Reordered))
+        );
     }
 
     #[test]
@@ -337,7 +374,10 @@ mod tests {
             5,
             head,
             LineBody::Checkpoint {
-                checkpoint: Checkpoint { compacted_through: 4, removed: 4 },
+                checkpoint: Checkpoint {
+                    compacted_through: 4,
+                    removed: 4,
+                },
             },
         );
         let next = ChainedLine::seal(

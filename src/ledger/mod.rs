@@ -14,6 +14,7 @@
 //! under a `result_reference`, when the tool's contract says so and they fit its size cap.
 
 pub mod chain;
+mod file;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -24,6 +25,7 @@ use std::{fmt, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use file::{CompactReport, FileLedger, verify_file};
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;

@@ -36,8 +36,8 @@ use http::{HeaderMap, HeaderName, Method};
 pub use jsonrpc::{Message, RequestId, TOOLS_CALL, ToolCall};
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
 
-use jsonrpc::{Parsed, message_from_value};
 pub(crate) use jsonrpc::parse_tracking_duplicates;
+use jsonrpc::{Parsed, message_from_value};
 
 /// `MCP-Protocol-Version`: the negotiated revision.
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
