@@ -467,8 +467,9 @@ impl Writer {
             .map_err(|e| storage("cannot read the ledger", e))?;
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let mut consumed = 0;
-        for line in bytes[..complete].split(|&b| b == b'\n') {
-            let line_len = line.len() + 1;
+        for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
+            let line_len = piece.len();
+            let line = &piece[..piece.len() - 1];
             if line.is_empty() {
                 consumed += line_len;
                 continue;

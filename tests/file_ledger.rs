@@ -1,0 +1,566 @@
+//! The file ledger: durability across reopen and crash, several processes on one file, tamper
+//! evidence and compaction. Child processes are this test binary run again with
+//! `MRG_CHILD` set (see `child_entry`).
+
+mod support;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use mcp_replay_guard::{
+    Actor, ExecutionId, IdempotencyKey, IntentScope,
+    contract::{ContractRegistry, RetryClass, ToolContract},
+    guard::{GuardLayer, GuardRequestBody},
+    ledger::{
+        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp,
+        chain::ChainProblem, verify_file,
+    },
+};
+use serde_json::json;
+use support::*;
+use tower::Layer;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-file-{name}-{}-{}",
+        std::process::id(),
+        ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn claim(fingerprint_byte: u8, owner: &str) -> Claim {
+    Claim {
+        fingerprint: format!(
+            "hmac-sha256:{}",
+            format!("{fingerprint_byte:02x}").repeat(32)
+        )
+        .parse()
+        .unwrap(),
+        tool: "deploy_release".into(),
+        actor: "signed-process:com.example.agent".into(),
+        intent_scope: "run:5f8097".into(),
+        target: "deploy-api.internal.example/mcp".into(),
+        credential_ref: None,
+        retry_class: RetryClass::Irreversible,
+        link_window: Duration::from_secs(600),
+        retention: Duration::from_secs(3600),
+        owner: owner.into(),
+        at: Timestamp::now(),
+    }
+}
+
+fn event(id: ExecutionId, kind: EventKind) -> LedgerEvent {
+    LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind,
+    }
+}
+
+async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
+    let id = claimed.record().execution_id;
+    ledger
+        .append(event(id, EventKind::Authorized))
+        .await
+        .unwrap();
+    let key = IdempotencyKey::from(id);
+    ledger
+        .append(event(
+            id,
+            EventKind::Dispatched {
+                attempt: 1,
+                idempotency_key: key,
+                key_from_caller: false,
+                jsonrpc_id: None,
+                session_id: None,
+            },
+        ))
+        .await
+        .unwrap();
+    let reference = ledger
+        .store_result(
+            id,
+            Bytes::from_static(br#"{"content":[{"type":"text","text":"ok"}]}"#),
+        )
+        .await
+        .unwrap();
+    ledger
+        .append(event(
+            id,
+            EventKind::Completed {
+                target_status: 200,
+                is_error: false,
+                result_reference: Some(reference),
+            },
+        ))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn records_and_results_survive_a_reopen() {
+    let dir = temp_dir("reopen");
+    let path = dir.join("ledger.jsonl");
+    let id = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let claimed = ledger.claim(claim(1, "guard:a")).await.unwrap();
+        run_to_completion(&ledger, &claimed).await;
+        claimed.record().execution_id
+    };
+    let ledger = FileLedger::open(&path).unwrap();
+    let record = ledger.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_value(&record).unwrap()["state"],
+        "completed_result_not_delivered"
+    );
+    let reference = record.result_reference.clone().unwrap();
+    let result: serde_json::Value =
+        serde_json::from_slice(&ledger.load_result(&reference).await.unwrap().unwrap()).unwrap();
+    assert_eq!(result["content"][0]["text"], "ok");
+    assert_eq!(ledger.events(id).await.unwrap().len(), 4);
+    // Still linkable after the reopen: the same intent finds it.
+    assert!(
+        matches!(ledger.claim(claim(1, "guard:b")).await.unwrap(), Claimed::Existing(r) if r.execution_id == id)
+    );
+    let report = ledger.verify().unwrap();
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(
+        report.verified, 5,
+        "accepted, authorized, dispatched, result, completed"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown() {
+    let dir = temp_dir("torn");
+    let path = dir.join("ledger.jsonl");
+    let id = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let claimed = ledger.claim(claim(2, "guard:crashed")).await.unwrap();
+        let id = claimed.record().execution_id;
+        ledger
+            .append(event(id, EventKind::Authorized))
+            .await
+            .unwrap();
+        ledger
+            .append(event(
+                id,
+                EventKind::Dispatched {
+                    attempt: 1,
+                    idempotency_key: IdempotencyKey::from(id),
+                    key_from_caller: false,
+                    jsonrpc_id: None,
+                    session_id: None,
+                },
+            ))
+            .await
+            .unwrap();
+        id
+    };
+    // A crash in the middle of writing the next line.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let good_len = bytes.len();
+    bytes.extend_from_slice(br#"{"seq":4,"prev":"sha256:00","execution_id":"#);
+    std::fs::write(&path, &bytes).unwrap();
+
+    let ledger = FileLedger::open(&path).unwrap();
+    let record = ledger.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        ExecutionState::Unknown,
+        "dispatched by a process that is gone"
+    );
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("ended before its outcome")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.len() > good_len && !text.contains("\"prev\":\"sha256:00\""),
+        "the torn line is gone"
+    );
+    let report = ledger.verify().unwrap();
+    assert!(report.is_ok(), "{report}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
+    let dir = temp_dir("live");
+    let path = dir.join("ledger.jsonl");
+    let first = FileLedger::open(&path).unwrap();
+    let claimed = first.claim(claim(3, "guard:alive")).await.unwrap();
+    let id = claimed.record().execution_id;
+    first
+        .append(event(id, EventKind::Authorized))
+        .await
+        .unwrap();
+    first
+        .append(event(
+            id,
+            EventKind::Dispatched {
+                attempt: 1,
+                idempotency_key: IdempotencyKey::from(id),
+                key_from_caller: false,
+                jsonrpc_id: None,
+                session_id: None,
+            },
+        ))
+        .await
+        .unwrap();
+    // A second opener (another process, say) while the first still runs.
+    let second = FileLedger::open(&path).unwrap();
+    assert_eq!(
+        second.get(id).await.unwrap().unwrap().state,
+        ExecutionState::Dispatched
+    );
+    assert!(second.is_owner_alive("guard:alive").await);
+    drop(first);
+    assert!(
+        !second.is_owner_alive("guard:alive").await,
+        "the owner's lock went with its ledger"
+    );
+    drop(second);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn tampering_with_the_file_is_named_by_seq() {
+    let dir = temp_dir("tamper");
+    let path = dir.join("ledger.jsonl");
+    {
+        let ledger = FileLedger::open(&path).unwrap();
+        for byte in 10..13 {
+            let claimed = ledger.claim(claim(byte, "guard:t")).await.unwrap();
+            run_to_completion(&ledger, &claimed).await;
+        }
+    }
+    let original = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = original.lines().collect();
+    assert_eq!(lines.len(), 15);
+    let check = |lines: Vec<String>| verify_file(&write(&dir, &lines)).unwrap().first_bad;
+    let owned = || lines.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+
+    let mut edited = owned();
+    edited[9] = edited[9].replace("\"target_status\":200", "\"target_status\":500");
+    let mut actor = owned();
+    actor[5] = actor[5].replace(
+        "signed-process:com.example.agent",
+        "signed-process:someone-else",
+    );
+    let mut deleted = owned();
+    deleted.remove(8);
+    let mut swapped = owned();
+    swapped.swap(9, 10);
+    let mut cut = owned();
+    let half = cut[12].len() / 2;
+    cut[12].truncate(half);
+
+    assert!(edited[9] != lines[9], "the edit changed something");
+    assert!(matches!(check(edited), Some((10, ChainProblem::Edited))));
+    assert!(matches!(check(actor), Some((6, ChainProblem::Edited))));
+    assert!(matches!(
+        check(deleted),
+        Some((10, ChainProblem::Deleted { missing: 1 }))
+    ));
+    assert!(matches!(check(swapped), Some((11, _))));
+    assert!(matches!(
+        check(cut),
+        Some((13, ChainProblem::Unreadable { .. }))
+    ));
+    // One changed byte anywhere is enough.
+    let mut byte = original.clone().into_bytes();
+    let at = byte.len() / 2;
+    byte[at] = if byte[at] == b'a' { b'b' } else { b'a' };
+    let path = dir.join("byte.jsonl");
+    std::fs::write(&path, byte).unwrap();
+    assert!(!verify_file(&path).unwrap().is_ok());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn write(dir: &Path, lines: &[String]) -> PathBuf {
+    let path = dir.join(format!("t-{}.jsonl", ExecutionId::new().ulid()));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[tokio::test]
+async fn compaction_keeps_retained_executions_and_both_files_verify() {
+    let dir = temp_dir("compact");
+    let path = dir.join("ledger.jsonl");
+    let ledger = FileLedger::open(&path).unwrap();
+    let mut short = claim(20, "guard:c");
+    short.retention = Duration::from_millis(1);
+    short.link_window = Duration::from_millis(1);
+    let gone = ledger.claim(short).await.unwrap();
+    run_to_completion(&ledger, &gone).await;
+    let kept = ledger.claim(claim(21, "guard:c")).await.unwrap();
+    run_to_completion(&ledger, &kept).await;
+    let later = Timestamp::from_millis(Timestamp::now().as_millis() + 1_000);
+
+    let report = ledger.compact(later).await.unwrap();
+    assert_eq!((report.kept_executions, report.dropped_executions), (1, 1));
+    assert!(verify_file(&report.archived_to).unwrap().is_ok());
+    let verified = ledger.verify().unwrap();
+    assert!(verified.is_ok(), "{verified}");
+    let kept_id = kept.record().execution_id;
+    assert!(
+        ledger
+            .get(gone.record().execution_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let record = ledger.get(kept_id).await.unwrap().unwrap();
+    assert!(
+        ledger
+            .load_result(record.result_reference.as_deref().unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // Appends continue on the new file, and a reopen reads it.
+    ledger
+        .append(event(kept_id, EventKind::Delivered { jsonrpc_id: None }))
+        .await
+        .unwrap();
+    drop(ledger);
+    let reopened = FileLedger::open(&path).unwrap();
+    assert!(
+        reopened
+            .get(kept_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .delivered_at
+            .is_some()
+    );
+    assert!(reopened.verify().unwrap().is_ok());
+    drop(reopened);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("key");
+    let path = dir.join("ledger.jsonl");
+    let ledger = FileLedger::open(&path).unwrap();
+    let key = ledger.fingerprint_key().unwrap();
+    let again = FileLedger::open(&path).unwrap().fingerprint_key().unwrap();
+    assert_eq!(key.expose_bytes(), again.expose_bytes());
+    let mode = std::fs::metadata(dir.join("ledger.jsonl.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(ledger);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+// ---- several processes ---------------------------------------------------------------------
+
+/// Runs this test binary again as a child that executes `child_entry` with `task`.
+fn child(task: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env("MRG_CHILD", task)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// The child side: does nothing unless `MRG_CHILD` names a task.
+#[test]
+fn child_entry() {
+    let Ok(task) = std::env::var("MRG_CHILD") else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let parts: Vec<&str> = task.split('|').collect();
+        match parts[..] {
+            ["append", path, worker, n] => {
+                let ledger = FileLedger::open(path).unwrap();
+                let n: u8 = n.parse().unwrap();
+                let tasks: Vec<_> = (0..n)
+                    .map(|i| {
+                        let ledger = ledger.clone();
+                        let mut c = claim(0, &format!("guard:{worker}"));
+                        c.fingerprint = format!(
+                            "hmac-sha256:{}",
+                            format!("{:02x}{:02x}", worker.parse::<u8>().unwrap(), i).repeat(16)
+                        )
+                        .parse()
+                        .unwrap();
+                        tokio::spawn(async move {
+                            let claimed = ledger.claim(c).await.unwrap();
+                            run_to_completion(&ledger, &claimed).await;
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            }
+            ["claim_same", path, worker, n] => {
+                let ledger = FileLedger::open(path).unwrap();
+                let mut new = 0;
+                for _ in 0..n.parse::<usize>().unwrap() {
+                    if let Claimed::New(_) = ledger
+                        .claim(claim(99, &format!("guard:{worker}")))
+                        .await
+                        .unwrap()
+                    {
+                        new += 1;
+                    }
+                }
+                println!("\nNEW={new}");
+            }
+            ["dispatch", path, url] => {
+                let ledger = FileLedger::open(path).unwrap();
+                let key = ledger.fingerprint_key().unwrap();
+                let mut client =
+                    guard(&ledger, key).layer(hyper_client_with_body::<GuardRequestBody>());
+                let session = initialize(&mut hyper_client(), url).await.unwrap();
+                println!("DISPATCHING");
+                let _ = call_tool(
+                    &mut client,
+                    url,
+                    session.as_deref(),
+                    2,
+                    "slow_deploy",
+                    json!({"service": "catalog"}),
+                )
+                .await;
+                println!("SAW THE OUTCOME");
+            }
+            _ => panic!("unknown child task {task}"),
+        }
+    });
+}
+
+fn guard(ledger: &FileLedger, key: mcp_replay_guard::fingerprint::FingerprintKey) -> GuardLayer {
+    let registry = ContractRegistry::builder()
+        .tool("slow_deploy", ToolContract::irreversible())
+        .build()
+        .unwrap();
+    GuardLayer::new(ledger.clone(), registry, key)
+        .actor(Actor::from("signed-process:com.example.agent"))
+        .intent_scope(IntentScope::from("run:crash"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_append_to_one_chain_without_forking_it() {
+    let dir = temp_dir("procs");
+    let path = dir.join("ledger.jsonl");
+    let p = path.display().to_string();
+    // 4 processes × 250 executions × 5 lines, at once.
+    let children: Vec<_> = (1..=4)
+        .map(|w| child(&format!("append|{p}|{w}|250")).spawn().unwrap())
+        .collect();
+    for c in children {
+        assert!(c.wait_with_output().unwrap().status.success());
+    }
+    let report = verify_file(&path).unwrap();
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 4 * 250 * 5);
+    let ledger = FileLedger::open(&path).unwrap();
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1000);
+    assert!(records.iter().all(|r| r.state == ExecutionState::Completed));
+
+    // 1,000 identical intents spread over 4 processes: one execution.
+    let children: Vec<_> = (1..=4)
+        .map(|w| child(&format!("claim_same|{p}|{w}|250")).spawn().unwrap())
+        .collect();
+    let mut new = 0;
+    for c in children {
+        let output = c.wait_with_output().unwrap();
+        assert!(output.status.success());
+        let text = String::from_utf8_lossy(&output.stdout);
+        let count = text
+            .lines()
+            .find_map(|l| l.split("NEW=").nth(1))
+            .unwrap_or_else(|| panic!("{text}"));
+        new += count.trim().parse::<usize>().unwrap();
+    }
+    assert_eq!(new, 1);
+    drop(ledger);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_resent() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_millis(800),
+        ..Default::default()
+    })
+    .await;
+    let dir = temp_dir("kill");
+    let path = dir.join("ledger.jsonl");
+    let mut process = child(&format!("dispatch|{}|{}", path.display(), server.url))
+        .spawn()
+        .unwrap();
+    // The child's call reached the tool: kill the child before it sees the outcome.
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(20))
+            .await,
+        1
+    );
+    process.kill().unwrap(); // SIGKILL
+    let output = process.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("SAW THE OUTCOME"));
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(5))
+            .await,
+        1
+    );
+
+    let ledger = FileLedger::open(&path).unwrap();
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].state, ExecutionState::Unknown);
+
+    // The same call again, from this process: held for review, not re-sent.
+    let mut client = guard(&ledger, ledger.fingerprint_key().unwrap())
+        .layer(hyper_client_with_body::<GuardRequestBody>());
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let answer = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        9,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        answer["result"]["structuredContent"]["mcp_replay_guard"]["state"], "needs_review",
+        "{answer}"
+    );
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+    drop(ledger);
+    std::fs::remove_dir_all(dir).unwrap();
+}
