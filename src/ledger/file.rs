@@ -85,6 +85,9 @@ impl std::fmt::Debug for FileLedger {
 
 type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 
+/// An answer held until the batch it belongs to is on disk (or failed).
+type PendingReply = Box<dyn FnOnce(Option<&LedgerError>) + Send>;
+
 enum Op {
     Claim(Box<Claim>, Reply<Claimed>),
     Append(LedgerEvent, Reply<ExecutionRecord>),
@@ -610,7 +613,7 @@ impl Writer {
             }
             return;
         }
-        let mut replies: Vec<Box<dyn FnOnce(Option<&LedgerError>) + Send>> = Vec::new();
+        let mut replies: Vec<PendingReply> = Vec::new();
         let outcome = self.locked(|w| {
             let mut bodies = Vec::new();
             for op in batch {
