@@ -79,6 +79,7 @@ async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
                 key_from_caller: false,
                 jsonrpc_id: None,
                 session_id: None,
+                owner: None,
             },
         ))
         .await
@@ -158,6 +159,7 @@ async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown()
                     key_from_caller: false,
                     jsonrpc_id: None,
                     session_id: None,
+                    owner: None,
                 },
             ))
             .await
@@ -214,6 +216,7 @@ async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
                 key_from_caller: false,
                 jsonrpc_id: None,
                 session_id: None,
+                owner: None,
             },
         ))
         .await

@@ -909,6 +909,7 @@ where
                     key_from_caller,
                     jsonrpc_id: Some(intent.call.id.clone()),
                     session_id: intent.session_id.clone(),
+                    owner: Some(self.config.owner.clone()),
                 },
             )
             .await?;

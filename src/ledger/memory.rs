@@ -278,6 +278,7 @@ mod tests {
                     key_from_caller: false,
                     jsonrpc_id: Some(7.into()),
                     session_id: None,
+                    owner: None,
                 },
             ))
             .await

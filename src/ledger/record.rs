@@ -216,6 +216,9 @@ pub enum EventKind {
         /// Session of the request.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session_id: Option<String>,
+        /// The guard (one per agent process) that sent it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
     },
     /// An SSE event id was seen on the response (or resume) stream.
     EventSeen {
