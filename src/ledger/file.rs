@@ -1,26 +1,4 @@
-//! `FileLedger`: the embedded durable ledger: one append-only, hash-chained JSON Lines file.
-//!
-//! - **Write-ahead.** An append returns only after its line is on disk (`fdatasync`): the guard
-//!   records `dispatched` before the request leaves, so a crash right after the send still
-//!   leaves the record.
-//! - **Group commit.** One writer thread takes every pending append at once and pays one
-//!   `fdatasync` for all of them.
-//! - **Shared by processes.** Every write happens under an exclusive lock on the file, after
-//!   reading what other processes appended since (so the chain never forks and a claim is
-//!   atomic across processes). A file replaced by compaction is noticed and reopened.
-//! - **Crash recovery.** Reopening rebuilds the index from the file. A torn last line (a crash
-//!   mid-write) is cut away with a warning, never taken as valid. An execution left
-//!   `dispatched` by a process that is gone becomes `unknown`: never re-sent blindly, never
-//!   lost. Liveness comes from lock files in `<ledger>.owners/`, held by each live process
-//!   for the guard owners it serves (the operating system releases them when a process dies,
-//!   even by SIGKILL).
-//! - **Tamper evidence.** Every line is chained (see [`chain`](super::chain)); [`FileLedger::verify`]
-//!   names the first bad `seq`.
-//! - **Compaction.** [`FileLedger::compact`] archives the file and starts a new one with a
-//!   checkpoint that carries the archived head, followed by the lines of the executions still
-//!   retained: both files verify.
-//!
-//! Unix only (file locks, `0600` key files).
+//! The embedded durable ledger: [`FileLedger`].
 
 use std::{
     collections::HashMap,
@@ -49,7 +27,29 @@ use crate::{
 /// The most appends one group commit takes.
 const MAX_BATCH: usize = 4096;
 
-/// A durable ledger in one file; see the [module docs](self).
+/// The embedded durable ledger: one append-only, hash-chained JSON Lines file.
+///
+/// - **Write-ahead.** An append returns only after its line is on disk (`fdatasync`): the guard
+///   records `dispatched` before the request leaves, so a crash right after the send still
+///   leaves the record.
+/// - **Group commit.** One writer thread takes every pending append at once and pays one
+///   `fdatasync` for all of them.
+/// - **Shared by processes.** Every write happens under an exclusive lock on the file, after
+///   reading what other processes appended since (so the chain never forks and a claim is
+///   atomic across processes). A file replaced by compaction is noticed and reopened.
+/// - **Crash recovery.** Reopening rebuilds the index from the file. A torn last line (a crash
+///   mid-write) is cut away with a warning, never taken as valid. An execution left
+///   `dispatched` by a process that is gone becomes `unknown`: never re-sent blindly, never
+///   lost. Liveness comes from lock files in `<ledger>.owners/`, held by each live process
+///   for the guard owners it serves (the operating system releases them when a process dies,
+///   even by SIGKILL).
+/// - **Tamper evidence.** Every line is chained (see [`chain`](super::chain)); [`FileLedger::verify`]
+///   names the first bad `seq`.
+/// - **Compaction.** [`FileLedger::compact`] archives the file and starts a new one with a
+///   checkpoint that carries the archived head, followed by the lines of the executions still
+///   retained: both files verify.
+///
+/// Unix only (file locks, `0600` key files).
 ///
 /// # Clone
 ///
@@ -116,7 +116,7 @@ fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
 
 impl FileLedger {
     /// Opens (or creates) the ledger at `path`, rebuilding the index and recovering from a
-    /// crash as the [module docs](self) say.
+    /// crash as the [`FileLedger`] docs say.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let owners = Arc::new(Owners::new(&path)?);
@@ -152,7 +152,7 @@ impl FileLedger {
     }
 
     /// Archives the file and starts a new one that keeps only the executions still inside
-    /// their retention at `now` (see the [module docs](self)).
+    /// their retention at `now` (see the [`FileLedger`] docs).
     pub async fn compact(&self, now: Timestamp) -> Result<CompactReport, LedgerError> {
         self.ask(|reply| Op::Compact(now, reply)).await
     }
