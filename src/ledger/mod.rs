@@ -13,6 +13,7 @@
 //! HTTP header except the `Idempotency-Key` the guard itself sent. Results are kept apart,
 //! under a `result_reference`, when the tool's contract says so and they fit its size cap.
 
+pub mod audit;
 pub mod chain;
 mod file;
 mod memory;

@@ -1,0 +1,298 @@
+//! The investigation of one execution: [`timeline`] answers, in order, the questions an
+//! incident review asks.
+//!
+//! 1. One agent process or two? (the guards that accepted and dispatched it)
+//! 2. Did the first call get authorised and dispatched?
+//! 3. Did the target answer?
+//! 4. Did delivery fail after the target finished?
+//! 5. Did the second call reuse the execution ID, carry a key, or start a new attempt?
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::{EventKind, LedgerEvent, Timestamp};
+use crate::{ExecutionId, IdempotencyKey};
+
+/// The answers for one execution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timeline {
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// The agent processes (guard owners) that accepted or dispatched it, in order of
+    /// appearance.
+    pub processes: Vec<String>,
+    /// When it was authorised, if it was; the denial, if it was denied.
+    pub authorized_at: Option<Timestamp>,
+    /// Why it was denied.
+    pub denied: Option<String>,
+    /// Its first dispatch.
+    pub first_dispatch: Option<Dispatch>,
+    /// What the target said: `completed` (with status), `failed`, `unknown`, `not_sent`, or
+    /// nothing yet.
+    pub target_answer: Option<String>,
+    /// The target finished but the result never reached the caller.
+    pub delivery_failed_after_completion: bool,
+    /// The dispatches after the first: each reused the execution ID; the key tells whether it
+    /// was the same.
+    pub later_dispatches: Vec<Dispatch>,
+    /// Repeats answered without sending (a kept result handed back, a denial repeated, an
+    /// uncertain answer): deliveries after the first.
+    pub answered_without_sending: usize,
+    /// Every event, oldest first.
+    pub events: Vec<LedgerEvent>,
+}
+
+/// One dispatch of the execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Dispatch {
+    /// When.
+    pub at: Timestamp,
+    /// Attempt number.
+    pub attempt: u32,
+    /// The key sent.
+    pub idempotency_key: IdempotencyKey,
+    /// Whether the caller chose the key.
+    pub key_from_caller: bool,
+    /// The guard that sent it.
+    pub process: Option<String>,
+}
+
+/// Builds the timeline of one execution from its events (oldest first).
+pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline {
+    let mut t = Timeline {
+        execution_id,
+        processes: Vec::new(),
+        authorized_at: None,
+        denied: None,
+        first_dispatch: None,
+        target_answer: None,
+        delivery_failed_after_completion: false,
+        later_dispatches: Vec::new(),
+        answered_without_sending: 0,
+        events: Vec::new(),
+    };
+    let mut completed = false;
+    let mut deliveries: usize = 0;
+    for event in &events {
+        match &event.kind {
+            EventKind::Accepted { owner, .. } => note_process(&mut t.processes, owner),
+            EventKind::Authorized => t.authorized_at = Some(event.at),
+            EventKind::Denied { reason } => t.denied = Some(reason.clone()),
+            EventKind::Dispatched {
+                attempt,
+                idempotency_key,
+                key_from_caller,
+                owner,
+                ..
+            } => {
+                if let Some(owner) = owner {
+                    note_process(&mut t.processes, owner);
+                }
+                let dispatch = Dispatch {
+                    at: event.at,
+                    attempt: *attempt,
+                    idempotency_key: idempotency_key.clone(),
+                    key_from_caller: *key_from_caller,
+                    process: owner.clone(),
+                };
+                if t.first_dispatch.is_none() {
+                    t.first_dispatch = Some(dispatch);
+                } else {
+                    t.later_dispatches.push(dispatch);
+                }
+            }
+            EventKind::Completed {
+                target_status,
+                is_error,
+                ..
+            } => {
+                completed = true;
+                let tool_error = if *is_error {
+                    ", the tool reported an error"
+                } else {
+                    ""
+                };
+                t.target_answer = Some(format!("completed (HTTP {target_status}{tool_error})"));
+            }
+            EventKind::Failed {
+                target_status,
+                reason,
+            } => {
+                let status = target_status
+                    .map(|s| format!("HTTP {s}: "))
+                    .unwrap_or_default();
+                t.target_answer = Some(format!("failed ({status}{reason})"));
+            }
+            EventKind::Unknown { reason, .. } => {
+                t.target_answer = Some(format!("unknown ({reason})"))
+            }
+            EventKind::NotSent { reason } => t.target_answer = Some(format!("not sent ({reason})")),
+            EventKind::Resolved {
+                applied, by, note, ..
+            } => {
+                completed |= *applied;
+                let what = if *applied { "applied" } else { "not applied" };
+                t.target_answer = Some(format!("settled as {what} by {by} ({note})"));
+            }
+            EventKind::Delivered { .. } => deliveries += 1,
+            _ => {}
+        }
+    }
+    t.delivery_failed_after_completion = completed && deliveries == 0;
+    t.answered_without_sending = deliveries.saturating_sub(1);
+    t.events = events;
+    t
+}
+
+fn note_process(processes: &mut Vec<String>, owner: &str) {
+    if !processes.iter().any(|p| p == owner) {
+        processes.push(owner.to_owned());
+    }
+}
+
+impl fmt::Display for Timeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "execution {}", self.execution_id)?;
+        let processes = match self.processes.len() {
+            0 => "none recorded".to_owned(),
+            1 => format!("one ({})", self.processes[0]),
+            n => format!("{n} ({})", self.processes.join(", ")),
+        };
+        writeln!(f, "1. agent processes: {processes}")?;
+        let authorized = match (&self.denied, self.authorized_at) {
+            (Some(reason), _) => format!("denied ({reason})"),
+            (None, Some(at)) => format!("authorised at {at}"),
+            (None, None) => "not authorised".to_owned(),
+        };
+        let dispatched = match &self.first_dispatch {
+            Some(d) => format!(
+                "dispatched at {} with Idempotency-Key {}",
+                d.at, d.idempotency_key
+            ),
+            None => "never dispatched".to_owned(),
+        };
+        writeln!(f, "2. first call: {authorized}; {dispatched}")?;
+        writeln!(
+            f,
+            "3. target: {}",
+            self.target_answer
+                .as_deref()
+                .unwrap_or("no answer recorded")
+        )?;
+        let delivery = if self.delivery_failed_after_completion {
+            "yes: the target finished but the result never reached the caller"
+        } else {
+            "no"
+        };
+        writeln!(
+            f,
+            "4. delivery failed after the target finished: {delivery}"
+        )?;
+        if self.later_dispatches.is_empty() && self.answered_without_sending == 0 {
+            writeln!(f, "5. later calls: none")?;
+        } else {
+            let first_key = self.first_dispatch.as_ref().map(|d| &d.idempotency_key);
+            for d in &self.later_dispatches {
+                let key = if Some(&d.idempotency_key) == first_key {
+                    "the same key"
+                } else {
+                    "another key"
+                };
+                writeln!(
+                    f,
+                    "5. attempt {} reused execution {} with {key} ({}) at {}",
+                    d.attempt, self.execution_id, d.idempotency_key, d.at
+                )?;
+            }
+            if self.answered_without_sending > 0 {
+                writeln!(
+                    f,
+                    "5. {} repeat(s) answered by the guard without sending",
+                    self.answered_without_sending
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{contract::RetryClass, ledger::Claim};
+
+    #[test]
+    fn the_timeline_answers_the_five_questions() {
+        let id = ExecutionId::new();
+        let claim = Claim {
+            fingerprint:
+                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
+                    .parse()
+                    .unwrap(),
+            tool: "deploy_release".into(),
+            actor: "a".into(),
+            intent_scope: "s".into(),
+            target: "t".into(),
+            credential_ref: None,
+            retry_class: RetryClass::Idempotent,
+            link_window: Duration::from_secs(60),
+            retention: Duration::from_secs(60),
+            owner: "guard:one".into(),
+            at: Timestamp::from_millis(1_000),
+        };
+        let at = |ms, kind| LedgerEvent {
+            execution_id: id,
+            at: Timestamp::from_millis(ms),
+            kind,
+        };
+        let dispatched = |owner: &str, attempt| EventKind::Dispatched {
+            attempt,
+            idempotency_key: IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: Some(owner.into()),
+        };
+        let events = vec![
+            claim.accepted_event(id),
+            at(1_001, EventKind::Authorized),
+            at(1_002, dispatched("guard:one", 1)),
+            at(
+                2_000,
+                EventKind::Unknown {
+                    target_status: None,
+                    reason: "stream cut".into(),
+                },
+            ),
+            at(3_000, dispatched("guard:two", 2)),
+            at(
+                3_100,
+                EventKind::Completed {
+                    target_status: 200,
+                    is_error: false,
+                    result_reference: None,
+                },
+            ),
+        ];
+        let t = timeline(id, events);
+        assert_eq!(t.processes, ["guard:one", "guard:two"]);
+        assert_eq!(t.authorized_at, Some(Timestamp::from_millis(1_001)));
+        assert_eq!(t.first_dispatch.as_ref().unwrap().attempt, 1);
+        assert_eq!(t.target_answer.as_deref(), Some("completed (HTTP 200)"));
+        assert!(t.delivery_failed_after_completion);
+        assert_eq!(t.later_dispatches.len(), 1);
+        let text = t.to_string();
+        assert!(
+            text.contains("1. agent processes: 2 (guard:one, guard:two)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("4. delivery failed after the target finished: yes"),
+            "{text}"
+        );
+        assert!(text.contains("with the same key"), "{text}");
+    }
+}
