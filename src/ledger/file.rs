@@ -27,6 +27,18 @@ use crate::{
 /// The most appends one group commit takes.
 const MAX_BATCH: usize = 4096;
 
+/// How long a group commit waits for concurrent callers to join it.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(150);
+
+fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
+    while batch.len() < MAX_BATCH {
+        match ops.try_recv() {
+            Ok(op) => batch.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
 /// The embedded durable ledger: one append-only, hash-chained JSON Lines file.
 ///
 /// - **Write-ahead.** An append returns only after its line is on disk (`fdatasync`): the guard
@@ -584,14 +596,18 @@ impl Writer {
     }
 
     fn run(mut self, ops: mpsc::Receiver<Op>) {
+        let mut last_batch = 0;
         while let Ok(first) = ops.recv() {
             let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match ops.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
+            drain(&ops, &mut batch);
+            // Group commit: when callers are concurrent (the last batch had several), linger a
+            // moment so that the ones being woken by the last fsync join this one. A lone
+            // caller never waits.
+            if last_batch > 1 && batch.len() < MAX_BATCH {
+                thread::sleep(LINGER);
+                drain(&ops, &mut batch);
             }
+            last_batch = batch.len();
             self.serve(batch);
         }
     }
