@@ -22,9 +22,19 @@
 //! - [`contract`]: per-tool contracts ([`RetryClass`](contract::RetryClass): read-only,
 //!   idempotent, recoverable, irreversible), built in code or loaded from a TOML/JSON policy.
 //! - [`ledger`]: each execution's lifecycle as appended events, the atomic claim that finds or
-//!   creates the execution of an intent, and kept results.
+//!   creates the execution of an intent, and kept results. [`MemoryLedger`](ledger::MemoryLedger)
+//!   in memory; [`FileLedger`](ledger::FileLedger), durable, hash-chained and shared by the
+//!   processes of one host; `PostgresLedger` (feature `postgres`) for replicas; tamper
+//!   evidence ([`ledger::chain`]) and the investigation timeline ([`ledger::audit`]).
 //! - [`guard`]: the retry decision and [`GuardLayer`](guard::GuardLayer), the tower middleware
 //!   that applies it to a real MCP client transport.
+//! - [`resume`]: [`ResumeLayer`](resume::ResumeLayer) recovers a broken SSE stream with GET +
+//!   `Last-Event-ID` (2025-era servers) instead of re-sending.
+//! - [`replay_policy`]: [`ReplayPolicy`](replay_policy::ReplayPolicy), a `tower::retry` policy
+//!   that replaces a generic one and never re-sends blindly.
+//! - [`integrations`]: an rmcp `StreamableHttpClient` over any tower stack (feature `rmcp`),
+//!   and reqwest-middleware `Idempotency-Key` propagation plus a replay-safe retry (feature
+//!   `reqwest`).
 //!
 //! # Stacking the guard
 //!
@@ -83,8 +93,13 @@
 //!
 //! # Feature flags
 //!
-//! None yet: the integrations (`rmcp`, `reqwest`, `postgres`, `server`, `cli`) arrive behind
-//! their own features.
+//! | feature | what it adds |
+//! |---|---|
+//! | `rmcp` | [`integrations::rmcp`]: run an rmcp 3.x client over a guarded tower stack |
+//! | `reqwest` | [`integrations::reqwest`]: `Idempotency-Key` propagation and a retry middleware for reqwest-middleware |
+//! | `postgres` | `ledger::PostgresLedger`: a ledger shared by replicas through PostgreSQL |
+//!
+//! None is on by default.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
