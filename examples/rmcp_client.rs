@@ -9,21 +9,12 @@
 //! cargo run --example rmcp_client --features rmcp
 //! ```
 
-use std::{
-    process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+#[path = "support/deploy_server.rs"]
+mod deploy_server;
 
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
-    service::TowerToHyperService,
-};
+use std::{process::ExitCode, time::Duration};
+
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
     fingerprint::FingerprintKey,
@@ -32,91 +23,20 @@ use mcp_replay_guard::{
     ledger::{ExecutionState, Ledger, MemoryLedger},
 };
 use rmcp::{
-    ErrorData, ServerHandler, ServiceExt,
-    handler::server::{router::tool::ToolRouter, wrapper::Parameters},
-    model::{
-        CallToolRequestParams, CallToolResult, ContentBlock, ServerCapabilities, ServerConfig,
-    },
-    tool, tool_handler, tool_router,
+    ServiceExt,
+    model::CallToolRequestParams,
     transport::{
-        StreamableHttpClientTransport, StreamableHttpServerConfig, StreamableHttpService,
-        streamable_http_client::StreamableHttpClientTransportConfig,
-        streamable_http_server::session::local::LocalSessionManager,
+        StreamableHttpClientTransport, streamable_http_client::StreamableHttpClientTransportConfig,
     },
 };
 use tower::ServiceBuilder;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The server side: one tool whose runs are counted.
-#[derive(Clone)]
-struct Deployer {
-    deployments: Arc<AtomicUsize>,
-    tool_router: ToolRouter<Self>,
-}
-
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-struct DeployArgs {
-    /// Service to deploy.
-    service: String,
-    /// Version to deploy.
-    version: String,
-}
-
-#[tool_router]
-impl Deployer {
-    #[tool(description = "Deploy a release of a service (a side effect)")]
-    async fn deploy_release(
-        &self,
-        Parameters(args): Parameters<DeployArgs>,
-    ) -> Result<CallToolResult, ErrorData> {
-        let n = self.deployments.fetch_add(1, Ordering::SeqCst) + 1;
-        let text = format!(
-            "deployed {} {} (deployment {n})",
-            args.service, args.version
-        );
-        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
-    }
-}
-
-#[tool_handler(router = self.tool_router)]
-impl ServerHandler for Deployer {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-}
-
-/// Serves rmcp's Streamable HTTP service on 127.0.0.1:0; returns the endpoint URL.
-async fn start_server(deployments: Arc<AtomicUsize>) -> Result<String, BoxError> {
-    let deployer = Deployer {
-        deployments,
-        tool_router: Deployer::tool_router(),
-    };
-    let service = StreamableHttpService::new(
-        move || Ok(deployer.clone()),
-        Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/mcp", listener.local_addr()?);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service = TowerToHyperService::new(service.clone());
-            tokio::spawn(async move {
-                let builder = auto::Builder::new(TokioExecutor::new());
-                let _ = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    Ok(url)
-}
-
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {
-    let deployments = Arc::new(AtomicUsize::new(0));
-    let url = start_server(deployments.clone()).await?;
+    let server = deploy_server::DeployServer::start().await?;
+    let url = server.url.clone();
 
     // The client side: rmcp over TowerHttpClient over the guard over hyper.
     let contracts = ContractRegistry::builder()
@@ -156,7 +76,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         println!("ledger record: {}", serde_json::to_string_pretty(record)?);
     }
 
-    let runs = deployments.load(Ordering::SeqCst);
+    let runs = server.count();
     let completed = records
         .iter()
         .filter(|r| r.state == ExecutionState::Completed)
