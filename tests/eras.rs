@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin};
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
@@ -71,7 +71,7 @@ async fn a_resume_the_client_issues_itself_completes_the_execution() {
     let last_event_id = priming.id.clone().expect("the priming event has an id");
     assert!(reader.next_event().await.is_err());
     drop(reader);
-    let record = wait_for(&ledger, ExecutionState::Unknown).await;
+    let record = wait_for_state(&ledger, ExecutionState::Unknown).await;
     assert_eq!(
         record.correlation.last_event_id.as_deref(),
         Some(last_event_id.as_str())
@@ -87,7 +87,7 @@ async fn a_resume_the_client_issues_itself_completes_the_execution() {
     let response = send(&mut client, resume).await.unwrap();
     let text = body_text(response.into_body()).await.unwrap();
     assert!(text.contains("deployed catalog 3"), "{text}");
-    let record = wait_for(&ledger, ExecutionState::Completed).await;
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
     assert!(record.delivered_at.is_some());
     assert!(record.result_reference.is_some());
     assert_eq!(server.state.side_effects("deploy_release"), 1);
@@ -101,28 +101,6 @@ async fn a_resume_the_client_issues_itself_completes_the_execution() {
             .filter(|r| r.method == Method::GET)
             .count(),
         1
-    );
-}
-
-async fn wait_for(
-    ledger: &MemoryLedger,
-    state: ExecutionState,
-) -> mcp_replay_guard::ledger::ExecutionRecord {
-    for _ in 0..200 {
-        if let Some(record) = ledger
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|r| r.state == state)
-        {
-            return record;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "no execution reached {state}: {:#?}",
-        ledger.list().await.unwrap()
     );
 }
 
@@ -353,7 +331,7 @@ async fn an_unknown_outcome_of_a_call_that_became_a_task_is_settled_by_tasks_get
         )
     };
     assert!(send(&mut client, call()).await.is_err());
-    let record = wait_for(&ledger, ExecutionState::Unknown).await;
+    let record = wait_for_state(&ledger, ExecutionState::Unknown).await;
     // The task id of the execution is known (its `task_created` event landed before the
     // outcome was lost, as after a crash between the two writes).
     ledger

@@ -11,7 +11,6 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
 };
 
 use async_trait::async_trait;
@@ -497,25 +496,6 @@ async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let record = only_record(&ledger).await;
     assert!(record.delivered_at.is_some());
-}
-
-async fn wait_for_state(ledger: &MemoryLedger, state: ExecutionState) -> ExecutionRecord {
-    for _ in 0..200 {
-        if let Some(r) = ledger
-            .list()
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|r| r.state == state)
-        {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!(
-        "no record reached {state}: {:#?}",
-        ledger.list().await.unwrap()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

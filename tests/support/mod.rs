@@ -28,6 +28,7 @@
 mod client;
 mod event_store;
 mod faults;
+mod ledger;
 mod server;
 mod sse;
 mod tools;
@@ -37,6 +38,7 @@ pub use event_store::InMemoryEventStore;
 pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
 };
+pub use ledger::wait_for_state;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
 pub use tools::{TOOL_NAMES, TestTools};
