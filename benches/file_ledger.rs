@@ -46,7 +46,11 @@ fn claim(n: u64) -> Claim {
 
 async fn execution(ledger: &FileLedger, n: u64) {
     let id = ledger.claim(claim(n)).await.unwrap().record().execution_id;
-    let event = |kind| LedgerEvent { execution_id: id, at: Timestamp::now(), kind };
+    let event = |kind| LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind,
+    };
     ledger.append(event(EventKind::Authorized)).await.unwrap();
     let dispatched = EventKind::Dispatched {
         attempt: 1,
@@ -57,21 +61,43 @@ async fn execution(ledger: &FileLedger, n: u64) {
         owner: Some("guard:bench".into()),
     };
     ledger.append(event(dispatched)).await.unwrap();
-    let completed = EventKind::Completed { target_status: 200, is_error: false, result_reference: None };
+    let completed = EventKind::Completed {
+        target_status: 200,
+        is_error: false,
+        result_reference: None,
+    };
     ledger.append(event(completed)).await.unwrap();
-    ledger.append(event(EventKind::Delivered { jsonrpc_id: Some(1.into()) })).await.unwrap();
+    ledger
+        .append(event(EventKind::Delivered {
+            jsonrpc_id: Some(1.into()),
+        }))
+        .await
+        .unwrap();
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = dir();
 
     let mut group = c.benchmark_group("file_ledger_append");
-    group.sample_size(30).measurement_time(Duration::from_secs(6));
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(6));
     group.throughput(Throughput::Elements(1));
     // A ledger line is about 330 bytes; the floor writes the same size.
-    let line = vec![b'x'; 329].into_iter().chain([b'\n']).collect::<Vec<u8>>();
-    let mut raw = OpenOptions::new().create(true).append(true).open(dir.join("floor.jsonl")).unwrap();
+    let line = vec![b'x'; 329]
+        .into_iter()
+        .chain([b'\n'])
+        .collect::<Vec<u8>>();
+    let mut raw = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("floor.jsonl"))
+        .unwrap();
     group.bench_function("baseline_raw_append_fdatasync", |b| {
         b.iter(|| {
             raw.write_all(&line).unwrap();
@@ -79,20 +105,35 @@ fn bench(c: &mut Criterion) {
         })
     });
     let ledger = FileLedger::open(dir.join("append.jsonl")).unwrap();
-    let id = rt.block_on(ledger.claim(claim(u64::MAX))).unwrap().record().execution_id;
+    let id = rt
+        .block_on(ledger.claim(claim(u64::MAX)))
+        .unwrap()
+        .record()
+        .execution_id;
     group.bench_function("ledger_append_1_caller", |b| {
         b.to_async(&rt).iter(|| {
             let ledger = ledger.clone();
             async move {
-                let seen = EventKind::EventSeen { last_event_id: "0/1".into() };
-                ledger.append(LedgerEvent { execution_id: id, at: Timestamp::now(), kind: seen }).await.unwrap();
+                let seen = EventKind::EventSeen {
+                    last_event_id: "0/1".into(),
+                };
+                ledger
+                    .append(LedgerEvent {
+                        execution_id: id,
+                        at: Timestamp::now(),
+                        kind: seen,
+                    })
+                    .await
+                    .unwrap();
             }
         })
     });
     group.finish();
 
     let mut group = c.benchmark_group("file_ledger_executions");
-    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
     for callers in [1u64, 16, 64] {
         let ledger = FileLedger::open(dir.join(format!("executions-{callers}.jsonl"))).unwrap();
         let per_caller = 4u64;
