@@ -567,3 +567,32 @@ async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_rese
     drop(ledger);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn lock_files_of_dead_owners_are_pruned_on_open() {
+    let dir = temp_dir("prune");
+    let path = dir.join("ledger.jsonl");
+    for run in 0..3 {
+        let ledger = FileLedger::open(&path).unwrap();
+        ledger
+            .claim(claim(40 + run, &format!("guard:run-{run}")))
+            .await
+            .unwrap();
+    }
+    let live = FileLedger::open(&path).unwrap();
+    live.claim(claim(50, "guard:live")).await.unwrap();
+    let second = FileLedger::open(&path).unwrap();
+    let files: Vec<_> = std::fs::read_dir(dir.join("ledger.jsonl.owners"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        files,
+        [std::ffi::OsString::from("guard_live.lock")],
+        "only the live owner's lock is left"
+    );
+    assert!(second.is_owner_alive("guard:live").await);
+    drop((live, second));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -290,6 +290,22 @@ impl Owners {
         Ok(())
     }
 
+    /// Removes the lock files of owners whose process is gone, so that the directory does not
+    /// grow with every run. A missing file reads as a dead owner, which it is.
+    fn prune(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if let Ok(file) = File::open(&path)
+                && file.try_lock().is_ok()
+            {
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+
     fn is_alive(&self, owner: &str) -> bool {
         let held = self
             .held
@@ -591,7 +607,9 @@ impl Writer {
                 tracing::warn!(execution_id = %id, "dispatched by a process that is gone: outcome unknown");
                 bodies.push(LineBody::Event(event));
             }
-            w.write(bodies)
+            w.write(bodies)?;
+            w.owners.prune();
+            Ok(())
         })
     }
 
