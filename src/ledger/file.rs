@@ -277,17 +277,25 @@ impl Owners {
             return Ok(());
         }
         let path = self.file(owner);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| storage(&format!("cannot create {}", path.display()), e))?;
-        file.try_lock()
-            .map_err(|e| storage(&format!("owner {owner} is held by another process"), e))?;
-        held.insert(owner.to_owned(), file);
-        Ok(())
+        loop {
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| storage(&format!("cannot create {}", path.display()), e))?;
+            file.try_lock()
+                .map_err(|e| storage(&format!("owner {owner} is held by another process"), e))?;
+            // Another process may have pruned the file between our open and our lock: only a
+            // lock on the file that is at the path counts.
+            let ours = file.metadata().map_err(|e| storage("cannot stat an owner file", e))?;
+            let at_path = fs::metadata(&path).ok();
+            if at_path.is_some_and(|m| m.ino() == ours.ino() && m.dev() == ours.dev()) {
+                held.insert(owner.to_owned(), file);
+                return Ok(());
+            }
+        }
     }
 
     /// Removes the lock files of owners whose process is gone, so that the directory does not

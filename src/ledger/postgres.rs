@@ -623,9 +623,19 @@ impl Core {
                 Write::Append(..) => None,
             })
             .max();
+        let t0 = std::time::Instant::now();
         let outcome = match self.client().await {
             Ok(client) => {
+                let t1 = std::time::Instant::now();
                 let outcome = self.transact(&client, &batch).await;
+                if std::env::var_os("MRG_DEBUG").is_some() {
+                    eprintln!(
+                        "batch {} get {:?} tx {:?}",
+                        batch.len(),
+                        t1 - t0,
+                        t1.elapsed()
+                    );
+                }
                 if outcome.is_err() {
                     // Its transaction may still be open: close the connection rather than
                     // give it back to the pool (the server rolls back and frees the lock).
