@@ -1,95 +1,8 @@
 //! The PostgreSQL ledger (feature `postgres`): one ledger shared by every replica of a guard.
 //!
-//! [`PostgresLedger`] keeps the same two things as the file ledger, in tables:
-//!
-//! - `mrg_events`, the tamper-evident chain: one row per event, holding the exact JSON text of
-//!   its sealed [`ChainedLine`](super::chain::ChainedLine) (`seq`, `prev`, `hash` and the event),
-//!   so that [`PostgresLedger::verify`] re-hashes exactly what was sealed;
-//! - `mrg_executions`, the index the guard decides from: one row per execution still inside its
-//!   retention, with its record.
-//!
-//! ```no_run
-//! use mcp_replay_guard::{
-//!     contract::{ContractRegistry, ToolContract},
-//!     fingerprint::FingerprintKey,
-//!     guard::GuardLayer,
-//!     ledger::PostgresLedger,
-//! };
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! // Creates (or migrates) the tables on first use; every replica connects the same way.
-//! let ledger = PostgresLedger::connect("postgres://guard@db.internal/guard").await?;
-//! let contracts = ContractRegistry::builder()
-//!     .tool("deploy_release", ToolContract::irreversible())
-//!     .build()?;
-//! let layer = GuardLayer::new(ledger.clone(), contracts, FingerprintKey::generate()?);
-//! # let _ = layer;
-//!
-//! // An audit, at any time, from any replica.
-//! let report = ledger.verify().await?;
-//! assert!(report.is_ok(), "{report}");
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! # Tables
-//!
-//! In the ledger's schema (`public` unless [`PostgresLedger::connect_with_schema`] names one):
-//!
-//! | table | what it holds |
-//! |---|---|
-//! | `mrg_schema_version` | one row per applied migration (`version`, `applied_at`) |
-//! | `mrg_events` | the chain: `seq` (primary key), `prev`, `hash`, `execution_id`, `line` (the sealed JSON text) |
-//! | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSONB, every field of the record) |
-//! | `mrg_results` | kept results: `reference` (primary key), `execution_id`, `bytes` |
-//! | `mrg_owners` | owner leases: `owner` (primary key), `lease_until` |
-//!
-//! The tables are created, or migrated, when a ledger connects, under a transaction-scoped
-//! advisory lock, so replicas that start together do not race each other.
-//!
-//! # How the chain stays linear
-//!
-//! Every write (the `accepted` event of a new execution and every appended event) happens in
-//! one transaction that first takes a transaction-scoped advisory lock of the schema's chain
-//! (`pg_advisory_xact_lock`), then reads the chain's head and the records it changes, applies
-//! the events through the state machine ([`ExecutionRecord::apply`]), inserts the sealed lines
-//! and upserts the index rows, and commits. Only one transaction holds the lock at a time,
-//! whichever replica runs it, so `seq` has no gaps and no forks, and a claim that finds no
-//! linkable execution creates one before any other claim can look: exactly one
-//! [`Claimed::New`] per intent.
-//!
-//! Writes from one ledger (and its clones) are batched: while a transaction runs, the calls
-//! that arrive queue, and the next transaction takes all of them (up to 512). Each event is
-//! still checked on its own: a refused event writes nothing and fails only its own call. The
-//! batch commits as a whole; when the commit fails, every call in it fails and nothing was
-//! recorded. The writes run on a task spawned on the tokio runtime that connected, so a caller
-//! that gives up never leaves a transaction half done.
-//!
-//! # Owner liveness
-//!
-//! An execution's `owner` is the guard that claimed it. Owners hold a lease in `mrg_owners`,
-//! taken in the claim's own transaction and renewed every [`PostgresLedger::OWNER_HEARTBEAT`]
-//! by the ledger they claimed through, for [`PostgresLedger::OWNER_LEASE`]; when that ledger (every clone) is dropped, the
-//! leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's
-//! clock; an owner that never claimed is not alive, and when the database cannot be read the
-//! answer is "alive", which makes a repeat wait (bounded) rather than continue someone else's
-//! attempt.
-//!
-//! # Retention
-//!
-//! [`PostgresLedger::purge_expired`] removes the executions whose retention ended (and their
-//! kept results) from the index; their events stay in the chain, which is never rewritten. A
-//! ledger also purges on its own, as the memory ledger does, once every 1024 claims, at the
-//! claim's time.
-//!
-//! # What is recorded
-//!
-//! What every ledger records (see [the module](super)); in PostgreSQL, no connection URL and
-//! no password appear in a row, a log line, an error or the `Debug` output.
-//!
-//! # Clone
-//!
-//! Clones share the pool, the writer and the owner leases.
+//! The module is private; its one public item, [`PostgresLedger`], is re-exported as
+//! `mcp_replay_guard::ledger::PostgresLedger` and carries the documentation: the example, the
+//! tables, how the chain stays linear across replicas, owner liveness and retention.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -150,9 +63,9 @@ CREATE TABLE IF NOT EXISTS {s}.mrg_executions (
     last_seq BIGINT NOT NULL,
     link_until_ms BIGINT NOT NULL,
     retain_until_ms BIGINT NOT NULL,
-    record JSONB NOT NULL,
+    record JSON NOT NULL,
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
+) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS mrg_executions_intent
     ON {s}.mrg_executions (actor, intent_scope, fingerprint, accepted_seq DESC);
 CREATE INDEX IF NOT EXISTS mrg_executions_retain ON {s}.mrg_executions (retain_until_ms);
@@ -178,19 +91,114 @@ const POOL_SIZE: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a call waits for a pooled connection.
 const POOL_WAIT: Duration = Duration::from_secs(30);
+/// How many scheduler turns the writer gives answered callers to come back before it starts
+/// the next transaction.
+const GATHER_TURNS: usize = 8;
 /// The most calls one write transaction takes.
 const MAX_BATCH: usize = 512;
 /// Calls waiting for the writer before callers wait to enqueue.
 const QUEUE: usize = 4096;
 /// How many claims pass between two purges of expired records.
 const SWEEP_EVERY: u64 = 1024;
-/// Session settings of a write transaction: a lock wait that cannot hang forever, and a
-/// transaction that cannot stay open (holding the chain lock) if its writer stalls.
-const WRITE_SETTINGS: &str =
-    "SET LOCAL lock_timeout = '30s'; SET LOCAL idle_in_transaction_session_timeout = '60s'";
+/// Settings of a write transaction: a lock wait that cannot hang forever; a transaction that
+/// cannot stay open (holding the chain lock) if its writer stalls; and index lookups for the
+/// batch's reads whatever the tables' size (a prepared statement keeps a generic plan, and one
+/// made while the tables were small scans them whole once they are not; custom plans would
+/// avoid that too, at the price of planning every batch under the lock).
+const WRITE_SETTINGS: &str = "SET LOCAL lock_timeout = '30s'; \
+     SET LOCAL idle_in_transaction_session_timeout = '60s'; \
+     SET LOCAL enable_seqscan = off";
 
-/// A ledger in PostgreSQL, shared by every replica that connects to the same database and
-/// schema. See [the module](self) for its tables and how writes stay linear.
+/// A ledger in PostgreSQL, shared by every replica of a guard that connects to the same
+/// database and schema. It keeps the same two things as the file ledger, in tables:
+///
+/// - `mrg_events`, the tamper-evident chain: one row per event, holding the exact JSON text of
+///   its sealed [`ChainedLine`](super::chain::ChainedLine) (`seq`, `prev`, `hash` and the event),
+///   so that [`PostgresLedger::verify`] re-hashes exactly what was sealed;
+/// - `mrg_executions`, the index the guard decides from: one row per execution still inside its
+///   retention, with its record.
+///
+/// ```no_run
+/// use mcp_replay_guard::{
+///     contract::{ContractRegistry, ToolContract},
+///     fingerprint::FingerprintKey,
+///     guard::GuardLayer,
+///     ledger::PostgresLedger,
+/// };
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// // Creates (or migrates) the tables on first use; every replica connects the same way.
+/// let ledger = PostgresLedger::connect("postgres://guard@db.internal/guard").await?;
+/// let contracts = ContractRegistry::builder()
+///     .tool("deploy_release", ToolContract::irreversible())
+///     .build()?;
+/// let layer = GuardLayer::new(ledger.clone(), contracts, FingerprintKey::generate()?);
+/// # let _ = layer;
+///
+/// // An audit, at any time, from any replica.
+/// let report = ledger.verify().await?;
+/// assert!(report.is_ok(), "{report}");
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Tables
+///
+/// In the ledger's schema (`public` unless [`PostgresLedger::connect_with_schema`] names one):
+///
+/// | table | what it holds |
+/// |---|---|
+/// | `mrg_schema_version` | one row per applied migration (`version`, `applied_at`) |
+/// | `mrg_events` | the chain: `seq` (primary key), `prev`, `hash`, `execution_id`, `line` (the sealed JSON text) |
+/// | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSON text with every field of the record; cast it to `jsonb` to query it) |
+/// | `mrg_results` | kept results: `reference` (primary key), `execution_id`, `bytes` |
+/// | `mrg_owners` | owner leases: `owner` (primary key), `lease_until` |
+///
+/// The tables are created, or migrated, when a ledger connects, under a transaction-scoped
+/// advisory lock, so replicas that start together do not race each other.
+///
+/// # How the chain stays linear
+///
+/// Every write (the `accepted` event of a new execution and every appended event) happens in
+/// one transaction that first takes a transaction-scoped advisory lock of the schema's chain
+/// (`pg_advisory_xact_lock`), then reads the chain's head and the records it changes, applies
+/// the events through the state machine ([`ExecutionRecord::apply`]), inserts the sealed lines
+/// and upserts the index rows, and commits. Only one transaction holds the lock at a time,
+/// whichever replica runs it, so `seq` has no gaps and no forks, and a claim that finds no
+/// linkable execution creates one before any other claim can look: exactly one
+/// [`Claimed::New`] per intent.
+///
+/// Writes from one ledger (and its clones) are batched: while a transaction runs, the calls
+/// that arrive queue, and the next transaction takes all of them (up to 512), after giving
+/// the callers it just answered a few scheduler turns to come back (no timer: under load one
+/// commit serves every caller; a lone call never waits). Each event is still checked on its
+/// own: a refused event writes nothing and fails only its own call. The batch commits as a
+/// whole; when the commit fails, every call in it fails and nothing was recorded. The writes run on a task spawned on the tokio runtime that connected, so a caller
+/// that gives up never leaves a transaction half done.
+///
+/// # Owner liveness
+///
+/// An execution's `owner` is the guard that claimed it. Owners hold a lease in `mrg_owners`,
+/// taken in the claim's own transaction and renewed every
+/// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
+/// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
+/// leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's
+/// clock; an owner that never claimed is not alive, and when the database cannot be read the
+/// answer is "alive", which makes a repeat wait (bounded) rather than continue someone else's
+/// attempt.
+///
+/// # Retention
+///
+/// [`PostgresLedger::purge_expired`] removes the executions whose retention ended (and their
+/// kept results) from the index; their events stay in the chain, which is never rewritten. A
+/// ledger also purges on its own, as the memory ledger does, once every 1024 claims, at the
+/// claim's time.
+///
+/// # What is recorded
+///
+/// What every ledger records (see [the ledger module](crate::ledger)); in PostgreSQL, no
+/// connection URL and no password appear in a row, a log line, an error or the `Debug`
+/// output.
 ///
 /// # Clone
 ///
@@ -278,8 +286,9 @@ impl PostgresLedger {
             })
     }
 
-    /// A ledger over an existing pool (for TLS, other pool sizes or timeouts), in the `public`
-    /// schema; creates or migrates the tables.
+    /// A ledger over an existing `deadpool_postgres::Pool` (deadpool-postgres 0.14: for TLS,
+    /// another pool size or other timeouts), in the `public` schema; creates or migrates the
+    /// tables. The ledger's writer holds one of the pool's connections while it writes.
     pub async fn from_pool(pool: Pool) -> Result<Self, LedgerError> {
         Self::from_pool_with_schema(pool, DEFAULT_SCHEMA).await
     }
@@ -473,7 +482,7 @@ impl Ledger for PostgresLedger {
         Ok(row.map(|row| Bytes::from(row.get::<_, Vec<u8>>(0))))
     }
 
-    /// Whether `owner` holds an unexpired lease (see [Owner liveness](self#owner-liveness)).
+    /// Whether `owner` holds an unexpired lease (see [Owner liveness](PostgresLedger#owner-liveness)).
     async fn is_owner_alive(&self, owner: &str) -> bool {
         if self.core.registered_owners().contains(owner) {
             return true;
@@ -547,17 +556,27 @@ struct LineColumns {
 /// owner leases between them. Ends (releasing the leases) when every ledger clone is gone.
 async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Write>) {
     let mut next_heartbeat = tokio::time::Instant::now() + PostgresLedger::OWNER_HEARTBEAT;
+    let mut answered = 0;
     loop {
         let wait = next_heartbeat.saturating_duration_since(tokio::time::Instant::now());
         match tokio::time::timeout(wait, queue.recv()).await {
             Ok(Some(first)) => {
                 let mut batch = vec![first];
+                // The callers just answered usually come back at once: give them a few turns
+                // of the scheduler to join this batch (one commit for all, not two).
+                let target = (queue.len() + 1 + answered).min(MAX_BATCH);
+                let mut turns = 0;
+                while answered > 1 && queue.len() + 1 < target && turns < GATHER_TURNS {
+                    tokio::task::yield_now().await;
+                    turns += 1;
+                }
                 while batch.len() < MAX_BATCH {
                     match queue.try_recv() {
                         Ok(write) => batch.push(write),
                         Err(_) => break,
                     }
                 }
+                answered = batch.len();
                 core.write_batch(batch).await;
             }
             Ok(None) => break,
@@ -623,19 +642,9 @@ impl Core {
                 Write::Append(..) => None,
             })
             .max();
-        let t0 = std::time::Instant::now();
         let outcome = match self.client().await {
             Ok(client) => {
-                let t1 = std::time::Instant::now();
                 let outcome = self.transact(&client, &batch).await;
-                if std::env::var_os("MRG_DEBUG").is_some() {
-                    eprintln!(
-                        "batch {} get {:?} tx {:?}",
-                        batch.len(),
-                        t1 - t0,
-                        t1.elapsed()
-                    );
-                }
                 if outcome.is_err() {
                     // Its transaction may still be open: close the connection rather than
                     // give it back to the pool (the server rolls back and frees the lock).
@@ -691,16 +700,8 @@ impl Core {
     /// One write transaction: lock the chain, read what the batch needs, apply, write, commit.
     async fn transact(&self, client: &Object, batch: &[Write]) -> Result<Vec<Done>, String> {
         let sql = &self.sql;
-        let head_stmt = client
-            .prepare_cached(&sql.head)
-            .await
-            .map_err(|e| write_failed(&e))?;
-        let records_stmt = client
-            .prepare_cached(&sql.records)
-            .await
-            .map_err(|e| write_failed(&e))?;
-        let intents_stmt = client
-            .prepare_cached(&sql.intents)
+        let read_stmt = client
+            .prepare_cached(&sql.read)
             .await
             .map_err(|e| write_failed(&e))?;
 
@@ -735,46 +736,41 @@ impl Core {
         );
         let reads = pipeline(vec![
             Box::pin(async { client.batch_execute(&begin).await.map(|()| Vec::new()) }),
-            Box::pin(client.query(&head_stmt, &[])),
-            Box::pin(client.query(&records_stmt, &[&append_ids])),
-            Box::pin(client.query(&intents_stmt, &[&actors, &scopes, &fingerprints])),
+            Box::pin(client.query(&read_stmt, &[&append_ids, &actors, &scopes, &fingerprints])),
         ])
         .await;
-        let mut reads = reads.into_iter();
-        let mut next = || {
-            reads
-                .next()
-                .unwrap_or_else(|| Ok(Vec::new()))
-                .map_err(|e| write_failed(&e))
-        };
-        next()?;
-        let head = next()?;
-        let record_rows = next()?;
-        let intent_rows = next()?;
+        // BEGIN answers first (no rows), the read last.
+        let mut rows = Vec::new();
+        for read in reads {
+            rows = read.map_err(|e| write_failed(&e))?;
+        }
 
-        let (mut seq, mut prev) = match head.first() {
-            Some(row) => {
-                let seq: i64 = row.get(0);
-                let hash: String = row.get(1);
-                let hash = hash.parse::<ChainHash>().map_err(|_| {
+        // The head (kind 0), the records appended to (1), each claimed intent's latest (2).
+        let (mut seq, mut prev) = (0, ChainHash::GENESIS);
+        let mut records: HashMap<ExecutionId, ExecutionRecord> = HashMap::new();
+        let mut latest: HashMap<IntentKey, ExecutionId> = HashMap::new();
+        for row in &rows {
+            let kind: i32 = row.get(0);
+            let text: &str = row.get(2);
+            if kind == 0 {
+                seq = row.get(1);
+                prev = text.parse::<ChainHash>().map_err(|_| {
                     format!(
                         "the chain head (seq {seq}) has an unreadable hash; nothing was \
                          recorded: run `PostgresLedger::verify` and repair mrg_events"
                     )
                 })?;
-                (seq, hash)
+                continue;
             }
-            None => (0, ChainHash::GENESIS),
-        };
-        let mut records: HashMap<ExecutionId, ExecutionRecord> = HashMap::new();
-        for row in &record_rows {
-            let record = record_from_json(row.get(1)).map_err(|e| e.to_string())?;
-            records.insert(record.execution_id, record);
-        }
-        let mut latest: HashMap<IntentKey, ExecutionId> = HashMap::new();
-        for row in &intent_rows {
-            let record = record_from_json(row.get(3)).map_err(|e| e.to_string())?;
-            latest.insert((row.get(0), row.get(1), row.get(2)), record.execution_id);
+            let record = record_from_json(text).map_err(|e| e.to_string())?;
+            if kind == 2 {
+                let key = (
+                    record.actor.to_string(),
+                    record.intent_scope.to_string(),
+                    record.fingerprint.to_string(),
+                );
+                latest.insert(key, record.execution_id);
+            }
             records.entry(record.execution_id).or_insert(record);
         }
 
@@ -882,12 +878,8 @@ impl Core {
             )
             .map_err(|e| e.to_string())?;
         }
-        let insert_events = client
-            .prepare_cached(&sql.insert_events)
-            .await
-            .map_err(|e| write_failed(&e))?;
-        let upsert_executions = client
-            .prepare_cached(&sql.upsert_executions)
+        let write_stmt = client
+            .prepare_cached(&sql.write)
             .await
             .map_err(|e| write_failed(&e))?;
         let renew_owners = client
@@ -896,15 +888,13 @@ impl Core {
             .map_err(|e| write_failed(&e))?;
         let lease = lease_seconds();
         // Pipelined: the writes, then COMMIT (which rolls back if a write failed).
-        let event_params: [&(dyn ToSql + Sync); 5] = [&seqs, &prevs, &hashes, &line_ids, &lines];
-        let execution_params = rows.params();
+        let mut write_params: Vec<&(dyn ToSql + Sync)> =
+            vec![&seqs, &prevs, &hashes, &line_ids, &lines];
+        write_params.extend(rows.params());
         let owner_params: [&(dyn ToSql + Sync); 2] = [&new_owners, &lease];
         let mut writes: Vec<PgFuture<'_>> = Vec::new();
         if !seqs.is_empty() {
-            writes.push(Box::pin(client.query(&insert_events, &event_params)));
-            writes.push(Box::pin(
-                client.query(&upsert_executions, &execution_params),
-            ));
+            writes.push(Box::pin(client.query(&write_stmt, &write_params)));
         }
         if !new_owners.is_empty() {
             writes.push(Box::pin(client.query(&renew_owners, &owner_params)));
@@ -1018,11 +1008,11 @@ impl ExecutionRows {
 
 /// The ledger's statements, with the schema in place.
 struct Sql {
-    head: String,
-    records: String,
-    intents: String,
-    insert_events: String,
-    upsert_executions: String,
+    /// Under the lock: the chain's head, the records a batch appends to, the latest
+    /// execution of each intent it claims.
+    read: String,
+    /// The sealed lines and the index rows, in one statement.
+    write: String,
     renew_owners: String,
     release_owners: String,
     owner_alive: String,
@@ -1039,33 +1029,30 @@ struct Sql {
 impl Sql {
     fn new(s: &str) -> Self {
         Self {
-            head: format!("SELECT seq, hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1"),
-            records: format!(
-                "SELECT execution_id, record::text FROM {s}.mrg_executions \
-                 WHERE execution_id = ANY($1::text[])"
+            read: format!(
+                "(SELECT 0, seq, hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1) \
+                 UNION ALL \
+                 SELECT 1, 0, record::text FROM {s}.mrg_executions \
+                     WHERE execution_id = ANY($1::text[]) \
+                 UNION ALL \
+                 SELECT 2, 0, latest.record FROM \
+                     unnest($2::text[], $3::text[], $4::text[]) AS k(actor, intent_scope, fingerprint) \
+                     CROSS JOIN LATERAL (SELECT e.record::text AS record FROM {s}.mrg_executions e \
+                         WHERE e.actor = k.actor AND e.intent_scope = k.intent_scope \
+                           AND e.fingerprint = k.fingerprint \
+                         ORDER BY e.accepted_seq DESC LIMIT 1) AS latest"
             ),
-            intents: format!(
-                "SELECT DISTINCT ON (e.actor, e.intent_scope, e.fingerprint) \
-                     e.actor, e.intent_scope, e.fingerprint, e.record::text \
-                 FROM {s}.mrg_executions e \
-                 JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(actor, intent_scope, fingerprint) \
-                   ON e.actor = k.actor AND e.intent_scope = k.intent_scope \
-                  AND e.fingerprint = k.fingerprint \
-                 ORDER BY e.actor, e.intent_scope, e.fingerprint, e.accepted_seq DESC"
-            ),
-            insert_events: format!(
-                "INSERT INTO {s}.mrg_events (seq, prev, hash, execution_id, line) \
-                 SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])"
-            ),
-            upsert_executions: format!(
-                "INSERT INTO {s}.mrg_executions (execution_id, actor, intent_scope, fingerprint, \
+            write: format!(
+                "WITH events AS (INSERT INTO {s}.mrg_events (seq, prev, hash, execution_id, line) \
+                     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])) \
+                 INSERT INTO {s}.mrg_executions (execution_id, actor, intent_scope, fingerprint, \
                      tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
                  SELECT u.execution_id, u.actor, u.intent_scope, u.fingerprint, u.tool, u.state, \
                      u.owner, u.accepted_seq, u.last_seq, u.link_until_ms, u.retain_until_ms, \
-                     u.record::jsonb \
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                     $6::text[], $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], \
-                     $12::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
+                     u.record::json \
+                 FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+                     $11::text[], $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], \
+                     $17::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
                      owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
                      last_seq = EXCLUDED.last_seq, record = EXCLUDED.record, updated_at = now()"

@@ -1,0 +1,209 @@
+//! PostgreSQL ledger throughput at 32 concurrent callers, next to its floor in the same run.
+//!
+//! One execution is what the guard writes for a call that completes and is delivered: a
+//! claim (the `accepted` event) and four appends (`authorized`, `dispatched`, `completed`,
+//! `delivered`), each caller running its executions one after the other. Every iteration
+//! runs a batch of 256 executions spread over 32 callers; criterion reports the time per
+//! batch and, as throughput, executions per second.
+//!
+//! - `ledger/1 replica`: 32 callers on one `PostgresLedger`;
+//! - `ledger/2 replicas`: 16 callers on each of two `PostgresLedger`s (separate pools and
+//!   writers) sharing one chain, as two guard replicas would;
+//! - `floor/insert transaction`: the baseline, one trivial single-row INSERT transaction
+//!   (`BEGIN; INSERT; COMMIT`) per execution, at the same concurrency, over a pool of 32
+//!   connections.
+//!
+//! ```text
+//! MCP_REPLAY_GUARD_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/mrg_dev \
+//!     cargo bench --features postgres --bench postgres_ledger
+//! ```
+//!
+//! Without the variable the bench says so and measures nothing. It works in a schema of its
+//! own (`mrg_bench_<ulid>`), dropped at the end.
+
+use std::{
+    hint::black_box,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use deadpool_postgres::{Pool, PoolConfig, Runtime};
+use mcp_replay_guard::{
+    ExecutionId, IdempotencyKey,
+    contract::RetryClass,
+    ledger::{Claim, Claimed, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp},
+};
+use tokio_postgres::NoTls;
+
+const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
+const CALLERS: usize = 32;
+const BATCH: usize = 256;
+
+static NEXT_INTENT: AtomicU64 = AtomicU64::new(1);
+
+fn claim() -> Claim {
+    let n = NEXT_INTENT.fetch_add(1, Ordering::Relaxed);
+    Claim {
+        fingerprint: format!("hmac-sha256:{n:064x}").parse().unwrap(),
+        tool: "deploy_release".into(),
+        actor: "signed-process:com.example.agent".into(),
+        intent_scope: "run:bench".into(),
+        target: "deploy-api.internal.example/mcp".into(),
+        credential_ref: Some("deploy-service".into()),
+        retry_class: RetryClass::Irreversible,
+        link_window: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        owner: "guard:bench".into(),
+        at: Timestamp::now(),
+    }
+}
+
+/// One execution: claim + authorized + dispatched + completed + delivered.
+async fn execution(ledger: &PostgresLedger) {
+    let Claimed::New(record) = ledger.claim(claim()).await.unwrap() else {
+        panic!("every intent of the bench is new");
+    };
+    let id = record.execution_id;
+    let kinds = [
+        EventKind::Authorized,
+        EventKind::Dispatched {
+            attempt: 1,
+            idempotency_key: IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: Some(7.into()),
+            session_id: None,
+            owner: None,
+        },
+        EventKind::Completed {
+            target_status: 200,
+            is_error: false,
+            result_reference: None,
+        },
+        EventKind::Delivered { jsonrpc_id: None },
+    ];
+    for kind in kinds {
+        let event = LedgerEvent {
+            execution_id: id,
+            at: Timestamp::now(),
+            kind,
+        };
+        black_box(ledger.append(event).await.unwrap());
+    }
+}
+
+/// A batch of executions over `CALLERS` callers, spread over the replicas.
+async fn ledger_batch(replicas: &[PostgresLedger]) {
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let ledger = replicas[caller % replicas.len()].clone();
+            tokio::spawn(async move {
+                for _ in 0..BATCH / CALLERS {
+                    execution(&ledger).await;
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+}
+
+/// The floor: one single-row INSERT transaction per execution, same concurrency.
+async fn floor_batch(pool: &Pool, table: &str) {
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let pool = pool.clone();
+            let insert = format!("INSERT INTO {table} (execution_id) VALUES ($1)");
+            tokio::spawn(async move {
+                for _ in 0..BATCH / CALLERS {
+                    let mut client = pool.get().await.unwrap();
+                    let statement = client.prepare_cached(&insert).await.unwrap();
+                    let tx = client.transaction().await.unwrap();
+                    tx.execute(&statement, &[&ExecutionId::new().to_string()])
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+}
+
+fn postgres_ledger(c: &mut Criterion) {
+    let Some(url) = std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty()) else {
+        eprintln!(
+            "postgres_ledger bench skipped: {URL_VAR} is not set \
+             (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/mrg_dev)"
+        );
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let schema = format!(
+        "mrg_bench_{}",
+        ExecutionId::new().ulid().to_string().to_lowercase()
+    );
+    let (one, two, pool) = runtime.block_on(async {
+        let one = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let two = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let mut config = deadpool_postgres::Config::new();
+        config.url = Some(url.clone());
+        config.pool = Some(PoolConfig::new(CALLERS));
+        let pool = config.create_pool(Some(Runtime::Tokio1), NoTls).unwrap();
+        pool.get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "CREATE TABLE \"{schema}\".bench_floor (id BIGSERIAL PRIMARY KEY, \
+                 execution_id TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            ))
+            .await
+            .unwrap();
+        (one, two, pool)
+    });
+    let floor_table = format!("\"{schema}\".bench_floor");
+
+    let mut group = c.benchmark_group(format!("postgres {BATCH} executions, {CALLERS} callers"));
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(2));
+    group.measurement_time(Duration::from_secs(15));
+    let replicas = [one.clone()];
+    group.bench_function("ledger/1 replica", |b| {
+        b.to_async(&runtime).iter(|| ledger_batch(&replicas))
+    });
+    let replicas = [one.clone(), two.clone()];
+    group.bench_function("ledger/2 replicas", |b| {
+        b.to_async(&runtime).iter(|| ledger_batch(&replicas))
+    });
+    group.bench_function("floor/insert transaction", |b| {
+        b.to_async(&runtime)
+            .iter(|| floor_batch(&pool, &floor_table))
+    });
+    group.finish();
+
+    runtime.block_on(async {
+        let report = one.verify().await.unwrap();
+        assert!(report.is_ok(), "{report}");
+        eprintln!("chain after the bench: {report}");
+        pool.get()
+            .await
+            .unwrap()
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .await
+            .unwrap();
+    });
+}
+
+criterion_group!(benches, postgres_ledger);
+criterion_main!(benches);

@@ -1,0 +1,803 @@
+//! The PostgreSQL ledger against a real server.
+//!
+//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL` (e.g.
+//! `postgres://postgres@127.0.0.1:5432/mrg_test`). Unset, the tests that need it are skipped
+//! with a message, except under CI (`CI` set), where they fail. Each test works in a schema
+//! of its own (`mrg_t_<test>_<ulid>`, through `PostgresLedger::connect_with_schema`), dropped
+//! when the test passes, so the tests run in parallel in one database; a failed test leaves
+//! its schema behind for inspection.
+//!
+//! `MCP_REPLAY_GUARD_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/mrg_dev \
+//!  cargo test --features postgres --test postgres_ledger`
+
+mod support;
+
+use std::{collections::HashSet, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use mcp_replay_guard::{
+    Actor, ExecutionId, IdempotencyKey, IntentScope,
+    contract::{ContractRegistry, RetryClass, ToolContract},
+    fingerprint::FingerprintKey,
+    guard::{GuardLayer, GuardRequestBody},
+    ledger::{
+        Claim, Claimed, EventKind, ExecutionState, Ledger, LedgerError, LedgerEvent,
+        PostgresLedger, Timestamp,
+        chain::{ChainProblem, VerifyReport},
+    },
+};
+use serde_json::{Value, json};
+use support::*;
+use tower::{Layer, retry::Retry};
+
+const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
+
+/// The server's URL; `None` (after saying why) when the tests must be skipped.
+fn database_url() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => panic!(
+            "{URL_VAR} is not set under CI: the PostgreSQL ledger tests need a database, e.g. \
+             {URL_VAR}=postgres://postgres@127.0.0.1:5432/mrg_test"
+        ),
+        _ => {
+            eprintln!(
+                "skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/mrg_dev)"
+            );
+            None
+        }
+    }
+}
+
+/// A schema of the test's own in the test database.
+struct TestSchema {
+    url: String,
+    name: String,
+}
+
+impl TestSchema {
+    fn new(test: &str) -> Option<Self> {
+        let url = database_url()?;
+        let name = format!(
+            "mrg_t_{test}_{}",
+            ExecutionId::new().ulid().to_string().to_lowercase()
+        );
+        Some(Self { url, name })
+    }
+
+    /// A ledger of its own (its own pool): one replica.
+    async fn replica(&self) -> PostgresLedger {
+        PostgresLedger::connect_with_schema(&self.url, &self.name)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {URL_VAR}: {e}"))
+    }
+
+    /// Runs SQL in the schema (the test's hand on the tables, as an attacker's would be).
+    async fn sql(&self, ledger: &PostgresLedger, statement: &str) -> u64 {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = statement.replace("{s}", &format!("\"{}\"", self.name));
+        client.execute(statement.as_str(), &[]).await.unwrap()
+    }
+
+    async fn query_i64s(&self, ledger: &PostgresLedger, statement: &str) -> Vec<i64> {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = statement.replace("{s}", &format!("\"{}\"", self.name));
+        let row = client.query_one(statement.as_str(), &[]).await.unwrap();
+        (0..row.len()).map(|i| row.get::<_, i64>(i)).collect()
+    }
+
+    async fn line(&self, ledger: &PostgresLedger, seq: i64) -> String {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = format!(
+            "SELECT line FROM \"{}\".mrg_events WHERE seq = $1",
+            self.name
+        );
+        client
+            .query_one(statement.as_str(), &[&seq])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    async fn set_line(&self, ledger: &PostgresLedger, seq: i64, line: &str) {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = format!(
+            "UPDATE \"{}\".mrg_events SET line = $2 WHERE seq = $1",
+            self.name
+        );
+        let updated = client
+            .execute(statement.as_str(), &[&seq, &line])
+            .await
+            .unwrap();
+        assert_eq!(updated, 1);
+    }
+
+    /// Drops the schema (only reached when the test passed).
+    async fn drop(self, ledger: &PostgresLedger) {
+        self.sql(ledger, "DROP SCHEMA {s} CASCADE").await;
+    }
+}
+
+fn fingerprint(n: u32) -> mcp_replay_guard::fingerprint::Fingerprint {
+    format!("hmac-sha256:{n:064x}").parse().unwrap()
+}
+
+fn claim(n: u32, at: u64) -> Claim {
+    Claim {
+        fingerprint: fingerprint(n),
+        tool: "deploy_release".into(),
+        actor: "signed-process:com.example.agent".into(),
+        intent_scope: "run:5f8097".into(),
+        target: "deploy-api.internal.example/mcp".into(),
+        credential_ref: Some("deploy-service".into()),
+        retry_class: RetryClass::Irreversible,
+        link_window: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        owner: "test".into(),
+        at: Timestamp::from_millis(at),
+    }
+}
+
+fn event(id: ExecutionId, at: u64, kind: EventKind) -> LedgerEvent {
+    LedgerEvent {
+        execution_id: id,
+        at: Timestamp::from_millis(at),
+        kind,
+    }
+}
+
+fn dispatched(id: ExecutionId) -> EventKind {
+    EventKind::Dispatched {
+        attempt: 1,
+        idempotency_key: IdempotencyKey::from(id),
+        key_from_caller: false,
+        jsonrpc_id: Some(7.into()),
+        session_id: None,
+        owner: None,
+    }
+}
+
+async fn verified(ledger: &PostgresLedger) -> VerifyReport {
+    ledger.verify().await.unwrap()
+}
+
+async fn new_execution(ledger: &PostgresLedger, n: u32, at: u64) -> ExecutionId {
+    match ledger.claim(claim(n, at)).await.unwrap() {
+        Claimed::New(record) => record.execution_id,
+        Claimed::Existing(record) => panic!("expected a new execution, got {record:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
+    let Some(schema) = TestSchema::new("lifecycle") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let id = new_execution(&ledger, 1, 1_000).await;
+    ledger
+        .append(event(id, 1_001, EventKind::Authorized))
+        .await
+        .unwrap();
+    ledger
+        .append(event(id, 1_002, dispatched(id)))
+        .await
+        .unwrap();
+    let reference = ledger
+        .store_result(id, Bytes::from_static(b"{\"content\":[]}"))
+        .await
+        .unwrap();
+    let record = ledger
+        .append(event(
+            id,
+            7_000,
+            EventKind::Completed {
+                target_status: 201,
+                is_error: false,
+                result_reference: Some(reference.clone()),
+            },
+        ))
+        .await
+        .unwrap();
+    let json = serde_json::to_value(&record).unwrap();
+    assert_eq!(json["state"], "completed_result_not_delivered");
+    assert_eq!(json["execution_id"], json!(id.to_string()));
+    assert_eq!(json["target_status"], 201);
+    assert_eq!(json["result_reference"], json!(reference));
+    assert_eq!(json["dispatched_at"], "1970-01-01T00:00:01.002Z");
+    assert_eq!(json["attempts"], 1);
+    assert_eq!(
+        ledger.load_result(&reference).await.unwrap().unwrap(),
+        &b"{\"content\":[]}"[..]
+    );
+    // What a reader gets back from the table is exactly what the writer returned.
+    assert_eq!(ledger.get(id).await.unwrap().as_ref(), Some(&record));
+    // Still linkable: a repeat gets this execution back.
+    assert!(
+        matches!(ledger.claim(claim(1, 2_000)).await.unwrap(), Claimed::Existing(r) if r.execution_id == id)
+    );
+    let record = ledger
+        .append(event(id, 7_001, EventKind::Delivered { jsonrpc_id: None }))
+        .await
+        .unwrap();
+    assert_eq!(serde_json::to_value(&record).unwrap()["state"], "delivered");
+    // Delivered: the same intent again is a new execution.
+    let second = new_execution(&ledger, 1, 8_000).await;
+    assert_ne!(second, id);
+
+    // A restart: a new ledger over the same tables reads the same.
+    drop(ledger);
+    let ledger = schema.replica().await;
+    assert_eq!(ledger.get(id).await.unwrap(), Some(record));
+    let names: Vec<_> = ledger
+        .events(id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "accepted",
+            "authorized",
+            "dispatched",
+            "completed",
+            "delivered"
+        ]
+    );
+    let ids: Vec<_> = ledger
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.execution_id)
+        .collect();
+    assert_eq!(ids, [id, second]);
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 6);
+    assert_eq!(
+        schema
+            .query_i64s(&ledger, "SELECT count(*) FROM {s}.mrg_schema_version")
+            .await,
+        [1]
+    );
+    schema.drop(&ledger).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner_and_one_chain() {
+    let Some(schema) = TestSchema::new("race") else {
+        return;
+    };
+    // Two replicas: separate ledgers, separate pools, separate writers.
+    let replicas = [schema.replica().await, schema.replica().await];
+    const CALLERS: u32 = 500;
+    let start = Arc::new(tokio::sync::Barrier::new(CALLERS as usize));
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let ledger = replicas[i as usize % 2].clone();
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let shared = ledger.claim(claim(0, 1_000)).await.unwrap();
+                // And an execution of its own, so that both replicas keep extending the chain.
+                let own = match ledger.claim(claim(i + 1, 1_000)).await.unwrap() {
+                    Claimed::New(record) => record.execution_id,
+                    Claimed::Existing(record) => panic!("a private intent was linked: {record:?}"),
+                };
+                ledger
+                    .append(event(own, 1_001, EventKind::Authorized))
+                    .await
+                    .unwrap();
+                shared
+            })
+        })
+        .collect();
+    let mut new = 0;
+    let mut ids = HashSet::new();
+    for task in tasks {
+        let claimed = task.await.unwrap();
+        new += usize::from(matches!(claimed, Claimed::New(_)));
+        ids.insert(claimed.record().execution_id);
+    }
+    assert_eq!(
+        (new, ids.len()),
+        (1, 1),
+        "exactly one winner, one execution"
+    );
+
+    // One linear chain: 1 shared accepted + 500 accepted + 500 authorized, seq 1..=1001.
+    let lines = 1 + 2 * i64::from(CALLERS);
+    assert_eq!(
+        schema
+            .query_i64s(
+                &replicas[0],
+                "SELECT count(*), min(seq), max(seq), count(DISTINCT prev) FROM {s}.mrg_events"
+            )
+            .await,
+        [lines, 1, lines, lines]
+    );
+    for replica in &replicas {
+        let report = verified(replica).await;
+        assert!(report.is_ok(), "{report}");
+        assert_eq!(report.verified, lines as u64);
+    }
+    assert_eq!(
+        replicas[1].list().await.unwrap().len(),
+        1 + CALLERS as usize
+    );
+    schema.drop(&replicas[0]).await;
+}
+
+#[tokio::test]
+async fn transitions_the_state_machine_refuses_write_nothing() {
+    let Some(schema) = TestSchema::new("refused") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let id = new_execution(&ledger, 1, 0).await;
+    let completed = || {
+        event(
+            id,
+            1,
+            EventKind::Completed {
+                target_status: 200,
+                is_error: false,
+                result_reference: None,
+            },
+        )
+    };
+    let err = ledger.append(completed()).await.unwrap_err();
+    assert!(err.is_invalid_transition(), "{err}");
+    assert_eq!(
+        ledger.get(id).await.unwrap().unwrap().state,
+        ExecutionState::Accepted
+    );
+    assert_eq!(ledger.events(id).await.unwrap().len(), 1);
+    assert_eq!(verified(&ledger).await.verified, 1);
+
+    // A refused event next to an allowed one (same batch or not): only the allowed one lands.
+    let (refused, allowed) = tokio::join!(
+        ledger.append(completed()),
+        ledger.append(event(id, 2, EventKind::Authorized))
+    );
+    assert!(refused.unwrap_err().is_invalid_transition());
+    assert_eq!(allowed.unwrap().state, ExecutionState::Authorized);
+    // A second `accepted` for the same execution is refused too.
+    let accepted = claim(1, 3).accepted_event(id);
+    assert!(
+        ledger
+            .append(accepted)
+            .await
+            .unwrap_err()
+            .is_invalid_transition()
+    );
+    let names: Vec<_> = ledger
+        .events(id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names, ["accepted", "authorized"]);
+    assert_eq!(
+        schema
+            .query_i64s(&ledger, "SELECT count(*) FROM {s}.mrg_events")
+            .await,
+        [2]
+    );
+
+    let missing = ExecutionId::new();
+    assert!(matches!(
+        ledger.append(event(missing, 1, EventKind::Authorized)).await,
+        Err(LedgerError::NotFound(m)) if m == missing
+    ));
+    assert!(matches!(
+        ledger.store_result(missing, Bytes::from_static(b"{}")).await,
+        Err(LedgerError::NotFound(m)) if m == missing
+    ));
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 2);
+    schema.drop(&ledger).await;
+}
+
+#[tokio::test]
+async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
+    let Some(schema) = TestSchema::new("tamper") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let id = new_execution(&ledger, 1, 0).await;
+    for (at, kind) in [
+        (1, EventKind::Authorized),
+        (2, dispatched(id)),
+        (
+            3,
+            EventKind::Unknown {
+                target_status: None,
+                reason: "connection reset".into(),
+            },
+        ),
+        (
+            4,
+            EventKind::NeedsReview {
+                reason: "unknown outcome".into(),
+            },
+        ),
+    ] {
+        ledger.append(event(id, at, kind)).await.unwrap();
+    }
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 5);
+
+    // A field value inside a line.
+    let original = schema.line(&ledger, 4).await;
+    assert!(original.contains("connection reset"), "{original}");
+    schema
+        .set_line(
+            &ledger,
+            4,
+            &original.replace("connection reset", "refused by server"),
+        )
+        .await;
+    let report = verified(&ledger).await;
+    assert_eq!(
+        report.first_bad,
+        Some((4, ChainProblem::Edited)),
+        "{report}"
+    );
+    assert_eq!(report.verified, 3);
+    schema.set_line(&ledger, 4, &original).await;
+    assert!(verified(&ledger).await.is_ok());
+
+    // A number inside a line.
+    let original = schema.line(&ledger, 3).await;
+    assert!(original.contains("\"attempt\":1"), "{original}");
+    schema
+        .set_line(
+            &ledger,
+            3,
+            &original.replace("\"attempt\":1", "\"attempt\":2"),
+        )
+        .await;
+    assert_eq!(
+        verified(&ledger).await.first_bad,
+        Some((3, ChainProblem::Edited))
+    );
+    schema.set_line(&ledger, 3, &original).await;
+
+    // A column that copies the line (the hash the next append chains to).
+    schema
+        .sql(
+            &ledger,
+            "UPDATE {s}.mrg_events SET hash = 'sha256:' || repeat('0', 64) WHERE seq = 2",
+        )
+        .await;
+    assert_eq!(
+        verified(&ledger).await.first_bad,
+        Some((2, ChainProblem::Edited))
+    );
+    schema
+        .sql(
+            &ledger,
+            "UPDATE {s}.mrg_events SET hash = (line::jsonb)->>'hash' WHERE seq = 2",
+        )
+        .await;
+    assert!(verified(&ledger).await.is_ok());
+
+    // A deleted row: the gap is named at the line after it.
+    assert_eq!(
+        schema
+            .sql(&ledger, "DELETE FROM {s}.mrg_events WHERE seq = 3")
+            .await,
+        1
+    );
+    let report = verified(&ledger).await;
+    assert_eq!(
+        report.first_bad,
+        Some((4, ChainProblem::Deleted { missing: 1 })),
+        "{report}"
+    );
+    assert_eq!(report.verified, 2);
+    schema.drop(&ledger).await;
+}
+
+#[tokio::test]
+async fn links_end_with_the_window_and_purged_records_leave_the_index_not_the_chain() {
+    let Some(schema) = TestSchema::new("retention") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let first = new_execution(&ledger, 1, 0).await;
+    let reference = ledger
+        .store_result(first, Bytes::from_static(b"{\"content\":[]}"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        ledger.claim(claim(1, 60_000)).await.unwrap(),
+        Claimed::Existing(r) if r.execution_id == first
+    ));
+    let second = new_execution(&ledger, 1, 60_001).await;
+    assert_ne!(second, first);
+    assert_eq!(ledger.list().await.unwrap().len(), 2);
+
+    assert_eq!(
+        ledger
+            .purge_expired(Timestamp::from_millis(3_600_000))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        ledger
+            .purge_expired(Timestamp::from_millis(3_600_001))
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(ledger.get(first).await.unwrap().is_none());
+    assert!(ledger.get(second).await.unwrap().is_some());
+    assert_eq!(ledger.load_result(&reference).await.unwrap(), None);
+    assert!(matches!(
+        ledger.append(event(first, 1, EventKind::Authorized)).await,
+        Err(LedgerError::NotFound(m)) if m == first
+    ));
+    // The chain keeps every event.
+    assert_eq!(ledger.events(first).await.unwrap().len(), 1);
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 2);
+
+    assert_eq!(
+        ledger
+            .purge_expired(Timestamp::from_millis(10_000_000))
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(ledger.list().await.unwrap().is_empty());
+    assert_eq!(
+        schema
+            .query_i64s(&ledger, "SELECT count(*) FROM {s}.mrg_results")
+            .await,
+        [0]
+    );
+    schema.drop(&ledger).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_is_alive_while_its_ledger_runs_and_dead_once_dropped() {
+    let Some(schema) = TestSchema::new("owners") else {
+        return;
+    };
+    let observer = schema.replica().await;
+    let owning = schema.replica().await;
+    let mut owned = claim(1, 0);
+    owned.owner = "guard:owners-test".into();
+    owning.claim(owned).await.unwrap();
+
+    assert!(owning.is_owner_alive("guard:owners-test").await);
+    assert!(observer.is_owner_alive("guard:owners-test").await);
+    assert!(!observer.is_owner_alive("guard:never-claimed").await);
+
+    // The owning replica goes away: its leases are released.
+    drop(owning);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while observer.is_owner_alive("guard:owners-test").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease outlived its ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    schema.drop(&observer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_connecting_together_migrate_once() {
+    let Some(schema) = TestSchema::new("migrate") else {
+        return;
+    };
+    let connects: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, name) = (schema.url.clone(), schema.name.clone());
+            tokio::spawn(async move { PostgresLedger::connect_with_schema(&url, &name).await })
+        })
+        .collect();
+    let mut ledgers = Vec::new();
+    for connect in connects {
+        ledgers.push(connect.await.unwrap().unwrap());
+    }
+    assert_eq!(
+        schema
+            .query_i64s(
+                &ledgers[0],
+                "SELECT count(*), max(version)::int8 FROM {s}.mrg_schema_version"
+            )
+            .await,
+        [1, 1]
+    );
+    assert_eq!(ledgers[3].schema(), schema.name);
+    schema.drop(&ledgers[0]).await;
+}
+
+#[tokio::test]
+async fn errors_and_debug_output_never_show_the_password() {
+    let unreachable = PostgresLedger::connect("postgres://mrg:s3cr3t-pw@127.0.0.1:1/nowhere")
+        .await
+        .unwrap_err();
+    let message = unreachable.to_string();
+    assert!(matches!(unreachable, LedgerError::Storage(_)), "{message}");
+    assert!(!message.contains("s3cr3t-pw"), "{message}");
+    assert!(message.contains("reachable"), "{message}");
+
+    let garbled = PostgresLedger::connect("postgres://mrg:s3cr3t-pw@127.0.0.1:port/x")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!garbled.contains("s3cr3t-pw"), "{garbled}");
+    assert!(garbled.contains("URL"), "{garbled}");
+
+    let bad_schema = PostgresLedger::connect_with_schema("postgres://127.0.0.1:1/x", "Bad-Name")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(bad_schema.contains("schema name"), "{bad_schema}");
+
+    // With a server (trust auth accepts any password): Debug shows no credentials.
+    let Some(schema) = TestSchema::new("debug") else {
+        return;
+    };
+    let Some((scheme, rest)) = schema.url.split_once("://") else {
+        return;
+    };
+    let Some((user, host)) = rest.split_once('@').filter(|(user, _)| !user.contains(':')) else {
+        eprintln!("skipped the Debug check: the URL already carries a password");
+        return;
+    };
+    let with_password = format!("{scheme}://{user}:s3cr3t-pw@{host}");
+    let ledger = PostgresLedger::connect_with_schema(&with_password, &schema.name)
+        .await
+        .unwrap();
+    let debug = format!("{ledger:?}");
+    assert!(!debug.contains("s3cr3t-pw"), "{debug}");
+    assert!(debug.contains(&schema.name), "{debug}");
+    schema.drop(&ledger).await;
+}
+
+// ---- the guard end to end over PostgreSQL ----
+
+/// A generic retry policy of the kind this crate replaces: retry every error, up to 3 times.
+#[derive(Clone)]
+struct RetryEveryError(usize);
+
+type GuardedResponse = Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>;
+
+impl<E> tower::retry::Policy<Request<Full<Bytes>>, GuardedResponse, E> for RetryEveryError {
+    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Full<Bytes>>,
+        result: &mut Result<GuardedResponse, E>,
+    ) -> Option<Self::Future> {
+        if result.is_err() && self.0 > 0 {
+            self.0 -= 1;
+            Some(Box::pin(async {}))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::builder().method(req.method()).uri(req.uri());
+        for (name, value) in req.headers() {
+            clone = clone.header(name, value);
+        }
+        let mut clone = clone.body(req.body().clone()).unwrap();
+        *clone.extensions_mut() = req.extensions().clone();
+        Some(clone)
+    }
+}
+
+fn guard_answer(response: &Value) -> &Value {
+    response
+        .pointer("/result/structuredContent/mcp_replay_guard")
+        .unwrap_or_else(|| panic!("not a guard answer: {response}"))
+}
+
+#[tokio::test]
+async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postgres() {
+    let Some(schema) = TestSchema::new("guard") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let server = TestServer::start().await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let registry = ContractRegistry::builder()
+        .tool("deploy_release", ToolContract::irreversible())
+        .build()
+        .unwrap();
+    let layer = GuardLayer::new(
+        ledger.clone(),
+        registry,
+        FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+    )
+    .actor(Actor::from("signed-process:com.example.agent"))
+    .intent_scope(IntentScope::from("run:5f8097"));
+    let mut client = Retry::new(
+        RetryEveryError(3),
+        layer.layer(hyper_client_with_body::<GuardRequestBody>()),
+    );
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let args = json!({"service": "catalog", "version": "2026.07.22"});
+
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        args.clone(),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(response["result"]["isError"], true, "{response}");
+    let answer = guard_answer(&response);
+    assert_eq!(answer["state"], "needs_review");
+
+    // Another replica reads the same from PostgreSQL.
+    let other = schema.replica().await;
+    let records = other.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let stored = &records[0];
+    assert_eq!(stored.state, ExecutionState::NeedsReview);
+    assert_eq!(stored.attempts, 1);
+    assert_eq!(
+        answer["execution_id"],
+        json!(stored.execution_id.to_string())
+    );
+    let names: Vec<_> = other
+        .events(stored.execution_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names.first(), Some(&"accepted"), "{names:?}");
+    assert_eq!(names.last(), Some(&"needs_review"), "{names:?}");
+    assert_eq!(
+        names.iter().filter(|n| **n == "dispatched").count(),
+        1,
+        "{names:?}"
+    );
+
+    // Asking again gives the same answer, still without sending.
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        args,
+    )
+    .await
+    .unwrap();
+    assert_eq!(guard_answer(&again)["execution_id"], answer["execution_id"]);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let report = verified(&other).await;
+    assert!(report.is_ok(), "{report}");
+    schema.drop(&other).await;
+}
