@@ -289,7 +289,9 @@ impl Owners {
                 .map_err(|e| storage(&format!("owner {owner} is held by another process"), e))?;
             // Another process may have pruned the file between our open and our lock: only a
             // lock on the file that is at the path counts.
-            let ours = file.metadata().map_err(|e| storage("cannot stat an owner file", e))?;
+            let ours = file
+                .metadata()
+                .map_err(|e| storage("cannot stat an owner file", e))?;
             let at_path = fs::metadata(&path).ok();
             if at_path.is_some_and(|m| m.ino() == ours.ino() && m.dev() == ours.dev()) {
                 held.insert(owner.to_owned(), file);
