@@ -130,7 +130,7 @@ impl Fixture {
     }
 }
 
-/// A `tools/call` in the fixture's session.
+/// A `tools/call` in the fixture's session; panics if the exchange fails.
 async fn call<S, RB>(
     client: &mut S,
     server: &TestServer,
@@ -138,14 +138,15 @@ async fn call<S, RB>(
     id: i64,
     tool: &str,
     args: Value,
-) -> Result<Value, BoxError>
+) -> Value
 where
     S: tower::Service<Request<Full<Bytes>>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
     RB: http_body::Body,
     RB::Error: Into<BoxError>,
 {
-    call_tool(client, &server.url, session.as_deref(), id, tool, args).await
+    let response = call_tool(client, &server.url, session.as_deref(), id, tool, args).await;
+    response.unwrap_or_else(|e| panic!("tools/call {tool} failed: {}", error_chain(&*e)))
 }
 
 fn guard_answer(response: &Value) -> &Value {
@@ -199,8 +200,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
 
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(response["result"]["isError"], true, "{response}");
@@ -230,8 +230,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(guard_answer(&again)["execution_id"], record["execution_id"]);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
@@ -258,8 +257,7 @@ async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
         "create_payment",
         json!({"amount": 500, "currency": "eur"}),
     )
-    .await
-    .unwrap();
+    .await;
 
     assert!(
         response.get("result").is_some() && response["result"]["isError"] != true,
@@ -357,8 +355,7 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         "rotate_credential",
         json!({"name": "db-password"}),
     )
-    .await
-    .unwrap();
+    .await;
 
     assert_eq!(server.state.side_effects("rotate_credential"), 1);
     assert_eq!(asked.load(Ordering::SeqCst), 1);
@@ -410,8 +407,7 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
         "rotate_credential",
         json!({"name": "api-key"}),
     )
-    .await
-    .unwrap();
+    .await;
 
     assert_eq!(asked.load(Ordering::SeqCst), 1);
     assert_eq!(server.state.side_effects("rotate_credential"), 1);
@@ -485,8 +481,7 @@ async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(again["id"], 7, "re-keyed to the new JSON-RPC id");
     assert_eq!(
         first_text(&again),
@@ -581,8 +576,7 @@ async fn a_denied_call_gets_the_same_denial_without_asking_again() {
             "deploy_release",
             deploy_args(),
         )
-        .await
-        .unwrap();
+        .await;
         assert_eq!(response["result"]["isError"], true);
         assert!(
             first_text(&response)
@@ -700,8 +694,7 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
     server
@@ -760,8 +753,7 @@ async fn an_operator_settles_a_held_execution() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(guard_answer(&held)["state"], "needs_review");
     let id = only_record(&ledger).await.execution_id;
 
@@ -790,8 +782,7 @@ async fn an_operator_settles_a_held_execution() {
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert!(
         layer.resolve(id, true, "bob", "again").await.is_err(),
@@ -815,8 +806,7 @@ async fn read_only_tools_and_other_traffic_pass_through() {
             "list_branches",
             json!({}),
         )
-        .await
-        .unwrap();
+        .await;
     }
     assert_eq!(server.state.side_effects("list_branches"), 2);
     assert!(ledger.is_empty());
@@ -984,8 +974,7 @@ async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() 
         "deploy_release",
         deploy_args(),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         guard_answer(&again)["state"],
         "completed_result_not_delivered"
