@@ -1,0 +1,225 @@
+//! `replay-guard`: inspect and settle a file ledger.
+//!
+//! ```text
+//! replay-guard audit verify PATH             # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
+//! replay-guard audit show PATH [EXECUTION]   # the investigation timeline (all executions without an id)
+//! replay-guard ledger list PATH [--state S]  # one line per execution
+//! replay-guard resolve PATH EXECUTION (--applied | --not-applied) --note TEXT
+//! ```
+//!
+//! Every command takes `--json` for scripts. Exit codes: 0 done, 1 the ledger does not verify,
+//! 2 usage or an error that says what to do next.
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use mcp_replay_guard::{
+    ExecutionId,
+    guard::resolve,
+    ledger::{FileLedger, Ledger, audit, verify_file},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "replay-guard",
+    version,
+    about = "Inspect and settle the ledger of mcp-replay-guard"
+)]
+struct Cli {
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check and read the audit trail.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// List executions.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Settle an execution held for review, as an operator.
+    Resolve(ResolveArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Verify the hash chain of a ledger file.
+    Verify {
+        /// The ledger file.
+        path: PathBuf,
+    },
+    /// The investigation timeline of one execution, or of every execution.
+    Show {
+        /// The ledger file.
+        path: PathBuf,
+        /// The execution (`act_…`).
+        execution: Option<ExecutionId>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LedgerCommand {
+    /// One line per execution.
+    List {
+        /// The ledger file.
+        path: PathBuf,
+        /// Only executions in this state (as the record reads: `needs_review`,
+        /// `completed_result_not_delivered`, …).
+        #[arg(long)]
+        state: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ResolveArgs {
+    /// The ledger file.
+    path: PathBuf,
+    /// The execution (`act_…`).
+    execution: ExecutionId,
+    /// The action took effect.
+    #[arg(
+        long,
+        conflicts_with = "not_applied",
+        required_unless_present = "not_applied"
+    )]
+    applied: bool,
+    /// The action did not take effect (a repeat of the intent may run it).
+    #[arg(long)]
+    not_applied: bool,
+    /// What the operator checked.
+    #[arg(long)]
+    note: String,
+    /// Who resolves it.
+    #[arg(long, default_value = "operator")]
+    operator: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn existing(path: &Path) -> anyhow::Result<()> {
+    if !path.exists() {
+        bail!(
+            "no ledger at {}: give the path of a ledger file written by the guard",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Audit(AuditCommand::Verify { path }) => {
+            existing(&path)?;
+            let report =
+                verify_file(&path).with_context(|| format!("verifying {}", path.display()))?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
+            Ok(if report.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Audit(AuditCommand::Show { path, execution }) => {
+            existing(&path)?;
+            let ledger = FileLedger::open(&path)?;
+            let ids = match execution {
+                Some(id) => vec![id],
+                None => ledger
+                    .list()
+                    .await?
+                    .into_iter()
+                    .map(|r| r.execution_id)
+                    .collect(),
+            };
+            for id in ids {
+                let events = ledger.events(id).await?;
+                if events.is_empty() {
+                    bail!(
+                        "no execution {id} in {}: `replay-guard ledger list {}` shows the ones there are",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                let timeline = audit::timeline(id, events);
+                if cli.json {
+                    println!("{}", serde_json::to_string_pretty(&timeline)?);
+                } else {
+                    println!("{timeline}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ledger(LedgerCommand::List { path, state }) => {
+            existing(&path)?;
+            let ledger = FileLedger::open(&path)?;
+            let records = ledger.list().await?;
+            let records: Vec<_> = records
+                .into_iter()
+                .filter(|r| {
+                    state
+                        .as_deref()
+                        .is_none_or(|s| r.state_label() == s || r.state.as_str() == s)
+                })
+                .collect();
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&records)?);
+            } else {
+                for r in &records {
+                    println!(
+                        "{}  {:<32} {:<14} {:<20} accepted {}",
+                        r.execution_id,
+                        r.state_label(),
+                        r.retry_class,
+                        r.tool,
+                        r.accepted_at
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resolve(args) => {
+            existing(&args.path)?;
+            let ledger = FileLedger::open(&args.path)?;
+            let record = resolve(&ledger, args.execution, args.applied, &format!("operator:{}", args.operator), &args.note)
+                .await
+                .with_context(|| format!("resolving {} (only an execution that is unknown or needs review can be resolved; `replay-guard audit show` tells where it stands)", args.execution))?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&record)?);
+            } else {
+                println!("{} is now {}", record.execution_id, record.state_label());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
