@@ -68,6 +68,21 @@ fn bench(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // The same canonical record through the serde_jcs crate (the test oracle), which the crate
+    // used first: re-parses every key and buffers every member.
+    let canonical_value: Value = serde_json::from_slice(
+        key.canonicalize(record(arguments.clone()), &rules)
+            .as_bytes(),
+    )
+    .unwrap();
+    group.bench_function("fingerprint_via_serde_jcs", |b| {
+        b.iter(|| {
+            use hmac::{Hmac, KeyInit, Mac};
+            let mut mac = <Hmac<Sha256>>::new_from_slice(&[7; 32]).unwrap();
+            mac.update(&serde_jcs::to_vec(black_box(&canonical_value)).unwrap());
+            mac.finalize().into_bytes()
+        })
+    });
     group.bench_function("classify_and_fingerprint", |b| {
         b.iter(|| {
             let request = protocol::classify(&Method::POST, &headers, black_box(&body)).unwrap();

@@ -177,16 +177,7 @@ async fn stateless_call(
         stateless_tool_call_body(1, tool, args),
     );
     let response = send(client, request).await.unwrap();
-    let text = body_text(response.into_body()).await.unwrap();
-    let json_lines = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim);
-    std::iter::once(text.trim())
-        .chain(json_lines)
-        .filter_map(|s| serde_json::from_str::<Value>(s).ok())
-        .find(|m| m.get("result").is_some() || m.get("error").is_some())
-        .unwrap_or_else(|| panic!("no JSON-RPC response in {text}"))
+    read_response_to_end(response).await
 }
 
 #[tokio::test]

@@ -161,22 +161,14 @@ async fn only_record(ledger: &MemoryLedger) -> ExecutionRecord {
     records.into_iter().next().unwrap()
 }
 
-/// Reads a response body to its end (as a client that consumes the whole stream does) and
-/// returns the JSON-RPC response with `id`.
+/// Reads a response body to its end and returns the JSON-RPC response, checking its id.
 async fn read_to_end(
     response: Response<impl http_body::Body<Error = impl Into<BoxError>>>,
     id: i64,
 ) -> Value {
-    let text = body_text(response.into_body()).await.unwrap();
-    let json_lines = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim);
-    std::iter::once(text.trim())
-        .chain(json_lines)
-        .filter_map(|s| serde_json::from_str::<Value>(s).ok())
-        .find(|m| m.get("id") == Some(&json!(id)))
-        .unwrap_or_else(|| panic!("no response for id {id} in {text}"))
+    let message = read_response_to_end(response).await;
+    assert_eq!(message["id"], json!(id), "{message}");
+    message
 }
 
 #[tokio::test]

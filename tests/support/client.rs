@@ -373,3 +373,24 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+/// Reads a response body to its end, as a client that consumes the whole stream does, and
+/// returns the first JSON-RPC response (a message with `result` or `error`) in it, JSON or SSE.
+pub async fn read_response_to_end<B>(response: Response<B>) -> Value
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let text = body_text(response.into_body())
+        .await
+        .expect("the body reads to its end");
+    let data_lines = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim);
+    std::iter::once(text.trim())
+        .chain(data_lines)
+        .filter_map(|s| serde_json::from_str::<Value>(s).ok())
+        .find(is_jsonrpc_response)
+        .unwrap_or_else(|| panic!("no JSON-RPC response in {text}"))
+}
