@@ -324,6 +324,18 @@ impl ContractRegistry {
         Ok(ResolvedContract { contract, source })
     }
 
+    /// The registry with `tool`'s retry class set to `class`: a contract the tool already has
+    /// keeps its other terms (link window, retention, fingerprint rules); a tool without one gets
+    /// the unlisted defaults. This is how a command line's `--class` overrides a policy file.
+    pub fn with_class(mut self, tool: &str, class: RetryClass) -> Self {
+        let contract = self.tools.entry(tool.to_owned()).or_insert_with(|| {
+            let [.., unlisted] = &self.unlisted;
+            unlisted.clone()
+        });
+        contract.class = class;
+        self
+    }
+
     /// Whether the registry refuses tools without a contract.
     pub fn is_strict(&self) -> bool {
         self.strict
@@ -592,6 +604,27 @@ mod tests {
         assert_eq!(
             (r.contract.class(), r.source),
             (RetryClass::Irreversible, ContractSource::UnlistedDefault)
+        );
+    }
+
+    #[test]
+    fn with_class_overrides_the_class_and_keeps_the_other_terms() {
+        let registry = ContractRegistry::builder()
+            .tool(
+                "deploy_release",
+                ToolContract::irreversible().link_window(Duration::from_secs(90)),
+            )
+            .build()
+            .unwrap()
+            .with_class("deploy_release", RetryClass::Idempotent)
+            .with_class("list_branches", RetryClass::ReadOnly);
+        let r = registry.resolve("deploy_release", &target(), None).unwrap();
+        assert_eq!(r.contract.class(), RetryClass::Idempotent);
+        assert_eq!(r.contract.link_window_duration(), Duration::from_secs(90));
+        let r = registry.resolve("list_branches", &target(), None).unwrap();
+        assert_eq!(
+            (r.contract.class(), r.source),
+            (RetryClass::ReadOnly, ContractSource::Declared)
         );
     }
 

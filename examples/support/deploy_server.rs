@@ -1,5 +1,6 @@
-//! A small MCP server for the examples: rmcp's own Streamable HTTP server on 127.0.0.1 with a
-//! `deploy_release` tool that counts deployments. Shared by the examples with
+//! A small MCP server for the examples and `replay-guard demo`: rmcp's own Streamable HTTP
+//! server on 127.0.0.1 with a `deploy_release` tool that counts deployments, and one fault it
+//! can inject on demand: lose the response of a `tools/call` after the tool ran. Shared with
 //! `#[path = "support/deploy_server.rs"] mod deploy_server;`.
 
 use std::{
@@ -10,10 +11,12 @@ use std::{
     },
 };
 
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
-    service::TowerToHyperService,
 };
 use rmcp::{
     ErrorData, ServerHandler,
@@ -72,12 +75,30 @@ pub struct DeployServer {
     pub url: String,
     /// How many times `deploy_release` ran.
     pub deployments: Arc<AtomicUsize>,
+    /// How many of the next `tools/call` responses to lose after the tool ran.
+    lose_responses: Arc<AtomicUsize>,
 }
+
+/// The error the server's connection fails with when it loses a response on purpose: hyper
+/// then closes the connection without answering, as a crashed proxy or a reset would.
+#[derive(Debug)]
+struct LostResponse;
+
+impl std::fmt::Display for LostResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("response lost on purpose after the tool ran")
+    }
+}
+
+impl std::error::Error for LostResponse {}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl DeployServer {
     /// Starts the server on 127.0.0.1 (port 0) in the current tokio runtime.
     pub async fn start() -> std::io::Result<Self> {
         let deployments = Arc::new(AtomicUsize::new(0));
+        let lose_responses = Arc::new(AtomicUsize::new(0));
         let tools = DeployTools::new(deployments.clone());
         let service = StreamableHttpService::new(
             move || Ok(tools.clone()),
@@ -86,12 +107,17 @@ impl DeployServer {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr: SocketAddr = listener.local_addr()?;
+        let lose = lose_responses.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let service = TowerToHyperService::new(service.clone());
+                let service = service.clone();
+                let lose = lose.clone();
+                let handler = hyper::service::service_fn(move |request| {
+                    serve(service.clone(), lose.clone(), request)
+                });
                 tokio::spawn(async move {
                     let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(TokioIo::new(stream), handler)
                         .await;
                 });
             }
@@ -99,6 +125,7 @@ impl DeployServer {
         Ok(Self {
             url: format!("http://{addr}/mcp"),
             deployments,
+            lose_responses,
         })
     }
 
@@ -106,4 +133,50 @@ impl DeployServer {
     pub fn count(&self) -> usize {
         self.deployments.load(Ordering::SeqCst)
     }
+
+    /// Loses the response of the next `n` `tools/call` requests: the tool runs, then the
+    /// connection closes before the client hears anything.
+    #[allow(dead_code)] // the demo uses it; the examples do not
+    pub fn lose_next_responses(&self, n: usize) {
+        self.lose_responses.store(n, Ordering::SeqCst);
+    }
+}
+
+/// rmcp's response type.
+type RmcpResponse =
+    http::Response<http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>>;
+
+/// One request: buffered (so a `tools/call` can be recognised), then handed to rmcp.
+async fn serve(
+    service: StreamableHttpService<DeployTools, LocalSessionManager>,
+    lose: Arc<AtomicUsize>,
+    request: Request<hyper::body::Incoming>,
+) -> Result<RmcpResponse, BoxError> {
+    use tower::ServiceExt as _;
+    let (parts, body) = request.into_parts();
+    let bytes = body.collect().await?.to_bytes();
+    let is_tool_call = parts.method == Method::POST
+        && serde_json::from_slice::<serde_json::Value>(&bytes)
+            .is_ok_and(|message| message["method"] == "tools/call");
+    let lost = is_tool_call
+        && lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+    let response = service
+        .oneshot(Request::from_parts(parts, Full::new(bytes)))
+        .await?;
+    if !lost {
+        return Ok(response);
+    }
+    // Let the tool run to its answer, then drop the answer and the connection.
+    let mut body = response.into_body();
+    while let Some(Ok(frame)) = body.frame().await {
+        if frame
+            .data_ref()
+            .is_some_and(|data| String::from_utf8_lossy(data).contains("\"result\""))
+        {
+            break;
+        }
+    }
+    Err(LostResponse.into())
 }

@@ -705,7 +705,7 @@ where
                     && record.state != ExecutionState::NeedsReview
                 {
                     let why = format!(
-                        "unknown outcome on a {} tool; not re-sent",
+                        "unknown outcome; a tool of class {} is not re-sent",
                         record.retry_class
                     );
                     record = self
@@ -921,10 +921,12 @@ where
         }
         tracing::info!(attempt = record.attempts + 1, "dispatched");
         let (body, polled) = GuardRequestBody::new(bytes);
-        let response = match self.send(Request::from_parts(parts, body)).await {
+        let mut response = match self.send(Request::from_parts(parts, body)).await {
             Ok(response) => response,
             Err(error) => return send_failed(&self.config, id, &polled, error, owner).await,
         };
+        // The caller can tell which execution a target's answer belongs to.
+        response.extensions_mut().insert(id);
         let status = response.status();
         if status.is_success() {
             let sse = response

@@ -1,14 +1,27 @@
-//! `replay-guard`: inspect and settle a file ledger.
+//! `replay-guard`: the guard as a command, a sidecar proxy, and the tools to inspect and
+//! settle its ledger.
 //!
 //! ```text
+//! replay-guard demo                          # the main job on an embedded server: exit 0 iff the guard deployed once
+//! replay-guard call --url URL --tool NAME --args JSON [--ledger PATH] [--policy FILE] [--class C] …
+//! replay-guard proxy --listen ADDR --upstream URL [--ledger PATH] [--policy FILE]
 //! replay-guard audit verify PATH             # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
 //! replay-guard audit show PATH [EXECUTION]   # the investigation timeline (all executions without an id)
 //! replay-guard ledger list PATH [--state S]  # one line per execution
 //! replay-guard resolve PATH EXECUTION (--applied | --not-applied) --note TEXT
 //! ```
 //!
-//! Every command takes `--json` for scripts. Exit codes: 0 done, 1 the ledger does not verify,
-//! 2 usage or an error that says what to do next.
+//! Every command takes `--json` for scripts. Exit codes: 0 done, 1 the call failed or the
+//! ledger does not verify, 2 usage or an error before anything was sent (the message says what
+//! to do next), 3 (`call`) the outcome is unknown, held for review, or still in progress.
+
+mod call;
+mod demo;
+#[path = "../../../examples/support/deploy_server.rs"]
+mod deploy_server;
+mod mcp_http;
+mod options;
+mod proxy;
 
 use std::{
     path::{Path, PathBuf},
@@ -27,7 +40,7 @@ use mcp_replay_guard::{
 #[command(
     name = "replay-guard",
     version,
-    about = "Inspect and settle the ledger of mcp-replay-guard"
+    about = "Guard MCP tool calls against repeated side effects; inspect and settle the ledger"
 )]
 struct Cli {
     /// Print JSON instead of text.
@@ -39,6 +52,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show the main job on an embedded server: a lost response, a generic retry (2
+    /// deployments) and the guard (1 deployment).
+    Demo(demo::DemoArgs),
+    /// Make one guarded `tools/call` and print its result (exit 0, 1, 2 or 3).
+    Call(call::CallArgs),
+    /// Run a Streamable HTTP reverse proxy that guards every MCP client behind it.
+    Proxy(proxy::ProxyArgs),
     /// Check and read the audit trail.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -104,7 +124,15 @@ struct ResolveArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
@@ -135,6 +163,9 @@ fn existing(path: &Path) -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Demo(args) => demo::run(args, cli.json).await,
+        Command::Call(args) => call::run(args, cli.json).await,
+        Command::Proxy(args) => proxy::run(args).await,
         Command::Audit(AuditCommand::Verify { path }) => {
             existing(&path)?;
             let report =
