@@ -639,6 +639,24 @@ where
             // Another process's guard owns the execution: wait (bounded) for it to move on,
             // then decide again.
             match self.config.wait_for_other_attempt(claimed.record()).await? {
+                // The attempt this call waited for completed: its answer is this call's answer,
+                // even when another caller already received it (claiming again would find a
+                // delivered execution and start a second one).
+                Some(current) if current.state == ExecutionState::Completed => {
+                    let stored = match &current.result_reference {
+                        Some(reference) => self
+                            .config
+                            .ledger
+                            .load_result(reference)
+                            .await
+                            .map_err(GuardError::ledger)?,
+                        None => None,
+                    };
+                    return self
+                        .config
+                        .hand_back(&current, &intent.call.id, stored, owner)
+                        .await;
+                }
                 Some(_) => claimed = self.config.claim(&intent).await?,
                 None => {
                     return answered(answer::uncertain(
@@ -710,7 +728,7 @@ where
                     );
                     record = self
                         .config
-                        .append(id, EventKind::NeedsReview { reason: why })
+                        .append_or_current(id, EventKind::NeedsReview { reason: why })
                         .await?;
                 }
                 tracing::warn!(
@@ -1104,18 +1122,22 @@ impl Config {
         id: ExecutionId,
         reason: &str,
     ) -> Result<ExecutionRecord, GuardError> {
-        match self
-            .append(
-                id,
-                EventKind::Unknown {
-                    target_status: None,
-                    reason: reason.into(),
-                },
-            )
-            .await
-        {
+        let kind = EventKind::Unknown {
+            target_status: None,
+            reason: reason.into(),
+        };
+        self.append_or_current(id, kind).await
+    }
+
+    /// Appends `kind`; when another attempt (in this process or another) moved the execution
+    /// on meanwhile so that `kind` no longer applies, takes the record as it now is.
+    async fn append_or_current(
+        &self,
+        id: ExecutionId,
+        kind: EventKind,
+    ) -> Result<ExecutionRecord, GuardError> {
+        match self.append(id, kind).await {
             Ok(record) => Ok(record),
-            // Someone recorded the outcome meanwhile: take the record as it is.
             Err(e) if e.is_ledger_transition() => self
                 .ledger
                 .get(id)

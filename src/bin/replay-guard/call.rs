@@ -321,20 +321,22 @@ fn print(
         println!("{line}");
     } else {
         println!("{}", serde_json::to_string_pretty(&outcome.payload())?);
-        eprintln!(
-            "{}: execution {}",
-            match outcome {
-                Outcome::Completed(_) => "completed",
-                Outcome::ToolError(_) => "completed with isError: true",
-                Outcome::JsonRpcError(_) => "the server answered with a JSON-RPC error",
-                Outcome::Refused { .. } => "the server refused the call by HTTP status (not run)",
-                Outcome::GuardAnswer(_) if outcome.exit_code() == 1 => "denied (not run)",
-                Outcome::GuardAnswer(_) =>
-                    "the guard answered: the outcome is not known to this caller (see the text)",
-                Outcome::Unknown(_) => "outcome unknown",
-            },
-            execution.as_deref().unwrap_or("-"),
-        );
+        let what = match outcome {
+            Outcome::Completed(_) => "completed",
+            Outcome::ToolError(_) => "completed with isError: true",
+            Outcome::JsonRpcError(_) => "the server answered with a JSON-RPC error",
+            Outcome::Refused { .. } => "the server refused the call by HTTP status (not run)",
+            Outcome::GuardAnswer(_) if outcome.exit_code() == 1 => "denied (not run)",
+            Outcome::GuardAnswer(_) => {
+                "the guard answered: the outcome is not known to this caller (see the text)"
+            }
+            Outcome::Unknown(_) => "outcome unknown",
+        };
+        match execution {
+            Some(id) => eprintln!("{what}: execution {id}"),
+            // Read-only calls need no execution identity.
+            None => eprintln!("{what}"),
+        }
     }
     Ok(())
 }

@@ -20,7 +20,6 @@ use hyper_util::{
     server::conn::auto,
 };
 use mcp_replay_guard::guard::{Guard, GuardRequestBody};
-use serde_json::json;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::{
@@ -170,18 +169,18 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("keep-alive");
 }
 
-/// A JSON-RPC error the proxy answers with itself (the request's id is not known here).
+/// An answer of the proxy's own. Plain text, not a JSON-RPC error: the request's id is not
+/// known here, and a JSON-RPC error without it would leave a client waiting for its answer.
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32603, "message": message}});
     let mut response = Response::new(
-        Full::new(Bytes::from(body.to_string()))
+        Full::new(Bytes::from(message.to_owned()))
             .map_err(|never| match never {})
             .boxed_unsync(),
     );
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
 }

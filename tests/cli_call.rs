@@ -1,0 +1,406 @@
+//! `replay-guard call` and `replay-guard demo`, run as the built binary against rmcp's own
+//! server on 127.0.0.1 (tests/support), with faults injected in front of the server. The
+//! server's side-effect counters are the ground truth.
+
+mod support;
+
+use std::{path::Path, time::Duration};
+
+use serde_json::{Value, json};
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_replay-guard");
+
+/// One finished run of the binary.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The `--json` line of `call`.
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not one JSON line ({e}): {self:#?}"))
+    }
+
+    fn execution_id(&self) -> String {
+        self.json()["execution_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no execution id: {self:#?}"))
+            .to_owned()
+    }
+}
+
+async fn replay_guard(args: &[&str]) -> Run {
+    let output = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("the binary runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// `replay-guard --json call --url URL --tool TOOL --args ARGS EXTRA…`
+async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
+    let args = args.to_string();
+    let mut argv = vec![
+        "--json", "call", "--url", url, "--tool", tool, "--args", &args,
+    ];
+    argv.extend_from_slice(extra);
+    replay_guard(&argv).await
+}
+
+fn deploy_args() -> Value {
+    json!({"service": "catalog", "version": "2026.07.22"})
+}
+
+fn ledger_path(dir: &Path) -> String {
+    dir.join("ledger.jsonl").to_string_lossy().into_owned()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-cli-call-{name}-{}-{}",
+        std::process::id(),
+        mcp_replay_guard::ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn a_completed_call_exits_0_with_the_tool_result_in_both_eras() {
+    let server = TestServer::start().await;
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--protocol", "2025-11-25"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = run.json();
+    assert_eq!(out["outcome"], "completed");
+    assert_eq!(
+        out["result"]["content"][0]["text"],
+        "deployed catalog 2026.07.22"
+    );
+    assert!(out["execution_id"].as_str().unwrap().starts_with("act_"));
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    // The dispatch carried the execution ID as its Idempotency-Key.
+    assert_eq!(
+        server.state.idempotency_keys("deploy_release"),
+        vec![Some(out["execution_id"].as_str().unwrap().to_owned())]
+    );
+
+    // `auto` discovers a 2026-07-28 server and calls it statelessly.
+    let stateless = TestServer::start_with(ServerOptions::stateless()).await;
+    let run = call(&stateless.url, "deploy_release", deploy_args(), &[]).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(stateless.state.side_effects("deploy_release"), 1);
+    let calls = stateless.state.tool_call_requests("deploy_release");
+    assert_eq!(
+        calls[0].protocol_version.as_deref(),
+        Some(STATELESS_PROTOCOL_VERSION)
+    );
+    assert_eq!(calls[0].session_id, None);
+
+    // Human output: the result JSON on stdout, a summary on stderr.
+    let human = replay_guard(&[
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "list_branches",
+        "--args",
+        "{}",
+        "--class",
+        "read-only",
+    ])
+    .await;
+    assert_eq!(human.code, 0, "{human:#?}");
+    let result: Value = serde_json::from_str(&human.stdout).unwrap();
+    assert!(result["content"].is_array(), "{human:#?}");
+    assert!(human.stderr.starts_with("completed"), "{human:#?}");
+}
+
+#[tokio::test]
+async fn a_tool_error_or_a_json_rpc_error_exits_1() {
+    let server = TestServer::start().await;
+    // deploy_release without its required arguments: rmcp answers with `isError: true`.
+    let run = call(&server.url, "deploy_release", json!({}), &[]).await;
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert_eq!(run.json()["outcome"], "tool_error");
+    assert_eq!(run.json()["result"]["isError"], true);
+    // A tool the server does not have: a JSON-RPC error.
+    let run = call(&server.url, "no_such_tool", json!({}), &[]).await;
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert_eq!(run.json()["outcome"], "jsonrpc_error", "{run:#?}");
+    assert!(run.json()["result"]["code"].is_i64(), "{run:#?}");
+    assert_eq!(server.state.total_side_effects(), 0);
+}
+
+#[tokio::test]
+async fn a_refusal_by_http_status_exits_1_and_nothing_ran() {
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::Status(403));
+    let run = call(&server.url, "deploy_release", deploy_args(), &[]).await;
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert_eq!(run.json()["outcome"], "refused");
+    assert_eq!(run.json()["result"]["http_status"], 403);
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+}
+
+#[tokio::test]
+async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
+    let server = TestServer::start().await;
+    let run = replay_guard(&[
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "deploy_release",
+        "--args",
+        "not json",
+    ])
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("--args is not JSON"), "{run:#?}");
+
+    let run = call(&server.url, "deploy_release", json!([1]), &[]).await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("must be a JSON object"), "{run:#?}");
+
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--class", "sometimes"],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--header", "Authorization Bearer s3cr3t"],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        !run.stderr.contains("s3cr3t"),
+        "a credential leaked into an error: {run:#?}"
+    );
+
+    // Nobody listens: nothing can be sent, in either era.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/mcp", listener.local_addr().unwrap())
+    };
+    for protocol in ["2025-11-25", "2026-07-28", "auto"] {
+        let run = call(
+            &closed,
+            "deploy_release",
+            deploy_args(),
+            &["--protocol", protocol],
+        )
+        .await;
+        assert_eq!(run.code, 2, "{protocol}: {run:#?}");
+        assert!(
+            run.stderr.contains("Nothing was sent"),
+            "{protocol}: {run:#?}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+}
+
+#[tokio::test]
+async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches_to_it() {
+    let dir = temp_dir("lost");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+
+    let first = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(first.code, 3, "{first:#?}");
+    let id = first.execution_id();
+    let out = first.json();
+    assert_eq!(out["outcome"], "guard_answer");
+    assert_eq!(
+        out["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    let second = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(second.code, 3, "{second:#?}");
+    assert_eq!(
+        second.execution_id(),
+        id,
+        "the repeat names the first execution"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+
+    // The ledger the calls wrote verifies; one changed byte is found and named.
+    let verify = replay_guard(&["audit", "verify", &ledger]).await;
+    assert_eq!(verify.code, 0, "{verify:#?}");
+    assert!(verify.stdout.starts_with("ok: "), "{verify:#?}");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let line = text.lines().nth(2).expect("at least three lines");
+    let seq = serde_json::from_str::<Value>(line).unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    // One byte: the first digit of the event's time.
+    let tampered = line.replacen("\"at\":\"2", "\"at\":\"3", 1);
+    assert_ne!(tampered, line, "the line has a time");
+    std::fs::write(&ledger, text.replacen(line, &tampered, 1)).unwrap();
+    let verify = replay_guard(&["audit", "verify", &ledger]).await;
+    assert_eq!(verify.code, 1, "{verify:#?}");
+    assert!(verify.stdout.contains(&format!("seq {seq}")), "{verify:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Twenty processes make the same call at once over one ledger file, and the response is lost:
+/// one dispatch, and every process names the same execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
+    let dir = temp_dir("twenty");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let args = deploy_args().to_string();
+    let argv = [
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "deploy_release",
+        "--args",
+        &args,
+        "--ledger",
+        &ledger,
+    ];
+    let runs = concurrently(20, &argv).await;
+    let ids: std::collections::BTreeSet<String> = runs.iter().map(Run::execution_id).collect();
+    for run in &runs {
+        assert_eq!(run.code, 3, "{run:#?}");
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The same without a fault, on a slow tool: the other processes attach to the running
+/// execution and all get its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_in_other_processes_attach_and_get_the_same_result() {
+    let dir = temp_dir("attach");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(3),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = [
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--ledger",
+        &ledger,
+        "--class",
+        "irreversible",
+    ];
+    let runs = concurrently(20, &argv).await;
+    for run in &runs {
+        assert_eq!(run.code, 0, "{run:#?}");
+    }
+    let results: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| r.json()["result"].to_string())
+        .collect();
+    assert_eq!(results.len(), 1, "{results:#?}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
+    let dir = temp_dir("demo");
+    let ledger = ledger_path(&dir);
+    let run = replay_guard(&["--json", "demo", "--ledger", &ledger]).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    let out = run.json();
+    assert_eq!(out["generic_retry"]["deployments"], 2, "{out:#}");
+    assert_eq!(out["guard"]["deployments"], 1, "{out:#}");
+    assert_eq!(out["guard"]["decision"], "needs_review", "{out:#}");
+    assert_eq!(out["audit"]["ok"], true, "{out:#}");
+    let verify = replay_guard(&["audit", "verify", &ledger]).await;
+    assert_eq!(verify.code, 0, "{verify:#?}");
+
+    let human = replay_guard(&[
+        "demo",
+        "--ledger",
+        &dir.join("human.jsonl").to_string_lossy(),
+    ])
+    .await;
+    assert_eq!(human.code, 0, "{human:#?}");
+    assert!(
+        human
+            .stdout
+            .contains("deployments: generic retry 2, guard 1 -> ok"),
+        "{human:#?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs `n` copies of `replay-guard ARGV…` at once, as separate processes.
+async fn concurrently(n: usize, argv: &[&str]) -> Vec<Run> {
+    let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let argv = argv.clone();
+        set.spawn(async move {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            replay_guard(&argv).await
+        });
+    }
+    set.join_all().await
+}
