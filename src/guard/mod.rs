@@ -12,7 +12,7 @@
 //! | prior execution | what the guard does |
 //! |---|---|
 //! | none, delivered, failed | a new execution: `accepted` → authorize → `dispatched` (recorded before the bytes leave) → send with `Idempotency-Key` |
-//! | in flight in this process | wait for it (bounded) and return its result |
+//! | in flight in this process, or in another process sharing the ledger | wait for it (bounded) and return its result |
 //! | never sent (accepted, authorized, `not_sent`) | continue it under the same execution ID |
 //! | unknown, idempotent | re-send under the same execution ID and key |
 //! | unknown, recoverable | ask the status probe: applied → its result; not applied → re-send same key; unknown → review |
@@ -25,6 +25,10 @@
 //! See [`crate::ledger`]. A send error before the transport read the request body, or a
 //! connect error, is `not_sent`; any other send error, a broken response stream, or a 5xx is
 //! `unknown`; 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
+//!
+//! A response the target produced for a guarded call carries the call's
+//! [`ExecutionId`](crate::ExecutionId) in its extensions, so a caller can name the execution
+//! even when the answer is not the guard's own.
 
 mod answer;
 mod body;
