@@ -113,6 +113,22 @@ async fn a_completed_call_exits_0_with_the_tool_result_in_both_eras() {
     );
     assert_eq!(calls[0].session_id, None);
 
+    // The shipped policy file is read: deploy_release is irreversible there, list_branches read-only.
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml");
+    let run = call(
+        &server.url,
+        "list_branches",
+        json!({}),
+        &["--policy", policy],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["execution_id"],
+        Value::Null,
+        "read-only calls need no execution"
+    );
+
     // Human output: the result JSON on stdout, a summary on stderr.
     let human = replay_guard(&[
         "call",
@@ -203,6 +219,24 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
         !run.stderr.contains("s3cr3t"),
         "a credential leaked into an error: {run:#?}"
     );
+
+    // A policy file with a bad class: the error names the key.
+    let dir = temp_dir("policy");
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, "[tools.deploy_release]\nclass = \"sometimes\"\n").unwrap();
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--policy", &policy.to_string_lossy()],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains("tools.deploy_release.class"),
+        "{run:#?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 
     // Nobody listens: nothing can be sent, in either era.
     let closed = {
