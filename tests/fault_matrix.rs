@@ -22,8 +22,7 @@ use std::{
     time::Duration,
 };
 
-use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Full};
+use http::{Request, Uri};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
@@ -31,7 +30,7 @@ use hyper_util::{
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::{ContractRegistry, ToolContract},
-    guard::{Guard, GuardError, GuardLayer, GuardRequestBody},
+    guard::{Guard, GuardLayer, GuardRequestBody},
     ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger},
     resume::{Resume, ResumeLayer},
 };
@@ -145,8 +144,8 @@ fn guard_layer(ledger: &FileLedger) -> GuardLayer {
 // ---- what a cell expects -----------------------------------------------------------------
 
 const UNCERTAIN: &str = "uncertain: needs_review + execution id";
-const RESULT: &str = "result";
-const PROBE_RESULT: &str = "result from the status probe";
+const RESULT: &str = TOLD_RESULT;
+const PROBE_RESULT: &str = TOLD_PROBE_RESULT;
 const NOT_RECORDED: &str = "not recorded (read-only)";
 
 /// One row of the matrix: what happened (observed) or what the class allows (expected).
@@ -276,44 +275,7 @@ fn stack(layer: &GuardLayer, refuse: &Arc<AtomicUsize>) -> Stack {
 
 // ---- one cell ----------------------------------------------------------------------------
 
-/// What one call gave the agent.
-enum Told {
-    Result(Value),
-    Uncertain(Value),
-    Error(String),
-    Status(u16),
-    BrokenStream,
-    Nothing(&'static str),
-}
-
-impl Told {
-    fn render(&self) -> String {
-        match self {
-            Told::Result(answer)
-                if first_text(answer).is_some_and(|t| t.contains("status probe")) =>
-            {
-                PROBE_RESULT.to_owned()
-            }
-            Told::Result(_) => RESULT.to_owned(),
-            Told::Uncertain(answer) => format!(
-                "uncertain: {} + execution id",
-                answer["result"]["structuredContent"]["mcp_replay_guard"]["state"]
-                    .as_str()
-                    .unwrap_or("?")
-            ),
-            Told::Error(kind) => kind.clone(),
-            Told::Status(code) => format!("HTTP {code}"),
-            Told::BrokenStream => "stream broke before the result".to_owned(),
-            Told::Nothing(why) => format!("nothing ({why})"),
-        }
-    }
-
-    fn is_result(&self) -> bool {
-        matches!(self, Told::Result(_))
-    }
-}
-
-/// Sends one `tools/call` through `client` and reads what the agent would read.
+/// The agent calls the cell's tool with JSON-RPC id `id`.
 async fn call(
     client: &mut Stack,
     era: Era,
@@ -323,45 +285,7 @@ async fn call(
     class: Class,
 ) -> Told {
     let (tool, args) = class.tool();
-    let response = match send(client, era.tool_call(url, session, id, tool, args)).await {
-        Ok(response) => response,
-        Err(error) => {
-            return Told::Error(match error.downcast_ref::<GuardError>() {
-                Some(e) if e.is_not_sent() => "error: not sent".to_owned(),
-                Some(e) if e.is_unknown() => "error: outcome unknown".to_owned(),
-                _ => "transport error".to_owned(),
-            });
-        }
-    };
-    if !response.status().is_success() {
-        return Told::Status(response.status().as_u16());
-    }
-    // Read to the end, as a client that consumes the whole stream does (the guard records
-    // `delivered` when the stream ends); a break on the way is what the agent sees.
-    let (head, body) = response.into_parts();
-    let answer = match body.collect().await {
-        Err(_) => return Told::BrokenStream,
-        Ok(body) => {
-            read_response_to_end(Response::from_parts(head, Full::new(body.to_bytes()))).await
-        }
-    };
-    assert_eq!(answer["id"], json!(id), "{answer}");
-    match answer {
-        answer
-            if answer
-                .pointer("/result/structuredContent/mcp_replay_guard")
-                .is_some() =>
-        {
-            Told::Uncertain(answer)
-        }
-        answer => {
-            assert!(
-                answer["result"]["isError"] != true,
-                "the tool itself failed: {answer}"
-            );
-            Told::Result(answer)
-        }
-    }
+    agent_call(client, era.tool_call(url, session, id, tool, args), id).await
 }
 
 fn temp_ledger(name: &str) -> (PathBuf, PathBuf) {

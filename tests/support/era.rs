@@ -8,14 +8,17 @@ use std::sync::{
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::Request;
-use http_body_util::Full;
-use mcp_replay_guard::guard::{ProbeOutcome, ProbeRequest, StatusProbe};
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use mcp_replay_guard::guard::{GuardError, ProbeOutcome, ProbeRequest, StatusProbe};
 use serde_json::{Value, json};
+use tower::Service;
 
 use super::{
-    PROTOCOL_VERSION, STATELESS_PROTOCOL_VERSION, call_tool, call_tool_stateless, hyper_client,
-    initialize, post, stateless_tool_call_body, structured, tool_call_body,
+    BoxError, PROTOCOL_VERSION, STATELESS_PROTOCOL_VERSION, call_tool, call_tool_stateless,
+    first_text, hyper_client, initialize, post, read_response_to_end, send,
+    stateless_tool_call_body, structured, tool_call_body,
 };
 
 /// The protocol era a client speaks.
@@ -160,4 +163,103 @@ impl StatusProbe for CredentialStatusProbe {
             },
         }
     }
+}
+
+/// What the agent is told when the target (or the guard) answered with a tool result.
+pub const TOLD_RESULT: &str = "result";
+/// What the agent is told when a status probe settled the call and its result came back.
+pub const TOLD_PROBE_RESULT: &str = "result from the status probe";
+
+/// What one `tools/call` gave the agent.
+#[derive(Debug)]
+pub enum Told {
+    /// A tool result (from the target, kept by the guard, or from a status probe).
+    Result(Value),
+    /// The guard's honest "uncertain" answer (`structuredContent.mcp_replay_guard`).
+    Uncertain(Value),
+    /// The call failed before any response: `error: not sent`, `error: outcome unknown`
+    /// (both from the guard) or `transport error`.
+    Error(String),
+    /// A non-2xx HTTP status.
+    Status(u16),
+    /// The response began and broke before the JSON-RPC response.
+    BrokenStream,
+    /// The agent read nothing, and why.
+    Nothing(&'static str),
+}
+
+impl Told {
+    /// A short, id-free description (the fault matrix prints it).
+    pub fn render(&self) -> String {
+        match self {
+            Told::Result(answer)
+                if first_text(answer).is_some_and(|t| t.contains("status probe")) =>
+            {
+                TOLD_PROBE_RESULT.to_owned()
+            }
+            Told::Result(_) => TOLD_RESULT.to_owned(),
+            Told::Uncertain(answer) => format!(
+                "uncertain: {} + execution id",
+                answer["result"]["structuredContent"]["mcp_replay_guard"]["state"]
+                    .as_str()
+                    .unwrap_or("?")
+            ),
+            Told::Error(kind) => kind.clone(),
+            Told::Status(code) => format!("HTTP {code}"),
+            Told::BrokenStream => "stream broke before the result".to_owned(),
+            Told::Nothing(why) => format!("nothing ({why})"),
+        }
+    }
+
+    /// Whether the agent got a tool result.
+    pub fn is_result(&self) -> bool {
+        matches!(self, Told::Result(_))
+    }
+
+    /// Whether the agent got an answer it will not retry: a result or an uncertain answer.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Told::Result(_) | Told::Uncertain(_))
+    }
+}
+
+/// Sends `request` (a `tools/call` with JSON-RPC id `id`) and reads the response to its end,
+/// as a client that consumes the whole stream does (the guard records `delivered` when the
+/// stream ends). Panics if a tool result is a tool-level error: the test tools never fail.
+pub async fn agent_call<S, RB>(svc: &mut S, request: Request<Full<Bytes>>, id: i64) -> Told
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Body,
+    RB::Error: Into<BoxError>,
+{
+    let response = match send(svc, request).await {
+        Ok(response) => response,
+        Err(error) => {
+            return Told::Error(match error.downcast_ref::<GuardError>() {
+                Some(e) if e.is_not_sent() => "error: not sent".to_owned(),
+                Some(e) if e.is_unknown() => "error: outcome unknown".to_owned(),
+                _ => "transport error".to_owned(),
+            });
+        }
+    };
+    if !response.status().is_success() {
+        return Told::Status(response.status().as_u16());
+    }
+    let (head, body) = response.into_parts();
+    let Ok(body) = body.collect().await else {
+        return Told::BrokenStream;
+    };
+    let answer = read_response_to_end(Response::from_parts(head, Full::new(body.to_bytes()))).await;
+    assert_eq!(answer["id"], json!(id), "{answer}");
+    if answer
+        .pointer("/result/structuredContent/mcp_replay_guard")
+        .is_some()
+    {
+        return Told::Uncertain(answer);
+    }
+    assert!(
+        answer["result"]["isError"] != true,
+        "the tool itself failed: {answer}"
+    );
+    Told::Result(answer)
 }
