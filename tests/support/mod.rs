@@ -35,7 +35,7 @@ mod sse;
 mod tools;
 
 pub use client::*;
-pub use era::{CredentialStatusProbe, Era};
+pub use era::{CredentialStatusProbe, Era, TOLD_PROBE_RESULT, TOLD_RESULT, Told, agent_call};
 pub use event_store::InMemoryEventStore;
 pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
