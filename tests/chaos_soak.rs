@@ -507,6 +507,7 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
     let urls = [sessions.url.clone(), stateless.url.clone()];
     let dir = temp_dir();
     let path = dir.join("ledger.jsonl");
+    println!("ledger: {} (removed when the soak passes)", path.display());
     // Created here, once, so both children read the same fingerprint key.
     FileLedger::open(&path)
         .and_then(|ledger| ledger.fingerprint_key())
