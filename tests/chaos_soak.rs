@@ -45,7 +45,8 @@ const AGENT_ATTEMPTS: i64 = 4;
 /// the test binary, plus 3 KiB per planned call for the ledger's in-memory index: each child
 /// catches up with every execution of both processes and keeps them (and their kept results)
 /// for the contract's retention, about 2 KiB each measured. Measured peaks: 21.8 MiB at 2,000
-/// calls, 38.7 MiB at 10,000; the bounds there are 37.9 and 61.3 MiB.
+/// calls, 38.7 MiB at 10,000, 251.5 MiB at 100,000; the bounds there are 37.9, 61.3 and
+/// 325 MiB.
 fn memory_bound_kib(calls: usize) -> u64 {
     32 * 1024 + 3 * calls as u64
 }
