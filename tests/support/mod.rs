@@ -26,6 +26,7 @@
 #![allow(unused_imports)]
 
 mod client;
+mod era;
 mod event_store;
 mod faults;
 mod ledger;
@@ -34,6 +35,7 @@ mod sse;
 mod tools;
 
 pub use client::*;
+pub use era::{CredentialStatusProbe, Era, TOLD_PROBE_RESULT, TOLD_RESULT, Told, agent_call};
 pub use event_store::InMemoryEventStore;
 pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,

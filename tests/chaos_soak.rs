@@ -1,0 +1,598 @@
+//! The seeded chaos soak (issue 8, part 2): two agent processes share one `FileLedger` and call
+//! the four classes of tools on two rmcp servers (one per protocol era), while this process
+//! injects random faults into the servers and the plan repeats intents at random, often from
+//! both processes at once. At the end: no irreversible execution ran twice and no new one was
+//! started over an undelivered one, every completed result loads, the hash chain verifies, and
+//! each child's peak resident memory stays under a stated bound.
+//!
+//! `MRG_SOAK_CALLS` sets the number of planned calls (default 2,000; 100,000 for a long run),
+//! `MRG_SOAK_SEED` replays a run: the seed is printed first. The seed fixes every child's plan
+//! (which intent, which era, which duplicates) and the sequence of faults; which call a fault
+//! lands on also depends on timing, so a replay repeats the workload, not every interleaving.
+
+mod support;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use mcp_replay_guard::{
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
+    guard::{GuardLayer, GuardRequestBody, ProbeOutcome, ProbeRequest, StatusProbe},
+    ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger, chain, verify_file},
+    resume::ResumeLayer,
+};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use serde_json::{Value, json};
+use support::*;
+use tower::ServiceBuilder;
+
+const DEFAULT_CALLS: usize = 2_000;
+/// Calls each child keeps in flight at once.
+const CONCURRENCY: usize = 4;
+/// Attempts an agent makes for one planned call before it gives up.
+const AGENT_ATTEMPTS: i64 = 4;
+/// Peak resident memory a child may reach. A fixed allowance for the runtime, the client and
+/// the test binary, plus 3 KiB per planned call for the ledger's in-memory index: each child
+/// catches up with every execution of both processes and keeps them (and their kept results)
+/// for the contract's retention, about 2 KiB each measured. Measured peaks: 21.8 MiB at 2,000
+/// calls, 38.7 MiB at 10,000, 251.5 MiB at 100,000; the bounds there are 37.9, 61.3 and
+/// 325 MiB.
+fn memory_bound_kib(calls: usize) -> u64 {
+    32 * 1024 + 3 * calls as u64
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={value:?} is not a number: {e}")),
+    )
+}
+
+// ---- the workload --------------------------------------------------------------------------
+
+/// One intent of the plan: what the agent means to do, the same in both processes.
+#[derive(Debug, Clone)]
+struct Intent {
+    era: Era,
+    tool: &'static str,
+    args: Value,
+}
+
+/// Intent `j` of the run with `seed`: a tool of each class in fixed proportions, unique
+/// arguments per intent (read-only calls have none), and an era.
+fn intent(seed: u64, j: usize) -> Intent {
+    let mut rng = StdRng::seed_from_u64(seed ^ (j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let era = if rng.random_bool(0.5) {
+        Era::Sessions
+    } else {
+        Era::Stateless
+    };
+    let (tool, args) = match rng.random_range(0..100) {
+        0..35 => (
+            "deploy_release",
+            json!({"service": format!("svc-{j}"), "version": format!("{seed:x}.{j}")}),
+        ),
+        35..60 => (
+            "create_payment",
+            json!({"amount": j + 1, "currency": "eur"}),
+        ),
+        60..80 => ("rotate_credential", json!({"name": format!("cred-{j}")})),
+        _ => ("list_branches", json!({})),
+    };
+    Intent { era, tool, args }
+}
+
+/// The intents child `child` calls, in order: mostly intent `k` at step `k` (the other child
+/// calls it at about the same time: a duplicate across processes), and one time in four an
+/// intent from the last 16 steps again (a later duplicate, from either process).
+fn plan(seed: u64, child: usize, calls: usize) -> Vec<usize> {
+    let mut rng = StdRng::seed_from_u64(seed.wrapping_add(child as u64 + 1));
+    (0..calls)
+        .map(|k| {
+            if k > 0 && rng.random_bool(0.25) {
+                rng.random_range(k.saturating_sub(16)..k)
+            } else {
+                k
+            }
+        })
+        .collect()
+}
+
+fn registry() -> ContractRegistry {
+    ContractRegistry::builder()
+        .tool("list_branches", ToolContract::read_only())
+        .tool("create_payment", ToolContract::idempotent())
+        .tool("rotate_credential", ToolContract::recoverable())
+        .tool("deploy_release", ToolContract::irreversible())
+        .build()
+        .expect("valid contracts")
+}
+
+/// The status probe of the server the probed execution went to (one per era).
+#[derive(Debug)]
+struct ProbeByTarget(Vec<(String, CredentialStatusProbe)>);
+
+#[async_trait]
+impl StatusProbe for ProbeByTarget {
+    async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome {
+        let target = request.execution.target.to_string();
+        match self.0.iter().find(|(url, _)| url.contains(&target)) {
+            Some((_, probe)) => probe.probe(request).await,
+            None => ProbeOutcome::Unknown {
+                reason: format!("no probe for target {target}"),
+            },
+        }
+    }
+}
+
+// ---- the child: one agent process ----------------------------------------------------------
+
+/// Runs this test binary again as soak child `index`.
+fn spawn_child(index: usize, path: &Path, urls: &[String; 2], seed: u64, calls: usize) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            "MRG_CHILD",
+            format!(
+                "{index}|{}|{}|{}|{seed}|{calls}",
+                path.display(),
+                urls[0],
+                urls[1]
+            ),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// The child side: does nothing unless `MRG_CHILD` names a task.
+#[test]
+fn child_entry() {
+    let Ok(task) = std::env::var("MRG_CHILD") else {
+        return;
+    };
+    let parts: Vec<&str> = task.split('|').collect();
+    let [index, path, sessions_url, stateless_url, seed, calls] = parts[..] else {
+        panic!("bad child task {task}");
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stats = runtime.block_on(soak_child(
+        index.parse().expect("index"),
+        Path::new(path),
+        [sessions_url.to_owned(), stateless_url.to_owned()],
+        seed.parse().expect("seed"),
+        calls.parse().expect("calls"),
+    ));
+    drop(runtime);
+    println!("\nSOAK_CHILD {stats} vmhwm_kib={}", peak_rss_kib());
+}
+
+/// Peak resident set size of this process (`VmHWM` in `/proc/self/status`), in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status")
+}
+
+#[derive(Debug, Default)]
+struct ChildStats {
+    calls: AtomicUsize,
+    results: AtomicUsize,
+    uncertain: AtomicUsize,
+    gave_up: AtomicUsize,
+    attempts: AtomicUsize,
+}
+
+impl std::fmt::Display for ChildStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = |a: &AtomicUsize| a.load(Ordering::SeqCst);
+        write!(
+            f,
+            "calls={} results={} uncertain={} gave_up={} attempts={}",
+            n(&self.calls),
+            n(&self.results),
+            n(&self.uncertain),
+            n(&self.gave_up),
+            n(&self.attempts)
+        )
+    }
+}
+
+async fn soak_child(
+    index: usize,
+    path: &Path,
+    urls: [String; 2],
+    seed: u64,
+    calls: usize,
+) -> ChildStats {
+    let ledger = FileLedger::open(path).expect("open the shared ledger");
+    let probes = Era::ALL
+        .iter()
+        .zip(&urls)
+        .map(|(era, url)| (url.clone(), CredentialStatusProbe::new(url, *era)))
+        .collect();
+    let client = ServiceBuilder::new()
+        .layer(
+            GuardLayer::new(
+                ledger.clone(),
+                registry(),
+                ledger.fingerprint_key().expect("the shared key"),
+            )
+            .actor(Actor::from("signed-process:com.example.agent"))
+            .intent_scope(IntentScope::from(format!("run:soak-{seed:x}")))
+            .status_probe("rotate_credential", ProbeByTarget(probes)),
+        )
+        .layer(
+            ResumeLayer::new()
+                .max_attempts(3)
+                .max_delay(Duration::from_millis(20)),
+        )
+        .service(hyper_client_with_body::<GuardRequestBody>());
+    let session = Arc::new(Mutex::new(Era::Sessions.open_session(&urls[0]).await));
+    let plan = Arc::new(plan(seed, index, calls));
+    let next = Arc::new(AtomicUsize::new(0));
+    let stats = Arc::new(ChildStats::default());
+    let workers: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (mut client, urls, session, plan, next, stats) = (
+                client.clone(),
+                urls.clone(),
+                session.clone(),
+                plan.clone(),
+                next.clone(),
+                stats.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&j) = plan.get(k) else { break };
+                    let intent = intent(seed, j);
+                    let url = &urls[usize::from(intent.era == Era::Stateless)];
+                    stats.calls.fetch_add(1, Ordering::SeqCst);
+                    // The agent: call, and call again (new JSON-RPC id) until it gets a result
+                    // or an uncertain answer; a lost session is opened anew first.
+                    let mut told = Told::Nothing("not called");
+                    for attempt in 0..AGENT_ATTEMPTS {
+                        let id = ((index * calls + k) as i64) * AGENT_ATTEMPTS + attempt + 1;
+                        let current = session.lock().unwrap().clone();
+                        let request = intent.era.tool_call(
+                            url,
+                            current.as_deref(),
+                            id,
+                            intent.tool,
+                            intent.args.clone(),
+                        );
+                        stats.attempts.fetch_add(1, Ordering::SeqCst);
+                        told = agent_call(&mut client, request, id).await;
+                        if told.is_final() {
+                            break;
+                        }
+                        if matches!(told, Told::Status(404)) && intent.era == Era::Sessions {
+                            let fresh = Era::Sessions.open_session(&urls[0]).await;
+                            *session.lock().unwrap() = fresh;
+                        }
+                    }
+                    let counter = match told {
+                        Told::Result(_) => &stats.results,
+                        Told::Uncertain(_) => &stats.uncertain,
+                        _ => &stats.gave_up,
+                    };
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("a soak worker panicked");
+    }
+    Arc::into_inner(stats).expect("the workers are done")
+}
+
+// ---- the parent: servers, faults, and the checks -------------------------------------------
+
+/// The faults the scheduler draws from (each lands on the next call of its tool).
+const FAULTS: [Fault; 6] = [
+    Fault::DropResponseAfterTool,
+    Fault::CutStreamAfterFirstEvent,
+    Fault::Status(500),
+    Fault::Status(502),
+    Fault::Status(404),
+    Fault::RefuseBeforeRead,
+];
+
+/// Until `stop`, keeps a random fault waiting (at random) for the next call of a random tool.
+fn schedule_faults(
+    servers: [Arc<ServerState>; 2],
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut rng = StdRng::seed_from_u64(!seed);
+        while !stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let server = &servers[rng.random_range(0..2)];
+            let tool = TOOL_NAMES[rng.random_range(0..TOOL_NAMES.len())];
+            let fault = FAULTS[rng.random_range(0..FAULTS.len())].clone();
+            if rng.random_bool(0.3) && server.faults().pending_for(tool) == 0 {
+                server.faults().schedule(tool, fault);
+            }
+        }
+    })
+}
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-soak-{}-{}",
+        std::process::id(),
+        ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// The `seq` of the first line of each (execution, event name) in the ledger file.
+fn chain_positions(path: &Path) -> HashMap<(ExecutionId, String), u64> {
+    let text = std::fs::read_to_string(path).expect("read the ledger");
+    let mut positions = HashMap::new();
+    for line in text.lines() {
+        let line = chain::parse_line(line).expect("a verified line parses");
+        if let Some(event) = line.event() {
+            positions
+                .entry((event.execution_id, event.kind.name().to_owned()))
+                .or_insert(line.seq);
+        }
+    }
+    positions
+}
+
+/// What the irreversible check found.
+#[derive(Debug, Default)]
+struct Irreversible {
+    intents: usize,
+    runs: usize,
+    executions: usize,
+    repeats_after_delivery: usize,
+    held: usize,
+}
+
+/// No irreversible execution ran twice, every run belongs to an execution of the ledger, and
+/// a new execution of an intent was only ever started after the previous one was delivered
+/// to the agent or provably did not run (a deliberate repeat, not a blind re-send).
+async fn check_irreversible(
+    path: &Path,
+    servers: &[&TestServer],
+    records: &[ExecutionRecord],
+) -> Irreversible {
+    let by_id: HashMap<String, &ExecutionRecord> = records
+        .iter()
+        .map(|r| (r.execution_id.to_string(), r))
+        .collect();
+    let mut found = Irreversible::default();
+    let mut runs_per_key: HashMap<String, usize> = HashMap::new();
+    let mut intents = std::collections::HashSet::new();
+    for server in servers {
+        for run in server.state.tool_runs("deploy_release") {
+            found.runs += 1;
+            intents.insert(run.arguments.to_string());
+            let key = run
+                .idempotency_key
+                .expect("every guarded run carries a key");
+            let record = by_id
+                .get(&key)
+                .unwrap_or_else(|| panic!("a run under {key}, which is no execution"));
+            assert_eq!(record.tool, "deploy_release");
+            *runs_per_key.entry(key).or_default() += 1;
+        }
+    }
+    found.intents = intents.len();
+    let twice: Vec<_> = runs_per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "irreversible executions ran twice: {twice:?}"
+    );
+
+    let mut per_intent: BTreeMap<String, Vec<&ExecutionRecord>> = BTreeMap::new();
+    for record in records.iter().filter(|r| r.tool == "deploy_release") {
+        found.executions += 1;
+        found.held += usize::from(record.state == ExecutionState::NeedsReview);
+        per_intent
+            .entry(record.fingerprint.to_string())
+            .or_default()
+            .push(record);
+    }
+    // Order by the chain (the order the claims were decided in, across both processes), not by
+    // timestamps: a claim is stamped before it waits for the file lock.
+    let seqs = chain_positions(path);
+    let seq = |record: &ExecutionRecord, event: &str| {
+        seqs.get(&(record.execution_id, event.to_owned())).copied()
+    };
+    for executions in per_intent.values_mut() {
+        executions.sort_by_key(|r| seq(r, "accepted"));
+        for pair in executions.windows(2) {
+            let (earlier, later) = (pair[0], pair[1]);
+            let accepted = seq(later, "accepted").expect("every execution was accepted");
+            let delivered = matches!(
+                earlier.state,
+                ExecutionState::Completed | ExecutionState::ResolvedApplied
+            ) && seq(earlier, "delivered").is_some_and(|at| at < accepted);
+            let did_not_run = matches!(
+                earlier.state,
+                ExecutionState::Failed | ExecutionState::ResolvedNotApplied
+            );
+            assert!(
+                delivered || did_not_run,
+                "a new execution over one the agent never got:\n{earlier:#?}\n{later:#?}"
+            );
+            found.repeats_after_delivery += usize::from(delivered);
+        }
+    }
+    found
+}
+
+/// Every completed execution's result is kept and loads as JSON. Returns how many.
+async fn check_results(ledger: &FileLedger, records: &[ExecutionRecord]) -> usize {
+    let mut completed = 0;
+    for record in records
+        .iter()
+        .filter(|r| r.state == ExecutionState::Completed)
+    {
+        completed += 1;
+        let reference = record
+            .result_reference
+            .as_deref()
+            .unwrap_or_else(|| panic!("completed without a kept result: {record:#?}"));
+        let bytes = ledger
+            .load_result(reference)
+            .await
+            .expect("load_result")
+            .unwrap_or_else(|| panic!("result {reference} does not load"));
+        let result: Value = serde_json::from_slice(&bytes).expect("a kept result is JSON");
+        assert!(result.get("content").is_some(), "{result}");
+    }
+    completed
+}
+
+/// The same check an operator runs: `replay-guard audit verify` (when the binary is built).
+fn cli_verify(path: &Path) {
+    let Some(binary) = option_env!("CARGO_BIN_EXE_replay-guard") else {
+        println!("replay-guard not built (feature cli off): skipping `audit verify`");
+        return;
+    };
+    let output = Command::new(binary)
+        .args(["audit", "verify"])
+        .arg(path)
+        .output()
+        .expect("run replay-guard");
+    assert!(
+        output.status.success(),
+        "replay-guard audit verify: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
+    let seed = env_number("MRG_SOAK_SEED").unwrap_or_else(rand::random);
+    let calls = env_number("MRG_SOAK_CALLS").map_or(DEFAULT_CALLS, |n| n as usize);
+    println!("chaos soak: MRG_SOAK_SEED={seed} MRG_SOAK_CALLS={calls} (set both to replay)");
+
+    let sessions = TestServer::start_with(ServerOptions {
+        event_store: true,
+        sse_retry: Some(Duration::from_millis(10)),
+        ..ServerOptions::default()
+    })
+    .await;
+    let stateless = TestServer::start_with(ServerOptions::stateless()).await;
+    let urls = [sessions.url.clone(), stateless.url.clone()];
+    let dir = temp_dir();
+    let path = dir.join("ledger.jsonl");
+    println!("ledger: {} (removed when the soak passes)", path.display());
+    // Created here, once, so both children read the same fingerprint key.
+    FileLedger::open(&path)
+        .and_then(|ledger| ledger.fingerprint_key())
+        .expect("create the ledger and its key");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let scheduler = schedule_faults(
+        [sessions.state.clone(), stateless.state.clone()],
+        seed,
+        stop.clone(),
+    );
+    let per_child = [calls - calls / 2, calls / 2];
+    let children: Vec<_> = (0..2)
+        .map(|i| {
+            spawn_child(i, &path, &urls, seed, per_child[i])
+                .spawn()
+                .expect("spawn a soak child")
+        })
+        .collect();
+    let outputs = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait for a soak child"))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    stop.store(true, Ordering::SeqCst);
+    scheduler.await.expect("the fault scheduler");
+
+    let mut planned = 0;
+    for (i, output) in outputs.iter().enumerate() {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "child {i} failed: {stdout}");
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SOAK_CHILD "))
+            .unwrap_or_else(|| panic!("child {i} printed no stats: {stdout}"));
+        println!("child {i}: {line}");
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {line}"))
+        };
+        planned += field("calls");
+        let peak = field("vmhwm_kib");
+        let bound = memory_bound_kib(calls);
+        assert!(
+            peak < bound,
+            "child {i} peaked at {peak} KiB resident, over the {bound} KiB bound"
+        );
+    }
+    assert_eq!(planned, calls as u64, "every planned call was made");
+
+    let fired: usize = [&sessions, &stateless]
+        .iter()
+        .map(|s| s.state.faults().fired().len())
+        .sum();
+    let report = verify_file(&path).expect("read the ledger");
+    assert!(report.is_ok(), "{report}");
+    cli_verify(&path);
+    let ledger = FileLedger::open(&path).expect("reopen the ledger");
+    let records = ledger.list().await.expect("list");
+    let completed = check_results(&ledger, &records).await;
+    let irreversible = check_irreversible(&path, &[&sessions, &stateless], &records).await;
+    let side_effects: usize = [&sessions, &stateless]
+        .iter()
+        .map(|s| s.state.total_side_effects())
+        .sum();
+    println!(
+        "faults fired: {fired}; side effects: {side_effects}; executions: {}; completed \
+         results (all load): {completed}; chain: {} lines verified\n\
+         irreversible: {} intents, {} runs, {} executions, 0 ran twice, {} deliberate repeats \
+         after delivery, {} held for review",
+        records.len(),
+        report.verified,
+        irreversible.intents,
+        irreversible.runs,
+        irreversible.executions,
+        irreversible.repeats_after_delivery,
+        irreversible.held
+    );
+    assert!(fired > 0, "no fault fired: the soak tested nothing");
+    drop(ledger);
+    std::fs::remove_dir_all(&dir).ok();
+}
