@@ -15,7 +15,7 @@ mod support;
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -26,7 +26,7 @@ use std::{
 use async_trait::async_trait;
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
-    contract::{ContractRegistry, ToolContract},
+    contract::ContractRegistry,
     guard::{GuardLayer, GuardRequestBody, ProbeOutcome, ProbeRequest, StatusProbe},
     ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger, chain, verify_file},
     resume::ResumeLayer,
@@ -112,13 +112,7 @@ fn plan(seed: u64, child: usize, calls: usize) -> Vec<usize> {
 }
 
 fn registry() -> ContractRegistry {
-    ContractRegistry::builder()
-        .tool("list_branches", ToolContract::read_only())
-        .tool("create_payment", ToolContract::idempotent())
-        .tool("rotate_credential", ToolContract::recoverable())
-        .tool("deploy_release", ToolContract::irreversible())
-        .build()
-        .expect("valid contracts")
+    one_contract_per_class()
 }
 
 /// The status probe of the server the probed execution went to (one per era).
@@ -142,21 +136,12 @@ impl StatusProbe for ProbeByTarget {
 
 /// Runs this test binary again as soak child `index`.
 fn spawn_child(index: usize, path: &Path, urls: &[String; 2], seed: u64, calls: usize) -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("test binary"));
-    command
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(
-            "MRG_CHILD",
-            format!(
-                "{index}|{}|{}|{}|{seed}|{calls}",
-                path.display(),
-                urls[0],
-                urls[1]
-            ),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    command
+    child_process(&format!(
+        "{index}|{}|{}|{}|{seed}|{calls}",
+        path.display(),
+        urls[0],
+        urls[1]
+    ))
 }
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.

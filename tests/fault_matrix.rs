@@ -13,7 +13,7 @@ mod support;
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -29,7 +29,7 @@ use hyper_util::{
 };
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
-    contract::{ContractRegistry, ToolContract},
+    contract::ContractRegistry,
     guard::{Guard, GuardLayer, GuardRequestBody},
     ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger},
     resume::{Resume, ResumeLayer},
@@ -119,13 +119,7 @@ impl Class {
 }
 
 fn registry() -> ContractRegistry {
-    ContractRegistry::builder()
-        .tool("list_branches", ToolContract::read_only())
-        .tool("create_payment", ToolContract::idempotent())
-        .tool("rotate_credential", ToolContract::recoverable())
-        .tool("deploy_release", ToolContract::irreversible())
-        .build()
-        .expect("valid contracts")
+    one_contract_per_class()
 }
 
 /// The guard every process of a cell runs: same contracts, actor and scope, and the
@@ -303,16 +297,16 @@ fn temp_ledger(name: &str) -> (PathBuf, PathBuf) {
 /// never sees the answer; kills it (SIGKILL) once the tool has run on the server.
 async fn kill_after_dispatch(server: &TestServer, era: Era, class: Class, path: &Path) {
     let (tool, _) = class.tool();
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env(
-            "MRG_CHILD",
-            format!("{}|{tool}|{}|{}", era.token(), path.display(), server.url),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn the child");
+    let mut child = child_process(&format!(
+        "{}|{tool}|{}|{}",
+        era.token(),
+        path.display(),
+        server.url
+    ))
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .expect("spawn the child");
     let ran = server
         .state
         .wait_for_side_effects(tool, 1, Duration::from_secs(30))

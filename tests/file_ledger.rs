@@ -6,7 +6,7 @@ mod support;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
@@ -375,13 +375,7 @@ async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
 
 /// Runs this test binary again as a child that executes `child_entry` with `task`.
 fn child(task: &str) -> Command {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
-        .env("MRG_CHILD", task)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    command
+    child_process(task)
 }
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.

@@ -643,15 +643,7 @@ where
                 // even when another caller already received it (claiming again would find a
                 // delivered execution and start a second one).
                 Some(current) if current.state == ExecutionState::Completed => {
-                    let stored = match &current.result_reference {
-                        Some(reference) => self
-                            .config
-                            .ledger
-                            .load_result(reference)
-                            .await
-                            .map_err(GuardError::ledger)?,
-                        None => None,
-                    };
+                    let stored = self.config.kept_result(&current).await?;
                     return self
                         .config
                         .hand_back(&current, &intent.call.id, stored, owner)
@@ -704,15 +696,7 @@ where
             )),
             Decision::Probe => self.probe(parts, bytes, intent, record, owner).await,
             Decision::ReturnStored => {
-                let stored = match &record.result_reference {
-                    Some(reference) => self
-                        .config
-                        .ledger
-                        .load_result(reference)
-                        .await
-                        .map_err(GuardError::ledger)?,
-                    None => None,
-                };
+                let stored = self.config.kept_result(&record).await?;
                 self.config
                     .hand_back(&record, &reply_id, stored, owner)
                     .await
@@ -1058,6 +1042,18 @@ impl Config {
             }
         }
         Ok(None)
+    }
+
+    /// The result kept for `record`, if one was.
+    async fn kept_result(&self, record: &ExecutionRecord) -> Result<Option<Bytes>, GuardError> {
+        match &record.result_reference {
+            Some(reference) => self
+                .ledger
+                .load_result(reference)
+                .await
+                .map_err(GuardError::ledger),
+            None => Ok(None),
+        }
     }
 
     /// Answers with a kept result (recording its delivery), or honestly says it was not kept.

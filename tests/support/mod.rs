@@ -25,6 +25,7 @@
 #![allow(dead_code)]
 #![allow(unused_imports)]
 
+mod child;
 mod client;
 mod era;
 mod event_store;
@@ -34,6 +35,7 @@ mod server;
 mod sse;
 mod tools;
 
+pub use child::{CHILD_TASK, child_process};
 pub use client::*;
 pub use era::{CredentialStatusProbe, Era, TOLD_PROBE_RESULT, TOLD_RESULT, Told, agent_call};
 pub use event_store::InMemoryEventStore;
@@ -43,7 +45,7 @@ pub use faults::{
 pub use ledger::wait_for_state;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
-pub use tools::{TOOL_NAMES, TestTools};
+pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
 
 /// The error type every helper returns.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -18,6 +18,20 @@ use serde_json::json;
 use super::server::ServerState;
 
 /// Names of all tools the test server offers.
+/// One contract per retry class, on the tools that behave like it: `list_branches`
+/// (read_only), `create_payment` (idempotent), `rotate_credential` (recoverable),
+/// `deploy_release` (irreversible).
+pub fn one_contract_per_class() -> mcp_replay_guard::contract::ContractRegistry {
+    use mcp_replay_guard::contract::{ContractRegistry, ToolContract};
+    ContractRegistry::builder()
+        .tool("list_branches", ToolContract::read_only())
+        .tool("create_payment", ToolContract::idempotent())
+        .tool("rotate_credential", ToolContract::recoverable())
+        .tool("deploy_release", ToolContract::irreversible())
+        .build()
+        .expect("valid contracts")
+}
+
 pub const TOOL_NAMES: [&str; 6] = [
     "deploy_release",
     "create_payment",

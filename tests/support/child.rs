@@ -1,0 +1,19 @@
+//! Child processes: a test binary runs itself again to execute its `child_entry` test, which
+//! reads its task from [`CHILD_TASK`] and does nothing when the variable is unset.
+
+use std::process::{Command, Stdio};
+
+/// The environment variable that carries a child's task.
+pub const CHILD_TASK: &str = "MRG_CHILD";
+
+/// This test binary again, running only `child_entry` with `task` (stdout piped, stderr
+/// inherited so a child's panic shows in the parent's output).
+pub fn child_process(task: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_TASK, task)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
