@@ -26,11 +26,11 @@
 //! connect error, is `not_sent`; any other send error, a broken response stream, or a 5xx is
 //! `unknown`; 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
 
-mod answer;
+pub(crate) mod answer;
 mod body;
 mod decision;
 mod hooks;
-mod service;
+pub(crate) mod service;
 
 use std::fmt;
 
