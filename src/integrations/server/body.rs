@@ -96,7 +96,26 @@ impl<B: Body<Data = Bytes>> Body for IdempotencyRequestBody<B> {
     }
 }
 
-type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A ledger write, run as a task of its own: it finishes even when the body is dropped
+/// meanwhile, and a task handle keeps the body `Sync` (a boxed ledger future is not).
+pub(super) type Write = Option<tokio::task::JoinHandle<()>>;
+
+fn spawn_write(write: impl Future<Output = ()> + Send + 'static) -> Write {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => Some(handle.spawn(write)),
+        Err(_) => {
+            tracing::warn!("a keyed call's outcome cannot be recorded outside a tokio runtime");
+            None
+        }
+    }
+}
+
+/// Waits for a ledger write.
+pub(super) async fn written(write: Write) {
+    if let Some(handle) = write {
+        let _ = handle.await;
+    }
+}
 
 pin_project! {
     /// The response body of the layer: the inner service's body (watched for the final JSON-RPC
@@ -236,7 +255,7 @@ impl Recorder {
         self.armed = false;
         let ledger = self.ledger.clone();
         let (id, status, max) = (self.execution_id, self.status, self.max_result_bytes);
-        Box::pin(async move {
+        spawn_write(async move {
             record_outcome(&*ledger, id, status, true, max, answer).await;
         })
     }
@@ -255,7 +274,7 @@ impl Recorder {
         self.armed = false;
         let ledger = self.ledger.clone();
         let id = self.execution_id;
-        Box::pin(async move { append_logged(&*ledger, id, kind).await })
+        spawn_write(async move { append_logged(&*ledger, id, kind).await })
     }
 }
 
@@ -265,23 +284,15 @@ impl Drop for Recorder {
             return;
         }
         self.armed = false;
-        let write = Recorder {
-            ledger: self.ledger.clone(),
-            execution_id: self.execution_id,
-            request_id: self.request_id.clone(),
-            status: self.status,
-            max_result_bytes: self.max_result_bytes,
-            drain_timeout: self.drain_timeout,
-            armed: false,
-        }
-        .unknown("the request was dropped before its JSON-RPC response was seen".into());
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => drop(handle.spawn(write)),
-            Err(_) => tracing::warn!(
-                execution_id = %self.execution_id,
-                "a keyed call was dropped outside a tokio runtime; it stays `dispatched`"
-            ),
-        }
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let unknown = EventKind::Unknown {
+            target_status: Some(self.status).filter(|s| *s != 0),
+            reason: "the request was dropped before its JSON-RPC response was seen".into(),
+        };
+        drop(spawn_write(async move {
+            append_logged(&*ledger, id, unknown).await;
+        }));
     }
 }
 
@@ -295,7 +306,7 @@ struct Watch<B: Body> {
     /// recorded (an SSE frame is held only while the write for the answer it carries runs).
     hold_all: bool,
     /// A ledger write that must finish before held frames are handed on.
-    pending: Option<Write>,
+    pending: Write,
     held: VecDeque<Frame<Bytes>>,
     held_error: Option<B::Error>,
     finished: bool,
@@ -312,7 +323,8 @@ impl<B: Body<Data = Bytes>> Watch<B> {
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         loop {
             if let Some(write) = self.pending.as_mut() {
-                ready!(write.as_mut().poll(cx));
+                // A failed write task was logged by the write itself.
+                let _ = ready!(Pin::new(write).poll(cx));
                 self.pending = None;
             }
             if !self.holding()
@@ -337,9 +349,9 @@ impl<B: Body<Data = Bytes>> Watch<B> {
                 // Record the break first, then report it.
                 Some(Err(error)) => {
                     if let Some(recorder) = self.recorder.take() {
-                        self.pending = Some(recorder.unknown(
+                        self.pending = recorder.unknown(
                             "the response body failed before the JSON-RPC response".into(),
-                        ));
+                        );
                     }
                     self.held_error = Some(error);
                 }
@@ -361,8 +373,10 @@ impl<B: Body<Data = Bytes>> Watch<B> {
                 found = recorder.answer(message);
             }
         });
-        if let (Some(answer), Some(recorder)) = (found, self.recorder.take()) {
-            self.pending = Some(recorder.record(answer));
+        if let Some(answer) = found
+            && let Some(recorder) = self.recorder.take()
+        {
+            self.pending = recorder.record(answer);
         }
     }
 
@@ -371,13 +385,13 @@ impl<B: Body<Data = Bytes>> Watch<B> {
             return;
         };
         let answer = self.scanner.json_body().and_then(|b| recorder.answer(b));
-        self.pending = Some(match answer {
+        self.pending = match answer {
             Some(answer) => recorder.record(answer),
             None if self.scanner.is_oversize() => {
                 recorder.unknown("the response was too large to keep".into())
             }
             None => recorder.unknown("the response ended without the JSON-RPC response".into()),
-        });
+        };
     }
 }
 
@@ -404,9 +418,7 @@ where
                         Some(Err(_)) | None => break,
                     }
                 }
-                if let Some(write) = rest.pending.take() {
-                    write.await;
-                }
+                written(rest.pending.take()).await;
             };
             let _ = tokio::time::timeout(timeout, drain).await;
             // Timed out: dropping the recorder records `unknown` (and taking it keeps `rest`'s

@@ -19,7 +19,7 @@ use tower_service::Service;
 
 use super::{
     IdempotencyRequestBody, IdempotencyResponseBody,
-    body::Recorder,
+    body::{Recorder, written},
     decision::{KeyDecision, decide},
     layer::{Config, InFlight},
 };
@@ -315,9 +315,7 @@ impl<S> Call<S> {
         let response = match self.inner.call(request).await {
             Ok(response) => response,
             Err(error) => {
-                recorder
-                    .unknown("the inner service failed on the call".into())
-                    .await;
+                written(recorder.unknown("the inner service failed on the call".into())).await;
                 return Err(error);
             }
         };
@@ -336,7 +334,7 @@ impl<S> Call<S> {
         } else {
             recorder.unknown(format!("HTTP {status} on tools/call: the tool may have run"))
         };
-        write.await;
+        written(write).await;
         Ok(response.map(IdempotencyResponseBody::passthrough))
     }
 }
