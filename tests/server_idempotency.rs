@@ -227,17 +227,35 @@ async fn the_same_key_for_another_call_is_422_and_does_not_run() {
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "k-422")];
     let first = json!({"service": "catalog", "version": "1.0.0"});
-    let (status, _, _) =
-        keyed_call(&server, session.as_deref(), 1, "deploy_release", first, &key).await;
+    let (status, _, _) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        first,
+        &key,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
 
     for (id, tool, args) in [
-        (2, "deploy_release", json!({"service": "catalog", "version": "2.0.0"})),
-        (3, "create_payment", json!({"amount": 500, "currency": "eur"})),
+        (
+            2,
+            "deploy_release",
+            json!({"service": "catalog", "version": "2.0.0"}),
+        ),
+        (
+            3,
+            "create_payment",
+            json!({"amount": 500, "currency": "eur"}),
+        ),
     ] {
         let (status, replayed, answer) =
             keyed_call(&server, session.as_deref(), id, tool, args, &key).await;
-        assert_eq!((status, replayed), (StatusCode::UNPROCESSABLE_ENTITY, false));
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::UNPROCESSABLE_ENTITY, false)
+        );
         assert_eq!(answer["id"], id, "{answer}");
         assert_eq!(error_code(&answer), KEY_REUSED);
         let message = answer["error"]["message"].as_str().unwrap();
@@ -284,8 +302,15 @@ async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
         1
     );
 
-    let (status, _, busy) =
-        keyed_call(&server, session.as_deref(), 2, "slow_deploy", args.clone(), &key).await;
+    let (status, _, busy) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "slow_deploy",
+        args.clone(),
+        &key,
+    )
+    .await;
     assert_eq!(status, StatusCode::CONFLICT, "{busy}");
     assert_eq!(busy["id"], 2);
     assert_eq!(error_code(&busy), KEY_IN_FLIGHT);
@@ -299,7 +324,10 @@ async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
 }
 
 /// Fifty concurrent requests with one key; returns (status, replayed, message) per request.
-async fn fifty_at_once(server: &TestServer, session: Option<String>) -> Vec<(StatusCode, bool, Value)> {
+async fn fifty_at_once(
+    server: &TestServer,
+    session: Option<String>,
+) -> Vec<(StatusCode, bool, Value)> {
     let calls = (0..50).map(|id| {
         let (url, session) = (server.url.clone(), session.clone());
         tokio::spawn(async move {
@@ -377,7 +405,10 @@ async fn fifty_concurrent_requests_in_wait_mode_all_get_the_one_result() {
         assert_eq!(message["id"], 100 + i as i64);
         assert_eq!(deployment(message), 1, "{message}");
     }
-    assert_eq!(answers.iter().filter(|(_, replayed, _)| !replayed).count(), 1);
+    assert_eq!(
+        answers.iter().filter(|(_, replayed, _)| !replayed).count(),
+        1
+    );
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
 }
 
@@ -407,19 +438,41 @@ async fn two_principals_with_the_same_key_run_twice_without_cross_talk() {
     .await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let args = json!({"service": "catalog", "version": "1.0.0"});
-    let as_user = |token: &'static str| [("idempotency-key", "shared-key"), ("authorization", token)];
+    let as_user =
+        |token: &'static str| [("idempotency-key", "shared-key"), ("authorization", token)];
     let alice = as_user("Bearer tok-alice-s3cr3t");
     let bob = as_user("Bearer tok-bob-s3cr3t");
 
-    let (_, replayed_a, a) =
-        keyed_call(&server, session.as_deref(), 1, "deploy_release", args.clone(), &alice).await;
-    let (_, replayed_b, b) =
-        keyed_call(&server, session.as_deref(), 2, "deploy_release", args.clone(), &bob).await;
+    let (_, replayed_a, a) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &alice,
+    )
+    .await;
+    let (_, replayed_b, b) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        args.clone(),
+        &bob,
+    )
+    .await;
     assert!(!replayed_a && !replayed_b);
     assert_eq!((deployment(&a), deployment(&b)), (&json!(1), &json!(2)));
     // Each principal's repeat gets its own result.
-    let (_, replayed, a_again) =
-        keyed_call(&server, session.as_deref(), 3, "deploy_release", args.clone(), &alice).await;
+    let (_, replayed, a_again) = keyed_call(
+        &server,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        args.clone(),
+        &alice,
+    )
+    .await;
     assert!(replayed);
     assert_eq!(deployment(&a_again), 1);
     let (_, replayed, b_again) =
@@ -457,8 +510,15 @@ async fn a_kept_response_survives_a_server_restart_over_the_file_ledger() {
         )
         .await;
         let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
-        let (status, _, first) =
-            keyed_call(&server, session.as_deref(), 1, "deploy_release", args.clone(), &key).await;
+        let (status, _, first) = keyed_call(
+            &server,
+            session.as_deref(),
+            1,
+            "deploy_release",
+            args.clone(),
+            &key,
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{first}");
         assert_eq!(server.state.side_effects("deploy_release"), 1);
         first
@@ -478,7 +538,11 @@ async fn a_kept_response_survives_a_server_restart_over_the_file_ledger() {
     assert_eq!((status, replayed), (StatusCode::OK, true), "{repeat}");
     assert_eq!(repeat["id"], 7);
     assert_eq!(repeat["result"], first["result"]);
-    assert_eq!(server.state.side_effects("deploy_release"), 0, "1 run in total");
+    assert_eq!(
+        server.state.side_effects("deploy_release"),
+        0,
+        "1 run in total"
+    );
     mcp_replay_guard::ledger::verify_file(&path).unwrap();
 }
 
@@ -492,8 +556,15 @@ async fn an_sse_only_client_gets_the_replay_as_one_sse_event() {
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let args = json!({"amount": 100, "currency": "eur"});
     let key = ("idempotency-key", "k-sse");
-    let (_, _, first) =
-        keyed_call(&server, session.as_deref(), 1, "create_payment", args.clone(), &[key]).await;
+    let (_, _, first) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "create_payment",
+        args.clone(),
+        &[key],
+    )
+    .await;
 
     let (status, replayed, repeat) = keyed_call(
         &server,
@@ -546,7 +617,10 @@ async fn stateless_json_answers_are_kept_and_replayed() {
     let repeat = read_response_to_end(response).await;
 
     assert_eq!(repeat["id"], 2);
-    assert_eq!(repeat["result"]["structuredContent"]["payment"], 1, "{repeat}");
+    assert_eq!(
+        repeat["result"]["structuredContent"]["payment"], 1,
+        "{repeat}"
+    );
     assert_eq!(server.state.side_effects("create_payment"), 1);
 }
 
@@ -560,7 +634,12 @@ async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused()
     .await;
     // An initialize with a key is not a tools/call: the key means nothing there.
     let init = with_idempotency_key(
-        post(&server.url, None, PROTOCOL_VERSION, initialize_body(0, PROTOCOL_VERSION)),
+        post(
+            &server.url,
+            None,
+            PROTOCOL_VERSION,
+            initialize_body(0, PROTOCOL_VERSION),
+        ),
         "k-init",
     );
     let response = send(&mut hyper_client(), init).await.unwrap();
@@ -609,11 +688,16 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
             panic!("{URL_VAR} is not set under CI: this test needs PostgreSQL")
         }
         _ => {
-            eprintln!("skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/test)");
+            eprintln!(
+                "skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/test)"
+            );
             return;
         }
     };
-    let schema = format!("mrg_t_server_{}", ExecutionId::new().ulid().to_string().to_lowercase());
+    let schema = format!(
+        "mrg_t_server_{}",
+        ExecutionId::new().ulid().to_string().to_lowercase()
+    );
     let replica = || async {
         let ledger = PostgresLedger::connect_with_schema(&url, &schema)
             .await
@@ -630,8 +714,15 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
     let session_a = initialize(&mut hyper_client(), &a.url).await.unwrap();
     let session_b = initialize(&mut hyper_client(), &b.url).await.unwrap();
 
-    let (_, _, first) =
-        keyed_call(&a, session_a.as_deref(), 1, "deploy_release", args.clone(), &key).await;
+    let (_, _, first) = keyed_call(
+        &a,
+        session_a.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
     let (status, replayed, repeat) =
         keyed_call(&b, session_b.as_deref(), 2, "deploy_release", args, &key).await;
 
@@ -639,7 +730,9 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
     assert_eq!(repeat["result"], first["result"]);
     let runs = a.state.side_effects("deploy_release") + b.state.side_effects("deploy_release");
     assert_eq!(runs, 1);
-    let ledger = PostgresLedger::connect_with_schema(&url, &schema).await.unwrap();
+    let ledger = PostgresLedger::connect_with_schema(&url, &schema)
+        .await
+        .unwrap();
     let client = ledger.pool().get().await.unwrap();
     client
         .execute(format!("DROP SCHEMA \"{schema}\" CASCADE").as_str(), &[])

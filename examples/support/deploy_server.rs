@@ -78,12 +78,7 @@ impl DeployServer {
     /// Starts the server on 127.0.0.1 (port 0) in the current tokio runtime.
     pub async fn start() -> std::io::Result<Self> {
         let deployments = Arc::new(AtomicUsize::new(0));
-        let tools = DeployTools::new(deployments.clone());
-        let service = StreamableHttpService::new(
-            move || Ok(tools.clone()),
-            Arc::new(LocalSessionManager::default()),
-            StreamableHttpServerConfig::default(),
-        );
+        let service = rmcp_service(deployments.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr: SocketAddr = listener.local_addr()?;
         tokio::spawn(async move {

@@ -35,7 +35,10 @@ use crate::{
     ledger::{
         Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp,
     },
-    protocol::{self, Message, RequestId, RequestKind, ToolCall, response::{ResponseScanner, ResponseTo}},
+    protocol::{
+        self, Message, RequestId, RequestKind, ToolCall,
+        response::{ResponseScanner, ResponseTo},
+    },
 };
 
 /// Default bound on a buffered request body.

@@ -169,7 +169,10 @@ mod tests {
         assert!(response_to(br#"{"jsonrpc":"2.0","id":"b","result":{}}"#, &id).is_none());
         assert!(response_to(b"not json", &id).is_none());
         assert!(matches!(
-            response_to(br#"{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"x"}}"#, &id),
+            response_to(
+                br#"{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"x"}}"#,
+                &id
+            ),
             Some(ResponseTo::Error { code: -32602 })
         ));
     }

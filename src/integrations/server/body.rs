@@ -75,7 +75,9 @@ impl<B: Body<Data = Bytes>> Body for IdempotencyRequestBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
             RequestKindProj::Passthrough { inner } => inner.poll_frame(cx),
-            RequestKindProj::Buffered { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            RequestKindProj::Buffered { data } => {
+                Poll::Ready(data.take().map(|d| Ok(Frame::data(d))))
+            }
         }
     }
 

@@ -12,10 +12,7 @@ pub(super) enum KeyDecision {
     /// Run the call under this execution: a new key, or a first request whose owner died before
     /// it dispatched (provably not run). `bind` says whether the call's fingerprint must still
     /// be bound to the key.
-    Run {
-        record: ExecutionRecord,
-        bind: bool,
-    },
+    Run { record: ExecutionRecord, bind: bool },
     /// The first request completed: answer with its kept result, re-keyed.
     Replay {
         record: ExecutionRecord,

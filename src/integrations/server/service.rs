@@ -29,8 +29,8 @@ use crate::{
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
     guard::{BoxError, answer},
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
-    protocol::{self, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
     protocol::response::ResponseScanner,
+    protocol::{self, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
 };
 
 /// JSON-RPC error code: the `Idempotency-Key` was first used for another call (HTTP 422).
@@ -164,7 +164,10 @@ impl<S> Call<S> {
             return Ok(response.map(IdempotencyResponseBody::passthrough));
         }
         let (parts, body) = request.into_parts();
-        let bytes = match Limited::new(body, self.config.max_body_bytes).collect().await {
+        let bytes = match Limited::new(body, self.config.max_body_bytes)
+            .collect()
+            .await
+        {
             Ok(collected) => collected.to_bytes(),
             Err(error) => return answered(unreadable_body(&*error)),
         };
@@ -332,7 +335,9 @@ impl<S> Call<S> {
                 reason: format!("the server refused the call with HTTP {status}"),
             })
         } else {
-            recorder.unknown(format!("HTTP {status} on tools/call: the tool may have run"))
+            recorder.unknown(format!(
+                "HTTP {status} on tools/call: the tool may have run"
+            ))
         };
         written(write).await;
         Ok(response.map(IdempotencyResponseBody::passthrough))
@@ -443,10 +448,9 @@ fn replay(headers: &HeaderMap, id: &RequestId, result: &[u8]) -> Response<Bytes>
         sse.push(b'\n');
     }
     sse.push(b'\n');
-    parts.headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     Response::from_parts(parts, Bytes::from(sse))
 }
 
@@ -527,7 +531,15 @@ fn unreadable_body(error: &(dyn std::error::Error + Send + Sync + 'static)) -> R
             "the request body is larger than this server keeps for an Idempotency-Key",
         )
     } else {
-        (StatusCode::BAD_REQUEST, "the request body could not be read")
+        (
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read",
+        )
     };
-    answer::jsonrpc_error(status, None, -32600, format!("{message}; the call was not run"))
+    answer::jsonrpc_error(
+        status,
+        None,
+        -32600,
+        format!("{message}; the call was not run"),
+    )
 }
