@@ -9,6 +9,8 @@
 //! Run with `cargo run --features server --example idempotent_server`.
 
 #[path = "support/deploy_server.rs"]
+#[allow(dead_code)]
+// this example serves rmcp itself, behind the layer: it needs only `rmcp_service`
 mod deploy_server;
 
 use std::{

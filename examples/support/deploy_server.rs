@@ -78,7 +78,12 @@ impl DeployServer {
     /// Starts the server on 127.0.0.1 (port 0) in the current tokio runtime.
     pub async fn start() -> std::io::Result<Self> {
         let deployments = Arc::new(AtomicUsize::new(0));
-        let service = rmcp_service(deployments.clone());
+        let tools = DeployTools::new(deployments.clone());
+        let service = StreamableHttpService::new(
+            move || Ok(tools.clone()),
+            Arc::new(LocalSessionManager::default()),
+            StreamableHttpServerConfig::default(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr: SocketAddr = listener.local_addr()?;
         tokio::spawn(async move {
@@ -101,4 +106,18 @@ impl DeployServer {
     pub fn count(&self) -> usize {
         self.deployments.load(Ordering::SeqCst)
     }
+}
+
+/// rmcp's Streamable HTTP service (sessions, SSE answers) over the tools, counting into
+/// `deployments`: for an example that puts its own layers in front of rmcp.
+#[allow(dead_code)] // idempotent_server uses it; the client examples do not
+pub fn rmcp_service(
+    deployments: Arc<AtomicUsize>,
+) -> StreamableHttpService<DeployTools, LocalSessionManager> {
+    let tools = DeployTools::new(deployments);
+    StreamableHttpService::new(
+        move || Ok(tools.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    )
 }
