@@ -624,6 +624,82 @@ async fn stateless_json_answers_are_kept_and_replayed() {
     assert_eq!(server.state.side_effects("create_payment"), 1);
 }
 
+/// A client that gives up on a keyed call (it drops the exchange after `give_up`) and
+/// repeats it once the tool has run: the repeat gets the kept result, the tool ran once.
+async fn give_up_then_repeat(options: ServerOptions, version: &str, give_up: Duration) {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions {
+            slow_tool_delay: Duration::from_millis(400),
+            ..options
+        },
+    )
+    .await;
+    let session = if version == PROTOCOL_VERSION {
+        initialize(&mut hyper_client(), &server.url).await.unwrap()
+    } else {
+        None
+    };
+    let request = |id: i64| {
+        let body = if version == PROTOCOL_VERSION {
+            tool_call_body(id, "slow_deploy", json!({"service": "catalog"}))
+        } else {
+            stateless_tool_call_body(id, "slow_deploy", json!({"service": "catalog"}))
+        };
+        with_idempotency_key(
+            post(&server.url, session.as_deref(), version, body),
+            "k-gone",
+        )
+    };
+
+    // The client gives up: the response future (and its connection) is dropped, or the body
+    // is dropped unread.
+    let _ = tokio::time::timeout(give_up, async {
+        let response = send(&mut hyper_client(), request(1)).await;
+        drop(response);
+    })
+    .await;
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(5))
+            .await,
+        1
+    );
+    wait_for_state(&ledger, ExecutionState::Completed).await;
+
+    let response = send(&mut hyper_client(), request(2)).await.unwrap();
+    assert!(response.headers().contains_key(IDEMPOTENT_REPLAYED));
+    let repeat = read_response_to_end(response).await;
+    assert_eq!(repeat["id"], 2);
+    assert_eq!(deployment(&repeat), 1, "{repeat}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_drops_the_call_before_the_answer_head_gets_the_result_on_its_repeat() {
+    // 2026-07-28: rmcp holds the answer's head until the result, so the client gives up
+    // while the layer's future is still waiting for it.
+    give_up_then_repeat(
+        ServerOptions::stateless(),
+        STATELESS_PROTOCOL_VERSION,
+        Duration::from_millis(100),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_that_drops_the_answer_stream_unread_gets_the_result_on_its_repeat() {
+    // Sessions: the SSE head comes at once; the client drops the stream before the result.
+    give_up_then_repeat(
+        ServerOptions::default(),
+        PROTOCOL_VERSION,
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused() {
     let ledger = MemoryLedger::new();

@@ -150,10 +150,12 @@ fn answered<RB: Body, E>(response: Response<Bytes>) -> Answer<RB, E> {
 impl<S> Call<S> {
     async fn run<B, RB>(mut self, request: Request<B>) -> Answer<RB, S::Error>
     where
-        S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>>,
+        S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>> + Send + 'static,
+        S::Future: Send,
+        S::Error: Send + 'static,
         RB: Body<Data = Bytes> + Send + 'static,
         RB::Error: Send,
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         if request.method() != Method::POST || !request.headers().contains_key(IDEMPOTENCY_KEY) {
@@ -197,7 +199,23 @@ impl<S> Call<S> {
             }
         };
         let keyed = self.config.keyed(&parts, call, key);
-        self.keyed(parts, bytes, keyed).await
+        let request_id = keyed.call.id.clone();
+        // From the claim on, a keyed call runs as a task of its own: a client that goes away
+        // does not cancel it half-way (a claimed key left without its binding or dispatch
+        // would answer 409 until its retention ends). The answer is kept for the repeat.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.keyed(parts, bytes, keyed).await;
+        };
+        match runtime.spawn(self.keyed(parts, bytes, keyed)).await {
+            Ok(answer) => answer,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(_) => answered(answer::jsonrpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(&request_id),
+                KEY_NOT_RECORDED,
+                "the server is shutting down; retry with the same key".into(),
+            )),
+        }
     }
 
     async fn keyed<B, RB>(
