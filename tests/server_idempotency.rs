@@ -701,6 +701,40 @@ async fn a_client_that_drops_the_answer_stream_unread_gets_the_result_on_its_rep
 }
 
 #[tokio::test]
+async fn a_key_past_its_retention_runs_again() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key())
+            .retention(Duration::from_millis(1)),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+    let key = [("idempotency-key", "k-retention")];
+    let (_, _, first) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
+    // Let the ledger's wall clock pass the 1 ms window (the ledger keeps wall-clock times).
+    std::thread::sleep(Duration::from_millis(5));
+
+    let (status, replayed, again) =
+        keyed_call(&server, session.as_deref(), 2, "deploy_release", args, &key).await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, false));
+    assert_eq!(
+        (deployment(&first), deployment(&again)),
+        (&json!(1), &json!(2))
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+}
+
+#[tokio::test]
 async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused() {
     let ledger = MemoryLedger::new();
     let server = keyed_server(

@@ -14,7 +14,9 @@ use crate::{
 /// Keys are scoped to the principal: two principals never share a key.
 ///
 /// Any `Fn(&http::request::Parts) -> Option<Actor>` is one. Return a stable identity (a user
-/// or client id), never a credential: the principal is written to the ledger.
+/// or client id), never a credential: the principal is written to the ledger. Unauthenticated
+/// callers share the actor `anonymous`, so give principals a prefix (`user:alice`) that cannot
+/// be that.
 pub trait ExtractPrincipal: Send + Sync + 'static {
     /// The principal of the request; `None` when it is unauthenticated.
     fn principal(&self, request: &http::request::Parts) -> Option<Actor>;
