@@ -263,16 +263,24 @@ impl Recorder {
     }
 
     /// No answer can be recorded: the outcome is unknown.
-    pub(super) fn unknown(self, reason: String) -> Write {
-        let target_status = Some(self.status).filter(|s| *s != 0);
-        self.settle(EventKind::Unknown {
-            target_status,
-            reason,
-        })
+    pub(super) fn unknown(mut self, reason: String) -> Write {
+        let kind = self.unknown_event(reason);
+        self.append(kind)
     }
 
     /// Records an outcome other than an answer.
     pub(super) fn settle(mut self, kind: EventKind) -> Write {
+        self.append(kind)
+    }
+
+    fn unknown_event(&self, reason: String) -> EventKind {
+        EventKind::Unknown {
+            target_status: Some(self.status).filter(|s| *s != 0),
+            reason,
+        }
+    }
+
+    fn append(&mut self, kind: EventKind) -> Write {
         self.armed = false;
         let ledger = self.ledger.clone();
         let id = self.execution_id;
@@ -282,19 +290,12 @@ impl Recorder {
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            let kind = self.unknown_event(
+                "the request was dropped before its JSON-RPC response was seen".into(),
+            );
+            drop(self.append(kind));
         }
-        self.armed = false;
-        let ledger = self.ledger.clone();
-        let id = self.execution_id;
-        let unknown = EventKind::Unknown {
-            target_status: Some(self.status).filter(|s| *s != 0),
-            reason: "the request was dropped before its JSON-RPC response was seen".into(),
-        };
-        drop(spawn_write(async move {
-            append_logged(&*ledger, id, unknown).await;
-        }));
     }
 }
 
