@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::{future::Future, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
+use std::{future::Future, path::PathBuf, pin::Pin, time::Duration};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header::AUTHORIZATION};
@@ -848,9 +848,4 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
         .execute(format!("DROP SCHEMA \"{schema}\" CASCADE").as_str(), &[])
         .await
         .unwrap();
-}
-
-#[allow(dead_code)]
-fn _ledger_is_shared(layer: &IdempotencyLayer) -> Arc<dyn Ledger> {
-    layer.ledger().clone()
 }
