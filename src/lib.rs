@@ -34,7 +34,8 @@
 //!   that replaces a generic one and never re-sends blindly.
 //! - [`integrations`]: an rmcp `StreamableHttpClient` over any tower stack (feature `rmcp`),
 //!   and reqwest-middleware `Idempotency-Key` propagation plus a replay-safe retry (feature
-//!   `reqwest`).
+//!   `reqwest`); the server half, a layer that makes an MCP server honour `Idempotency-Key`
+//!   (feature `server`).
 //!
 //! # Stacking the guard
 //!
@@ -98,6 +99,7 @@
 //! | `rmcp` | [`integrations::rmcp`]: run an rmcp 3.x client over a guarded tower stack |
 //! | `reqwest` | [`integrations::reqwest`]: `Idempotency-Key` propagation and a retry middleware for reqwest-middleware |
 //! | `postgres` | `ledger::PostgresLedger`: a ledger shared by replicas through PostgreSQL |
+//! | `server` | `integrations::server`: a server-side layer that honours `Idempotency-Key` on `tools/call` |
 //!
 //! None is on by default.
 #![forbid(unsafe_code)]

@@ -99,12 +99,7 @@ impl DeployServer {
     pub async fn start() -> std::io::Result<Self> {
         let deployments = Arc::new(AtomicUsize::new(0));
         let lose_responses = Arc::new(AtomicUsize::new(0));
-        let tools = DeployTools::new(deployments.clone());
-        let service = StreamableHttpService::new(
-            move || Ok(tools.clone()),
-            Arc::new(LocalSessionManager::default()),
-            StreamableHttpServerConfig::default(),
-        );
+        let service = rmcp_service(deployments.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr: SocketAddr = listener.local_addr()?;
         let lose = lose_responses.clone();
@@ -179,4 +174,17 @@ async fn serve(
         }
     }
     Err(LostResponse.into())
+}
+
+/// rmcp's Streamable HTTP service (sessions, SSE answers) over the tools, counting into
+/// `deployments`: for an example that puts its own layers in front of rmcp.
+pub fn rmcp_service(
+    deployments: Arc<AtomicUsize>,
+) -> StreamableHttpService<DeployTools, LocalSessionManager> {
+    let tools = DeployTools::new(deployments);
+    StreamableHttpService::new(
+        move || Ok(tools.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    )
 }

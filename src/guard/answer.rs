@@ -15,7 +15,7 @@ use crate::{ledger::ExecutionRecord, protocol::RequestId};
 /// The key under `structuredContent` that holds the guard's record.
 pub const STRUCTURED_KEY: &str = "mcp_replay_guard";
 
-pub(super) fn json_response(status: StatusCode, body: &Value) -> Response<Bytes> {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body.to_string()));
     *response.status_mut() = status;
     response
@@ -25,7 +25,7 @@ pub(super) fn json_response(status: StatusCode, body: &Value) -> Response<Bytes>
 }
 
 /// The target's kept result, re-keyed to the caller's JSON-RPC id.
-pub(super) fn stored_result(id: &RequestId, result: &[u8]) -> Response<Bytes> {
+pub(crate) fn stored_result(id: &RequestId, result: &[u8]) -> Response<Bytes> {
     let mut body = Vec::with_capacity(result.len() + 48);
     body.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     body.extend_from_slice(&serde_json::to_vec(id).unwrap_or_else(|_| b"null".to_vec()));
@@ -116,7 +116,7 @@ fn tool_error(
 }
 
 /// A JSON-RPC error the guard answers with before anything is sent.
-pub(super) fn jsonrpc_error(
+pub(crate) fn jsonrpc_error(
     status: StatusCode,
     id: Option<&RequestId>,
     code: i64,

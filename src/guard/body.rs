@@ -10,12 +10,12 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::{BoxError, service::Observation};
-use crate::protocol::sse::SseParser;
+use crate::protocol::response::ResponseScanner;
 
 /// The body the guard sends to the inner service: the buffered request bytes, plus a flag that
 /// tells whether the transport ever read them (a body never read proves the request was not
@@ -108,15 +108,10 @@ impl<B> GuardResponseBody<B> {
         B::Error: Into<BoxError>,
     {
         let inner: ObservedBody = Box::pin(http_body_util::BodyExt::map_err(inner, Into::into));
-        let format = if sse {
-            Format::Sse(SseParser::with_max_event_size(max_event))
-        } else {
-            Format::Json(BytesMut::new(), max_event)
-        };
         let watch = Watch {
             body: Some(inner),
             observation: Some(observation),
-            format,
+            scanner: ResponseScanner::new(sse, max_event),
             pending: None,
             held: None,
             held_error: None,
@@ -156,7 +151,7 @@ struct Watch {
     body: Option<ObservedBody>,
     /// Present until the outcome and the delivery are recorded.
     observation: Option<Observation>,
-    format: Format,
+    scanner: ResponseScanner,
     /// A ledger write that must finish before the next frame is handed on.
     pending: Option<LedgerWrite>,
     /// A frame held back until `pending` is done.
@@ -168,53 +163,36 @@ struct Watch {
     caller_gone: bool,
 }
 
-enum Format {
-    Sse(SseParser),
-    Json(BytesMut, usize),
-}
-
 impl Watch {
     /// Feeds response bytes; sets `pending` to the ledger write when the response is found.
     fn feed(&mut self, chunk: &[u8]) {
         let Some(observation) = self.observation.as_mut() else {
             return;
         };
-        match &mut self.format {
-            Format::Sse(parser) => {
-                let mut found = None;
-                let result = parser.push(chunk, |event| {
-                    if found.is_none() {
-                        found = observation.match_response(event.data.as_bytes());
-                    }
-                });
-                if !parser.last_event_id().is_empty() {
-                    observation.last_event_id = Some(parser.last_event_id().to_owned());
-                }
-                if result.is_err() {
-                    observation.oversize = true;
-                }
-                if let Some(message) = found {
-                    self.pending = Some(observation.completed(message));
-                }
+        let mut found = None;
+        self.scanner.feed(chunk, |message| {
+            if found.is_none() {
+                found = observation.match_response(message);
             }
-            Format::Json(buffer, max) => {
-                if buffer.len() + chunk.len() <= *max {
-                    buffer.extend_from_slice(chunk);
-                } else {
-                    observation.oversize = true;
-                }
-            }
+        });
+        if let Some(id) = self.scanner.last_event_id() {
+            observation.last_event_id = Some(id.to_owned());
+        }
+        if self.scanner.is_oversize() {
+            observation.oversize = true;
+        }
+        if let Some(message) = found {
+            self.pending = Some(observation.completed(message));
         }
     }
 
     /// At the end of the body: the outcome if it is still open, then the delivery.
     fn finish(&mut self) -> Option<LedgerWrite> {
         let observation = self.observation.take()?;
-        if let Format::Json(buffer, _) = &self.format
+        if let Some(body) = self.scanner.json_body()
             && !observation.has_outcome()
-            && !observation.oversize
         {
-            return Some(observation.finish_json(buffer, !self.caller_gone));
+            return Some(observation.finish_json(body, !self.caller_gone));
         }
         Some(observation.end_of_body(!self.caller_gone))
     }
@@ -282,7 +260,7 @@ impl Drop for Watch {
         let mut rest = Watch {
             body: self.body.take(),
             observation: Some(observation),
-            format: std::mem::replace(&mut self.format, Format::Json(BytesMut::new(), 0)),
+            scanner: std::mem::replace(&mut self.scanner, ResponseScanner::new(false, 0)),
             pending: self.pending.take(),
             held: None,
             held_error: None,

@@ -30,11 +30,11 @@
 //! [`ExecutionId`](crate::ExecutionId) in its extensions, so a caller can name the execution
 //! even when the answer is not the guard's own.
 
-mod answer;
+pub(crate) mod answer;
 mod body;
 mod decision;
 mod hooks;
-mod service;
+pub(crate) mod service;
 
 use std::fmt;
 

@@ -14,7 +14,7 @@ use std::{
 
 use bytes::Bytes;
 use dashmap::{DashMap, mapref::entry::Entry};
-use http::{Request, Response, StatusCode, header::CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::watch;
@@ -35,7 +35,10 @@ use crate::{
     ledger::{
         Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp,
     },
-    protocol::{self, Message, RequestId, RequestKind, ToolCall},
+    protocol::{
+        self, Message, RequestId, RequestKind, ToolCall,
+        response::{ResponseScanner, ResponseTo},
+    },
 };
 
 /// Default bound on a buffered request body.
@@ -931,11 +934,7 @@ where
         response.extensions_mut().insert(id);
         let status = response.status();
         if status.is_success() {
-            let sse = response
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let sse = ResponseScanner::is_sse(response.headers());
             let observation = Observation {
                 ledger: self.config.ledger.clone(),
                 execution_id: id,
@@ -1249,7 +1248,7 @@ fn target_of(uri: &http::Uri) -> Target {
 
 /// The outcome of an execution as its attached waiters need it.
 #[derive(Debug, Clone)]
-pub(super) enum Settlement {
+pub(crate) enum Settlement {
     /// The target's result (kept bytes of the JSON-RPC `result`), when kept.
     Completed(Option<Bytes>),
     /// Anything else: waiters decide again from the ledger.
@@ -1398,49 +1397,7 @@ impl Observation {
     /// The answer to the call, if `message` is the JSON-RPC response with the call's id. Parsed
     /// without building a tree: the result is kept as the exact bytes the target sent.
     pub(super) fn match_response(&self, message: &[u8]) -> Option<TargetAnswer> {
-        #[derive(serde::Deserialize)]
-        struct Envelope<'a> {
-            id: Option<RequestId>,
-            #[serde(borrow)]
-            result: Option<&'a serde_json::value::RawValue>,
-            error: Option<ErrorObject>,
-        }
-        #[derive(serde::Deserialize)]
-        struct ErrorObject {
-            #[serde(default)]
-            code: i64,
-        }
-        #[derive(serde::Deserialize)]
-        struct ToolResult {
-            #[serde(rename = "isError", default)]
-            is_error: Option<bool>,
-            #[serde(rename = "resultType", default)]
-            result_type: Option<String>,
-            #[serde(rename = "taskId", default)]
-            task_id: Option<String>,
-        }
-        let envelope: Envelope<'_> = serde_json::from_slice(message).ok()?;
-        if envelope.id.as_ref() != Some(&self.request_id) {
-            return None;
-        }
-        match (envelope.result, envelope.error) {
-            (Some(raw), _) => {
-                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
-                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
-                // A 2026-07-28 `CreateTaskResult`: the call became a task.
-                let task_id = result
-                    .filter(|r| r.result_type.as_deref() == Some("task"))
-                    .and_then(|r| r.task_id);
-                let raw = Bytes::copy_from_slice(raw.get().as_bytes());
-                Some(TargetAnswer::Result {
-                    raw,
-                    is_error,
-                    task_id,
-                })
-            }
-            (None, Some(error)) => Some(TargetAnswer::Error { code: error.code }),
-            (None, None) => None,
-        }
+        TargetAnswer::find(message, &self.request_id)
     }
 
     pub(super) fn has_outcome(&self) -> bool {
@@ -1561,7 +1518,7 @@ impl Observation {
     }
 }
 
-async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
+pub(crate) async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
     let name = kind.name();
     if let Err(error) = ledger
         .append(LedgerEvent {
@@ -1577,7 +1534,7 @@ async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
 
 /// The target's answer to a call.
 #[derive(Debug)]
-pub(super) enum TargetAnswer {
+pub(crate) enum TargetAnswer {
     /// A `result` (its exact bytes), with the tool's `isError`, and the task id when the call
     /// became an MCP task.
     Result {
@@ -1590,7 +1547,42 @@ pub(super) enum TargetAnswer {
     Error { code: i64 },
 }
 
-async fn record_outcome(
+impl TargetAnswer {
+    /// The answer in `message` if it is the JSON-RPC response to the request `id`. The result
+    /// is kept as the exact bytes the target sent.
+    pub(crate) fn find(message: &[u8], id: &RequestId) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct ToolResult {
+            #[serde(rename = "isError", default)]
+            is_error: Option<bool>,
+            #[serde(rename = "resultType", default)]
+            result_type: Option<String>,
+            #[serde(rename = "taskId", default)]
+            task_id: Option<String>,
+        }
+        match protocol::response::response_to(message, id)? {
+            ResponseTo::Result(raw) => {
+                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
+                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
+                // A 2026-07-28 `CreateTaskResult`: the call became a task.
+                let task_id = result
+                    .filter(|r| r.result_type.as_deref() == Some("task"))
+                    .and_then(|r| r.task_id);
+                let raw = Bytes::copy_from_slice(raw.get().as_bytes());
+                Some(Self::Result {
+                    raw,
+                    is_error,
+                    task_id,
+                })
+            }
+            ResponseTo::Error { code } => Some(Self::Error { code }),
+        }
+    }
+}
+
+/// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
+/// `keep` and it fits `max`) and `completed`.
+pub(crate) async fn record_outcome(
     ledger: &dyn Ledger,
     id: ExecutionId,
     status: u16,

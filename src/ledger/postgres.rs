@@ -1266,6 +1266,9 @@ struct StoredRecord {
     state: ExecutionState,
     correlation: Correlation,
     idempotency_key: Option<IdempotencyKey>,
+    // Added with the server-side Idempotency-Key layer: rows written before it have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request_fingerprint: Option<Fingerprint>,
     accepted_at: Timestamp,
     authorized_at: Option<Timestamp>,
     dispatched_at: Option<Timestamp>,

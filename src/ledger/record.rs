@@ -196,6 +196,13 @@ pub enum EventKind {
     },
     /// The authorization hook allowed it.
     Authorized,
+    /// A server-side Idempotency-Key layer bound the key of this execution to the fingerprint
+    /// of the call that first carried it; a later call with the same key and another fingerprint
+    /// is refused. Only in state `accepted`, once.
+    KeyBound {
+        /// The fingerprint of the call (tool, canonical arguments, principal).
+        request_fingerprint: Fingerprint,
+    },
     /// The authorization hook refused it.
     Denied {
         /// Why.
@@ -292,6 +299,7 @@ impl EventKind {
         match self {
             Self::Accepted { .. } => "accepted",
             Self::Authorized => "authorized",
+            Self::KeyBound { .. } => "key_bound",
             Self::Denied { .. } => "denied",
             Self::Dispatched { .. } => "dispatched",
             Self::EventSeen { .. } => "event_seen",
@@ -344,6 +352,8 @@ pub struct ExecutionRecord {
     pub correlation: Correlation,
     /// The key sent with its dispatches.
     pub idempotency_key: Option<IdempotencyKey>,
+    /// The fingerprint of the call its key is bound to (server-side Idempotency-Key layer).
+    pub request_fingerprint: Option<Fingerprint>,
     /// When it was accepted.
     pub accepted_at: Timestamp,
     /// When it was authorized.
@@ -414,6 +424,7 @@ impl ExecutionRecord {
             state: ExecutionState::Accepted,
             correlation: Correlation::default(),
             idempotency_key: None,
+            request_fingerprint: None,
             accepted_at: event.at,
             authorized_at: None,
             dispatched_at: None,
@@ -448,6 +459,14 @@ impl ExecutionRecord {
                 }
                 self.state = S::Authorized;
                 self.authorized_at = Some(at);
+            }
+            EventKind::KeyBound {
+                request_fingerprint,
+            } => {
+                if self.state != S::Accepted || self.request_fingerprint.is_some() {
+                    return Err(refuse());
+                }
+                self.request_fingerprint = Some(*request_fingerprint);
             }
             EventKind::Denied { reason } => {
                 if !matches!(self.state, S::Accepted | S::Authorized) {
@@ -614,6 +633,9 @@ impl Serialize for ExecutionRecord {
         map.serialize_entry("correlation", &self.correlation)?;
         if let Some(k) = &self.idempotency_key {
             map.serialize_entry("idempotency_key", k)?;
+        }
+        if let Some(f) = &self.request_fingerprint {
+            map.serialize_entry("request_fingerprint", f)?;
         }
         map.serialize_entry("accepted_at", &self.accepted_at)?;
         for (name, value) in [

@@ -27,6 +27,7 @@
 //! - Malformed input is a [`ClassifyError`], never a panic.
 
 mod jsonrpc;
+pub(crate) mod response;
 pub mod sse;
 mod version;
 

@@ -69,6 +69,10 @@ pub struct ServerOptions {
     /// Longest time `Fault::DropResponseAfterTool` waits for the tool's
     /// JSON-RPC response before it drops the exchange anyway. Default 10 s.
     pub drop_wait_timeout: Duration,
+    /// The server-side Idempotency-Key layer, installed between the fault layer and rmcp (so
+    /// a fault that loses the response fires after the layer kept it). Default: none.
+    #[cfg(feature = "server")]
+    pub idempotency: Option<mcp_replay_guard::integrations::server::IdempotencyLayer>,
 }
 
 impl Default for ServerOptions {
@@ -81,6 +85,8 @@ impl Default for ServerOptions {
             sse_retry: Some(Duration::from_secs(3)),
             sse_keep_alive: Some(Duration::from_secs(15)),
             drop_wait_timeout: Duration::from_secs(10),
+            #[cfg(feature = "server")]
+            idempotency: None,
         }
     }
 }
@@ -392,6 +398,55 @@ impl ServerState {
 pub type RmcpService =
     BoxCloneService<Request<Full<Bytes>>, Response<BoxBody<Bytes, Infallible>>, Infallible>;
 
+/// Boxes rmcp's service as [`RmcpService`].
+#[cfg(not(feature = "server"))]
+fn box_rmcp<S>(service: S, _options: &ServerOptions) -> RmcpService
+where
+    S: tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<BoxBody<Bytes, Infallible>>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    BoxCloneService::new(service)
+}
+
+/// Boxes rmcp's service as [`RmcpService`], behind the Idempotency-Key layer when the options
+/// ask for it.
+#[cfg(feature = "server")]
+fn box_rmcp<S>(service: S, options: &ServerOptions) -> RmcpService
+where
+    S: tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<BoxBody<Bytes, Infallible>>,
+            Error = Infallible,
+        > + tower::Service<
+            Request<mcp_replay_guard::integrations::server::IdempotencyRequestBody<Full<Bytes>>>,
+            Response = Response<BoxBody<Bytes, Infallible>>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    <S as tower::Service<Request<Full<Bytes>>>>::Future: Send + 'static,
+    <S as tower::Service<
+        Request<mcp_replay_guard::integrations::server::IdempotencyRequestBody<Full<Bytes>>>,
+    >>::Future: Send + 'static,
+{
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    match &options.idempotency {
+        None => BoxCloneService::new(service),
+        Some(layer) => BoxCloneService::new(
+            layer
+                .layer(service)
+                .map_response(|response| response.map(BodyExt::boxed)),
+        ),
+    }
+}
+
 /// A running test server. Dropping it stops the accept loop, its connections
 /// and rmcp's sessions.
 pub struct TestServer {
@@ -428,7 +483,7 @@ impl TestServer {
                     Arc::new(NeverSessionManager::default()),
                     config,
                 );
-                (state, BoxCloneService::new(service))
+                (state, box_rmcp(service, &options))
             } else if options.stateless {
                 let store = event_store.clone().expect("event store");
                 let manager = NeverSessionManager::default().with_event_store(Arc::new(store));
@@ -439,7 +494,7 @@ impl TestServer {
                     Arc::new(manager),
                     config,
                 );
-                (state, BoxCloneService::new(service))
+                (state, box_rmcp(service, &options))
             } else {
                 let mut manager = LocalSessionManager::default();
                 manager.session_config.sse_retry = options.sse_retry;
@@ -458,7 +513,7 @@ impl TestServer {
                     manager,
                     config,
                 );
-                (state, BoxCloneService::new(service))
+                (state, box_rmcp(service, &options))
             };
 
         let service = FaultLayer::new(state.clone()).layer(rmcp_service);

@@ -1,0 +1,563 @@
+//! `Idempotency<S>`: the keyed `tools/call` path.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{
+    HeaderMap, HeaderValue, Method, Request, Response, StatusCode,
+    header::{ACCEPT, CONTENT_TYPE},
+};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::{
+    IdempotencyRequestBody, IdempotencyResponseBody,
+    body::{Recorder, written},
+    decision::{KeyDecision, decide},
+    layer::{Config, InFlight},
+};
+use crate::{
+    Actor, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    contract::RetryClass,
+    fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
+    guard::{BoxError, answer},
+    ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
+    protocol::response::ResponseScanner,
+    protocol::{self, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
+};
+
+/// JSON-RPC error code: the `Idempotency-Key` was first used for another call (HTTP 422).
+pub const KEY_REUSED: i64 = -32081;
+/// JSON-RPC error code: the first request with the `Idempotency-Key` is still running
+/// (HTTP 409).
+pub const KEY_IN_FLIGHT: i64 = -32082;
+/// JSON-RPC error code: the first request with the `Idempotency-Key` may have run but its
+/// answer was not kept; it is not run again under this key (HTTP 409).
+pub const KEY_OUTCOME_UNKNOWN: i64 = -32083;
+/// JSON-RPC error code: the key could not be recorded, so the call was not run (HTTP 503).
+pub const KEY_NOT_RECORDED: i64 = -32084;
+
+/// Header on a replayed answer: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
+
+/// The actor of keyed calls without a principal.
+const ANONYMOUS: &str = "anonymous";
+/// The tool name of a key's own fingerprint (the claim on a key is atomic per principal and
+/// key, whatever the call).
+const KEY_SLOT: &str = "idempotency-key";
+/// How often a waiting repeat looks at the ledger.
+const WAIT_POLL: Duration = Duration::from_millis(10);
+
+/// The server-side Idempotency-Key middleware; see [`IdempotencyLayer`](super::IdempotencyLayer).
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+type Answer<RB, E> = Result<Response<IdempotencyResponseBody<RB>>, E>;
+
+/// The future of [`Idempotency`]. Boxed inside: a keyed call awaits the ledger several times,
+/// and a hand-written state machine would hide the decision.
+pub struct ResponseFuture<RB: Body, E> {
+    inner: Pin<Box<dyn Future<Output = Answer<RB, E>> + Send>>,
+}
+
+impl<RB: Body, E> std::fmt::Debug for ResponseFuture<RB, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<RB: Body, E> Future for ResponseFuture<RB, E> {
+    type Output = Answer<RB, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Idempotency<S>
+where
+    S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Send,
+{
+    type Response = Response<IdempotencyResponseBody<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<RB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The ready service goes with this call; the clone (maybe not ready) stays.
+        let clone = self.inner.clone();
+        let call = Call {
+            inner: std::mem::replace(&mut self.inner, clone),
+            config: self.config.clone(),
+        };
+        ResponseFuture {
+            inner: Box::pin(call.run(request)),
+        }
+    }
+}
+
+struct Call<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+/// A keyed `tools/call`, fingerprinted.
+struct Keyed {
+    call: ToolCall,
+    key: IdempotencyKey,
+    actor: Actor,
+    scope: IntentScope,
+    target: Target,
+    slot: Fingerprint,
+    fingerprint: Fingerprint,
+}
+
+fn answered<RB: Body, E>(response: Response<Bytes>) -> Answer<RB, E> {
+    Ok(response.map(IdempotencyResponseBody::answer))
+}
+
+impl<S> Call<S> {
+    async fn run<B, RB>(mut self, request: Request<B>) -> Answer<RB, S::Error>
+    where
+        S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>> + Send + 'static,
+        S::Future: Send,
+        S::Error: Send + 'static,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: Send,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        if request.method() != Method::POST || !request.headers().contains_key(IDEMPOTENCY_KEY) {
+            let response = self
+                .inner
+                .call(request.map(IdempotencyRequestBody::passthrough))
+                .await?;
+            return Ok(response.map(IdempotencyResponseBody::passthrough));
+        }
+        let (parts, body) = request.into_parts();
+        let bytes = match Limited::new(body, self.config.max_body_bytes)
+            .collect()
+            .await
+        {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => return answered(unreadable_body(&*error)),
+        };
+        let call = match protocol::classify(&parts.method, &parts.headers, &bytes) {
+            Ok(classified) => match classified.kind {
+                RequestKind::Message(Message::ToolCall(call)) => Some(call),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        // Not a single tools/call (initialize, a notification, a batch, a body the server
+        // will refuse itself): the key means nothing here.
+        let Some(call) = call else {
+            let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
+            let response = self.inner.call(request).await?;
+            return Ok(response.map(IdempotencyResponseBody::passthrough));
+        };
+        let key = match IdempotencyKey::from_header(&parts.headers[IDEMPOTENCY_KEY]) {
+            Ok(key) => key,
+            Err(error) => {
+                return answered(answer::jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    Some(&call.id),
+                    -32600,
+                    format!("{error}; the call was not run"),
+                ));
+            }
+        };
+        let keyed = self.config.keyed(&parts, call, key);
+        let request_id = keyed.call.id.clone();
+        // From the claim on, a keyed call runs as a task of its own: a client that goes away
+        // does not cancel it half-way (a claimed key left without its binding or dispatch
+        // would answer 409 until its retention ends). The answer is kept for the repeat.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.keyed(parts, bytes, keyed).await;
+        };
+        match runtime.spawn(self.keyed(parts, bytes, keyed)).await {
+            Ok(answer) => answer,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(_) => answered(answer::jsonrpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some(&request_id),
+                KEY_NOT_RECORDED,
+                "the server is shutting down; retry with the same key".into(),
+            )),
+        }
+    }
+
+    async fn keyed<B, RB>(
+        self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        keyed: Keyed,
+    ) -> Answer<RB, S::Error>
+    where
+        S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>>,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: Send,
+    {
+        let config = self.config.clone();
+        let id = &keyed.call.id;
+        let deadline = match config.in_flight {
+            InFlight::Conflict => None,
+            InFlight::Wait(wait) => Some(tokio::time::Instant::now() + wait),
+        };
+        loop {
+            let claimed = match config.ledger.claim(config.claim(&keyed)).await {
+                Ok(claimed) => claimed,
+                Err(error) => return answered(not_recorded(id, &error)),
+            };
+            let owner_alive = match &claimed {
+                Claimed::Existing(r) if r.owner != config.owner => {
+                    config.ledger.is_owner_alive(&r.owner).await
+                }
+                _ => true,
+            };
+            let record = match decide(claimed, keyed.fingerprint, owner_alive) {
+                KeyDecision::Run { record, bind } => {
+                    return self.dispatch(parts, bytes, keyed, record, bind).await;
+                }
+                KeyDecision::Replay { record, reference } => {
+                    return match config.ledger.load_result(&reference).await {
+                        Ok(Some(result)) => {
+                            tracing::info!(execution_id = %record.execution_id, "replayed a kept response");
+                            answered(replay(&parts.headers, id, &result))
+                        }
+                        Ok(None) => answered(outcome_unknown(id, &record)),
+                        Err(error) => answered(not_recorded(id, &error)),
+                    };
+                }
+                KeyDecision::KeyReused { record } => return answered(key_reused(id, &record)),
+                KeyDecision::NotReplayable { record } => {
+                    return answered(outcome_unknown(id, &record));
+                }
+                KeyDecision::InFlight { record } => record,
+            };
+            let Some(deadline) = deadline else {
+                return answered(in_flight(id, &record));
+            };
+            match config.wait_for_change(&record, deadline).await {
+                Ok(true) => {} // decide again
+                Ok(false) => return answered(in_flight(id, &record)),
+                Err(error) => return answered(not_recorded(id, &error)),
+            }
+        }
+    }
+
+    /// Binds the key to the call, records `dispatched`, and runs the call.
+    async fn dispatch<B, RB>(
+        mut self,
+        parts: http::request::Parts,
+        bytes: Bytes,
+        keyed: Keyed,
+        record: ExecutionRecord,
+        bind: bool,
+    ) -> Answer<RB, S::Error>
+    where
+        S: Service<Request<IdempotencyRequestBody<B>>, Response = Response<RB>>,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: Send,
+    {
+        let config = self.config.clone();
+        let execution_id = record.execution_id;
+        let session_id = parts
+            .headers
+            .get(MCP_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let mut events = Vec::with_capacity(2);
+        if bind {
+            events.push(EventKind::KeyBound {
+                request_fingerprint: keyed.fingerprint,
+            });
+        }
+        events.push(EventKind::Dispatched {
+            attempt: record.attempts + 1,
+            idempotency_key: keyed.key.clone(),
+            key_from_caller: true,
+            jsonrpc_id: Some(keyed.call.id.clone()),
+            session_id,
+            owner: Some(config.owner.clone()),
+        });
+        for kind in events {
+            let event = LedgerEvent {
+                execution_id,
+                at: Timestamp::now(),
+                kind,
+            };
+            if let Err(error) = config.ledger.append(event).await {
+                return answered(not_recorded(&keyed.call.id, &error));
+            }
+        }
+        tracing::info!(%execution_id, tool = %keyed.call.name, "running a keyed call");
+        let mut recorder = Recorder {
+            ledger: config.ledger.clone(),
+            execution_id,
+            request_id: keyed.call.id.clone(),
+            status: 0,
+            max_result_bytes: config.max_body_bytes,
+            drain_timeout: config.drain_timeout,
+            armed: true,
+        };
+        let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
+        let response = match self.inner.call(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                written(recorder.unknown("the inner service failed on the call".into())).await;
+                return Err(error);
+            }
+        };
+        let status = response.status();
+        recorder.status = status.as_u16();
+        if status.is_success() {
+            let sse = ResponseScanner::is_sse(response.headers());
+            return Ok(response.map(|b| IdempotencyResponseBody::observed(b, sse, recorder)));
+        }
+        let write = if status.is_client_error() {
+            // Refused before the tool ran: the key is free again.
+            recorder.settle(EventKind::Failed {
+                target_status: Some(status.as_u16()),
+                reason: format!("the server refused the call with HTTP {status}"),
+            })
+        } else {
+            recorder.unknown(format!(
+                "HTTP {status} on tools/call: the tool may have run"
+            ))
+        };
+        written(write).await;
+        Ok(response.map(IdempotencyResponseBody::passthrough))
+    }
+}
+
+impl Config {
+    fn keyed(&self, parts: &http::request::Parts, call: ToolCall, key: IdempotencyKey) -> Keyed {
+        let actor = self
+            .principal
+            .as_ref()
+            .and_then(|p| p.principal(parts))
+            .unwrap_or_else(|| Actor::new(ANONYMOUS));
+        let scope = IntentScope::new(format!("idempotency-key:{key}"));
+        let target = self
+            .target
+            .clone()
+            .unwrap_or_else(|| Target::new(parts.uri.path()));
+        let rules = FingerprintRules::default();
+        let slot = self.key.fingerprint(
+            ActionRecord::new(
+                actor.clone(),
+                scope.clone(),
+                KEY_SLOT,
+                Channel::mcp(target.clone()),
+            ),
+            &rules,
+        );
+        let record = ActionRecord::new(
+            actor.clone(),
+            scope.clone(),
+            call.name.clone(),
+            Channel::mcp(target.clone()),
+        )
+        .borrowed_arguments(&call.arguments);
+        // Other params (multi-round-trip `requestState`, …) make another call.
+        let record = if call.other_params.is_empty() {
+            record
+        } else {
+            record.continuation(serde_json::Value::Object(call.other_params.clone()))
+        };
+        let fingerprint = self.key.fingerprint(record, &rules);
+        Keyed {
+            call,
+            key,
+            actor,
+            scope,
+            target,
+            slot,
+            fingerprint,
+        }
+    }
+
+    fn claim(&self, keyed: &Keyed) -> Claim {
+        Claim {
+            fingerprint: keyed.slot,
+            tool: keyed.call.name.clone(),
+            actor: keyed.actor.clone(),
+            intent_scope: keyed.scope.clone(),
+            target: keyed.target.clone(),
+            credential_ref: None,
+            retry_class: RetryClass::Idempotent,
+            link_window: self.retention,
+            retention: self.retention,
+            owner: self.owner.clone(),
+            at: Timestamp::now(),
+        }
+    }
+
+    /// Polls the ledger until the record moves on (or its owner dies); `false` when the
+    /// deadline came first.
+    async fn wait_for_change(
+        &self,
+        record: &ExecutionRecord,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, LedgerError> {
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(WAIT_POLL).await;
+            match self.ledger.get(record.execution_id).await? {
+                Some(current)
+                    if current.state == record.state
+                        && current.request_fingerprint == record.request_fingerprint
+                        && (current.owner == self.owner
+                            || self.ledger.is_owner_alive(&current.owner).await) => {}
+                _ => return Ok(true),
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// The kept result re-keyed to the repeat's id: JSON, or one SSE event when the client
+/// accepts only SSE.
+fn replay(headers: &HeaderMap, id: &RequestId, result: &[u8]) -> Response<Bytes> {
+    let mut response = answer::stored_result(id, result);
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if accepts_json(headers) {
+        return response;
+    }
+    let (mut parts, json) = response.into_parts();
+    let mut sse = Vec::with_capacity(json.len() + 16);
+    sse.extend_from_slice(b"event: message\n");
+    for line in json.split(|b| *b == b'\n') {
+        sse.extend_from_slice(b"data: ");
+        sse.extend_from_slice(line);
+        sse.push(b'\n');
+    }
+    sse.push(b'\n');
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    Response::from_parts(parts, Bytes::from(sse))
+}
+
+/// Whether the client takes an `application/json` answer (no `Accept` means anything).
+fn accepts_json(headers: &HeaderMap) -> bool {
+    let mut any = false;
+    for value in headers.get_all(ACCEPT) {
+        any = true;
+        let Ok(text) = value.to_str() else { continue };
+        for range in text.split(',') {
+            let media = range.split(';').next().unwrap_or("").trim();
+            if matches!(media, "application/json" | "application/*" | "*/*") {
+                return true;
+            }
+        }
+    }
+    !any
+}
+
+fn key_reused(id: &RequestId, record: &ExecutionRecord) -> Response<Bytes> {
+    answer::jsonrpc_error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Some(id),
+        KEY_REUSED,
+        format!(
+            "this Idempotency-Key was already used for a different call (execution {}); \
+             the call was not run. Use a new key for a new call.",
+            record.execution_id
+        ),
+    )
+}
+
+fn in_flight(id: &RequestId, record: &ExecutionRecord) -> Response<Bytes> {
+    answer::jsonrpc_error(
+        StatusCode::CONFLICT,
+        Some(id),
+        KEY_IN_FLIGHT,
+        format!(
+            "the first request with this Idempotency-Key is still running (execution {}); \
+             this one was not run. Retry later with the same key to get its result.",
+            record.execution_id
+        ),
+    )
+}
+
+fn outcome_unknown(id: &RequestId, record: &ExecutionRecord) -> Response<Bytes> {
+    answer::jsonrpc_error(
+        StatusCode::CONFLICT,
+        Some(id),
+        KEY_OUTCOME_UNKNOWN,
+        format!(
+            "the first request with this Idempotency-Key (execution {}, {}) may have run, \
+             but its response was not kept; it is not run again under this key. Check the \
+             effect of {} before sending it with a new key.",
+            record.execution_id,
+            record.state_label(),
+            record.tool
+        ),
+    )
+}
+
+fn not_recorded(id: &RequestId, error: &LedgerError) -> Response<Bytes> {
+    tracing::warn!(%error, "the idempotency ledger failed");
+    answer::jsonrpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Some(id),
+        KEY_NOT_RECORDED,
+        "the Idempotency-Key could not be recorded, so the call was not run; retry with the \
+         same key"
+            .into(),
+    )
+}
+
+fn unreadable_body(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<Bytes> {
+    let (status, message) = if error.is::<LengthLimitError>() {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body is larger than this server keeps for an Idempotency-Key",
+        )
+    } else {
+        (
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read",
+        )
+    };
+    answer::jsonrpc_error(
+        status,
+        None,
+        -32600,
+        format!("{message}; the call was not run"),
+    )
+}

@@ -1,0 +1,179 @@
+//! Finding the JSON-RPC response to one request inside a response body, JSON or SSE, while it
+//! streams. The client guard and the server-side Idempotency-Key layer both watch bodies with
+//! it, so there is one place that knows how an answer is found (and one SSE parser under it).
+
+use bytes::BytesMut;
+use http::{HeaderMap, header::CONTENT_TYPE};
+use serde_json::value::RawValue;
+
+use super::{RequestId, sse::SseParser};
+
+/// Watches response bytes as they pass: SSE is parsed event by event (never buffered whole);
+/// a JSON body is one message, kept up to a bound until its end.
+#[derive(Debug)]
+pub(crate) struct ResponseScanner {
+    format: Format,
+    oversize: bool,
+}
+
+#[derive(Debug)]
+enum Format {
+    Sse(SseParser),
+    Json(BytesMut, usize),
+}
+
+impl ResponseScanner {
+    /// A scanner for an SSE (`sse`) or JSON body; `max` bounds one SSE event or the JSON body.
+    pub(crate) fn new(sse: bool, max: usize) -> Self {
+        let format = if sse {
+            Format::Sse(SseParser::with_max_event_size(max))
+        } else {
+            Format::Json(BytesMut::new(), max)
+        };
+        Self {
+            format,
+            oversize: false,
+        }
+    }
+
+    /// Whether a response's `Content-Type` says SSE.
+    pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
+        headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"))
+    }
+
+    /// Feeds response bytes. `on_message` gets the data of each complete SSE event; JSON bytes
+    /// are kept (see [`json_body`](Self::json_body)).
+    pub(crate) fn feed(&mut self, chunk: &[u8], mut on_message: impl FnMut(&[u8])) {
+        match &mut self.format {
+            Format::Sse(parser) => {
+                if parser
+                    .push(chunk, |event| on_message(event.data.as_bytes()))
+                    .is_err()
+                {
+                    self.oversize = true;
+                }
+            }
+            Format::Json(buffer, max) => {
+                if buffer.len() + chunk.len() <= *max {
+                    buffer.extend_from_slice(chunk);
+                } else {
+                    self.oversize = true;
+                }
+            }
+        }
+    }
+
+    /// The id of the last SSE event seen, if any.
+    pub(crate) fn last_event_id(&self) -> Option<&str> {
+        match &self.format {
+            Format::Sse(parser) if !parser.last_event_id().is_empty() => {
+                Some(parser.last_event_id())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether part of the body could not be observed (an event or a JSON body over the bound).
+    pub(crate) fn is_oversize(&self) -> bool {
+        self.oversize
+    }
+
+    /// The kept bytes of a JSON body (complete once the body ended); `None` for SSE or when
+    /// the body went over the bound.
+    pub(crate) fn json_body(&self) -> Option<&[u8]> {
+        match &self.format {
+            Format::Json(buffer, _) if !self.oversize => Some(buffer),
+            _ => None,
+        }
+    }
+}
+
+/// The answer a JSON-RPC response message gives to a request.
+#[derive(Debug)]
+pub(crate) enum ResponseTo<'a> {
+    /// A `result`, as the exact bytes the server sent.
+    Result(&'a RawValue),
+    /// An `error`, by its code only (a server's message may echo arguments, secrets included).
+    Error {
+        /// The JSON-RPC error code.
+        code: i64,
+    },
+}
+
+/// The answer in `message` if it is the JSON-RPC response to the request `id`. Parsed without
+/// building a tree.
+pub(crate) fn response_to<'a>(message: &'a [u8], id: &RequestId) -> Option<ResponseTo<'a>> {
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        id: Option<RequestId>,
+        #[serde(borrow)]
+        result: Option<&'a RawValue>,
+        error: Option<ErrorObject>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ErrorObject {
+        #[serde(default)]
+        code: i64,
+    }
+    let envelope: Envelope<'a> = serde_json::from_slice(message).ok()?;
+    if envelope.id.as_ref() != Some(id) {
+        return None;
+    }
+    match (envelope.result, envelope.error) {
+        (Some(raw), _) => Some(ResponseTo::Result(raw)),
+        (None, Some(error)) => Some(ResponseTo::Error { code: error.code }),
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_response_among_sse_events_split_anywhere() {
+        let stream = b"id: 0\nretry: 3000\ndata: \n\n\
+            data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n\
+            id: 7\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"content\":[]}}\n\n";
+        for split in 1..stream.len() {
+            let mut scanner = ResponseScanner::new(true, 1024);
+            let mut found = Vec::new();
+            for chunk in [&stream[..split], &stream[split..]] {
+                scanner.feed(chunk, |m| {
+                    if let Some(ResponseTo::Result(raw)) = response_to(m, &RequestId::from(3)) {
+                        found.push(raw.get().to_owned());
+                    }
+                });
+            }
+            assert_eq!(found, ["{\"content\":[]}"], "split at {split}");
+            assert_eq!(scanner.last_event_id(), Some("7"));
+        }
+    }
+
+    #[test]
+    fn json_bodies_are_kept_up_to_the_bound() {
+        let mut scanner = ResponseScanner::new(false, 8);
+        scanner.feed(b"{\"a\":", |_| unreachable!("JSON has no events"));
+        assert_eq!(scanner.json_body(), Some(&b"{\"a\":"[..]));
+        scanner.feed(b"12345}", |_| {});
+        assert!(scanner.is_oversize());
+        assert_eq!(scanner.json_body(), None);
+    }
+
+    #[test]
+    fn other_ids_errors_and_garbage_are_told_apart() {
+        let id = RequestId::from("a");
+        assert!(response_to(br#"{"jsonrpc":"2.0","id":"b","result":{}}"#, &id).is_none());
+        assert!(response_to(b"not json", &id).is_none());
+        assert!(matches!(
+            response_to(
+                br#"{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"x"}}"#,
+                &id
+            ),
+            Some(ResponseTo::Error { code: -32602 })
+        ));
+    }
+}

@@ -1,0 +1,851 @@
+//! The server-side Idempotency-Key layer end to end: rmcp's own Streamable HTTP server on
+//! 127.0.0.1 behind `IdempotencyLayer`, with the fault layer in front of it (so a lost response
+//! is lost after the layer kept it). The server's side-effect counters are the ground truth.
+
+mod support;
+
+use std::{future::Future, path::PathBuf, pin::Pin, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header::AUTHORIZATION};
+use http_body_util::Full;
+use mcp_replay_guard::{
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
+    fingerprint::FingerprintKey,
+    guard::{GuardLayer, GuardRequestBody},
+    integrations::server::{
+        IDEMPOTENT_REPLAYED, IdempotencyLayer, InFlight, KEY_IN_FLIGHT, KEY_REUSED,
+    },
+    ledger::{ExecutionState, FileLedger, Ledger, MemoryLedger},
+};
+use serde_json::{Value, json};
+use support::*;
+use tower::{Layer, retry::Retry};
+
+fn fingerprint_key() -> FingerprintKey {
+    FingerprintKey::from_bytes(&[5; 32]).unwrap()
+}
+
+async fn keyed_server(layer: IdempotencyLayer, options: ServerOptions) -> TestServer {
+    TestServer::start_with(ServerOptions {
+        idempotency: Some(layer),
+        ..options
+    })
+    .await
+}
+
+/// A `tools/call` with an `Idempotency-Key` (and more headers), answered as (status, replayed,
+/// JSON-RPC message).
+async fn keyed_call(
+    server: &TestServer,
+    session: Option<&str>,
+    id: i64,
+    tool: &str,
+    args: Value,
+    headers: &[(&'static str, &str)],
+) -> (StatusCode, bool, Value) {
+    let mut request = post(
+        &server.url,
+        session,
+        PROTOCOL_VERSION,
+        tool_call_body(id, tool, args),
+    );
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .insert(*name, HeaderValue::from_str(value).unwrap());
+    }
+    let response = send(&mut hyper_client(), request)
+        .await
+        .unwrap_or_else(|e| panic!("tools/call {tool}: {}", error_chain(&*e)));
+    let status = response.status();
+    let replayed = response.headers().get(IDEMPOTENT_REPLAYED).is_some();
+    (status, replayed, read_response_to_end(response).await)
+}
+
+fn deployment(message: &Value) -> &Value {
+    message
+        .pointer("/result/structuredContent/deployment")
+        .unwrap_or_else(|| panic!("not a deployment result: {message}"))
+}
+
+fn error_code(message: &Value) -> i64 {
+    message
+        .pointer("/error/code")
+        .and_then(Value::as_i64)
+        .unwrap_or_else(|| panic!("not a JSON-RPC error: {message}"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-server-{name}-{}-{}",
+        std::process::id(),
+        ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A generic retry policy of the kind the guard sits under: retry every error, up to 3 times.
+#[derive(Clone)]
+struct RetryEveryError(usize);
+
+type GuardBody = mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>;
+
+impl<E> tower::retry::Policy<Request<Full<Bytes>>, Response<GuardBody>, E> for RetryEveryError {
+    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Full<Bytes>>,
+        result: &mut Result<Response<GuardBody>, E>,
+    ) -> Option<Self::Future> {
+        if result.is_err() && self.0 > 0 {
+            self.0 -= 1;
+            Some(Box::pin(async {}))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut clone = Request::builder().method(req.method()).uri(req.uri());
+        for (name, value) in req.headers() {
+            clone = clone.header(name, value);
+        }
+        Some(clone.body(req.body().clone()).unwrap())
+    }
+}
+
+#[tokio::test]
+async fn a_lost_response_is_replayed_to_the_client_guard_and_the_tool_runs_once() {
+    let server_ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(server_ledger.clone(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let contracts = ContractRegistry::builder()
+        .tool("deploy_release", ToolContract::idempotent())
+        .build()
+        .unwrap();
+    let client_ledger = MemoryLedger::new();
+    let guard = GuardLayer::new(
+        client_ledger.clone(),
+        contracts,
+        FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+    )
+    .actor(Actor::from("signed-process:com.example.agent"))
+    .intent_scope(IntentScope::from("run:5f8097"));
+    let mut client = Retry::new(
+        RetryEveryError(3),
+        guard.layer(hyper_client_with_body::<GuardRequestBody>()),
+    );
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+
+    let response = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        json!({"service": "catalog", "version": "2026.07.22"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the guarded call failed: {}", error_chain(&*e)));
+
+    // The original result, under the caller's id; the tool ran once.
+    assert_eq!(response["id"], 2, "{response}");
+    assert_eq!(deployment(&response), 1, "{response}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let sends = server.state.tool_call_requests("deploy_release");
+    assert_eq!(sends.len(), 2, "the guard re-sent once: {sends:#?}");
+    assert_eq!(sends[0].idempotency_key, sends[1].idempotency_key);
+    assert!(sends[0].fault.is_some() && sends[1].fault.is_none());
+    // Both halves agree on what happened.
+    let kept = wait_for_state(&server_ledger, ExecutionState::Completed).await;
+    assert_eq!(
+        kept.idempotency_key.as_ref().map(ToString::to_string),
+        sends[0].idempotency_key
+    );
+    assert_eq!(kept.attempts, 1);
+    let client_record = wait_for_state(&client_ledger, ExecutionState::Completed).await;
+    assert_eq!(client_record.attempts, 2);
+    assert!(client_record.delivered_at.is_some());
+}
+
+#[tokio::test]
+async fn a_repeat_in_either_key_spelling_gets_the_kept_response_under_its_own_id() {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "order-7")];
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+
+    let (status, replayed, first) =
+        keyed_call(&server, session.as_deref(), 1, "deploy_release", args, &key).await;
+    assert_eq!((status, replayed), (StatusCode::OK, false), "{first}");
+    // Same call: other key order, other id, the structured-field spelling of the key.
+    let reordered = json!({"version": "1.0.0", "service": "catalog"});
+    let quoted = [("idempotency-key", "\"order-7\"")];
+    let (status, replayed, repeat) = keyed_call(
+        &server,
+        session.as_deref(),
+        "9".parse().unwrap(),
+        "deploy_release",
+        reordered,
+        &quoted,
+    )
+    .await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, true), "{repeat}");
+    assert_eq!(repeat["id"], 9);
+    assert_eq!(repeat["result"], first["result"]);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0].state, ExecutionState::Completed);
+    assert!(records[0].request_fingerprint.is_some());
+}
+
+#[tokio::test]
+async fn the_same_key_for_another_call_is_422_and_does_not_run() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-422")];
+    let first = json!({"service": "catalog", "version": "1.0.0"});
+    let (status, _, _) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        first,
+        &key,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    for (id, tool, args) in [
+        (
+            2,
+            "deploy_release",
+            json!({"service": "catalog", "version": "2.0.0"}),
+        ),
+        (
+            3,
+            "create_payment",
+            json!({"amount": 500, "currency": "eur"}),
+        ),
+    ] {
+        let (status, replayed, answer) =
+            keyed_call(&server, session.as_deref(), id, tool, args, &key).await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::UNPROCESSABLE_ENTITY, false)
+        );
+        assert_eq!(answer["id"], id, "{answer}");
+        assert_eq!(error_code(&answer), KEY_REUSED);
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("different call"), "{message}");
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.side_effects("create_payment"), 0);
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions {
+            slow_tool_delay: Duration::from_millis(500),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-409")];
+    let args = json!({"service": "catalog"});
+    let first = {
+        let (server_url, session, args) = (server.url.clone(), session.clone(), args.clone());
+        tokio::spawn(async move {
+            let request = with_idempotency_key(
+                post(
+                    &server_url,
+                    session.as_deref(),
+                    PROTOCOL_VERSION,
+                    tool_call_body(1, "slow_deploy", args),
+                ),
+                "k-409",
+            );
+            let response = send(&mut hyper_client(), request).await.unwrap();
+            read_response_to_end(response).await
+        })
+    };
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(5))
+            .await,
+        1
+    );
+
+    let (status, _, busy) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "slow_deploy",
+        args.clone(),
+        &key,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{busy}");
+    assert_eq!(busy["id"], 2);
+    assert_eq!(error_code(&busy), KEY_IN_FLIGHT);
+
+    let first = first.await.unwrap();
+    let (status, replayed, later) =
+        keyed_call(&server, session.as_deref(), 3, "slow_deploy", args, &key).await;
+    assert_eq!((status, replayed), (StatusCode::OK, true), "{later}");
+    assert_eq!(later["result"], first["result"]);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+/// Fifty concurrent requests with one key; returns (status, replayed, message) per request.
+async fn fifty_at_once(
+    server: &TestServer,
+    session: Option<String>,
+) -> Vec<(StatusCode, bool, Value)> {
+    let calls = (0..50).map(|id| {
+        let (url, session) = (server.url.clone(), session.clone());
+        tokio::spawn(async move {
+            let request = with_idempotency_key(
+                post(
+                    &url,
+                    session.as_deref(),
+                    PROTOCOL_VERSION,
+                    tool_call_body(100 + id, "slow_deploy", json!({"service": "catalog"})),
+                ),
+                "k-fifty",
+            );
+            let response = send(&mut hyper_client(), request).await.unwrap();
+            let status = response.status();
+            let replayed = response.headers().get(IDEMPOTENT_REPLAYED).is_some();
+            (status, replayed, read_response_to_end(response).await)
+        })
+    });
+    let mut answers = Vec::new();
+    for call in calls.collect::<Vec<_>>() {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_key_run_the_tool_once() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions {
+            slow_tool_delay: Duration::from_secs(1),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+
+    let answers = fifty_at_once(&server, session).await;
+
+    let ran: Vec<_> = answers
+        .iter()
+        .filter(|(s, replayed, _)| *s == StatusCode::OK && !replayed)
+        .collect();
+    assert_eq!(ran.len(), 1, "exactly one request ran the tool");
+    let conflicts = answers
+        .iter()
+        .filter(|(s, _, m)| *s == StatusCode::CONFLICT && error_code(m) == KEY_IN_FLIGHT)
+        .count();
+    let replays = answers
+        .iter()
+        .filter(|(s, replayed, m)| *s == StatusCode::OK && *replayed && deployment(m) == 1)
+        .count();
+    assert_eq!(conflicts + replays, 49, "{answers:#?}");
+    assert!(conflicts > 0, "the repeats came while the first ran");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_in_wait_mode_all_get_the_one_result() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key())
+            .in_flight(InFlight::Wait(Duration::from_secs(20))),
+        ServerOptions {
+            slow_tool_delay: Duration::from_secs(1),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+
+    let answers = fifty_at_once(&server, session).await;
+
+    for (i, (status, _, message)) in answers.iter().enumerate() {
+        assert_eq!(*status, StatusCode::OK, "{message}");
+        assert_eq!(message["id"], 100 + i as i64);
+        assert_eq!(deployment(message), 1, "{message}");
+    }
+    assert_eq!(
+        answers.iter().filter(|(_, replayed, _)| !replayed).count(),
+        1
+    );
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+/// The principal, as an authentication layer would establish it: a bearer token looked up in
+/// a table. The token itself is a credential and must never be recorded.
+fn principal_from_bearer(parts: &http::request::Parts) -> Option<Actor> {
+    let token = parts
+        .headers
+        .get(AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?;
+    match token {
+        "tok-alice-s3cr3t" => Some(Actor::new("user:alice")),
+        "tok-bob-s3cr3t" => Some(Actor::new("user:bob")),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn two_principals_with_the_same_key_run_twice_without_cross_talk() {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()).principal(principal_from_bearer),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+    let as_user =
+        |token: &'static str| [("idempotency-key", "shared-key"), ("authorization", token)];
+    let alice = as_user("Bearer tok-alice-s3cr3t");
+    let bob = as_user("Bearer tok-bob-s3cr3t");
+
+    let (_, replayed_a, a) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &alice,
+    )
+    .await;
+    let (_, replayed_b, b) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        args.clone(),
+        &bob,
+    )
+    .await;
+    assert!(!replayed_a && !replayed_b);
+    assert_eq!((deployment(&a), deployment(&b)), (&json!(1), &json!(2)));
+    // Each principal's repeat gets its own result.
+    let (_, replayed, a_again) = keyed_call(
+        &server,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        args.clone(),
+        &alice,
+    )
+    .await;
+    assert!(replayed);
+    assert_eq!(deployment(&a_again), 1);
+    let (_, replayed, b_again) =
+        keyed_call(&server, session.as_deref(), 4, "deploy_release", args, &bob).await;
+    assert!(replayed);
+    assert_eq!(deployment(&b_again), 2);
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Keyed per principal in the ledger; no token anywhere in it.
+    let records = ledger.list().await.unwrap();
+    let mut actors: Vec<_> = records.iter().map(|r| r.actor.to_string()).collect();
+    actors.sort();
+    assert_eq!(actors, ["user:alice", "user:bob"]);
+    let mut everything = serde_json::to_string(&records).unwrap();
+    for record in &records {
+        let events = ledger.events(record.execution_id).await.unwrap();
+        everything += &serde_json::to_string(&events).unwrap();
+    }
+    assert!(!everything.contains("s3cr3t"), "{everything}");
+    assert!(!everything.contains("Bearer"), "{everything}");
+}
+
+#[tokio::test]
+async fn a_kept_response_survives_a_server_restart_over_the_file_ledger() {
+    let path = temp_dir("restart").join("idempotency.jsonl");
+    let args = json!({"service": "catalog", "version": "3.0.0"});
+    let key = [("idempotency-key", "k-restart")];
+
+    let first = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let fingerprint_key = ledger.fingerprint_key().unwrap();
+        let server = keyed_server(
+            IdempotencyLayer::new(ledger, fingerprint_key),
+            ServerOptions::default(),
+        )
+        .await;
+        let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+        let (status, _, first) = keyed_call(
+            &server,
+            session.as_deref(),
+            1,
+            "deploy_release",
+            args.clone(),
+            &key,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{first}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        first
+    }; // the server and its ledger are gone
+
+    let ledger = FileLedger::open(&path).unwrap();
+    let fingerprint_key = ledger.fingerprint_key().unwrap();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger, fingerprint_key),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (status, replayed, repeat) =
+        keyed_call(&server, session.as_deref(), 7, "deploy_release", args, &key).await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, true), "{repeat}");
+    assert_eq!(repeat["id"], 7);
+    assert_eq!(repeat["result"], first["result"]);
+    assert_eq!(
+        server.state.side_effects("deploy_release"),
+        0,
+        "1 run in total"
+    );
+    mcp_replay_guard::ledger::verify_file(&path).unwrap();
+}
+
+#[tokio::test]
+async fn an_sse_only_client_gets_the_replay_as_one_sse_event() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let args = json!({"amount": 100, "currency": "eur"});
+    let key = ("idempotency-key", "k-sse");
+    let (_, _, first) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "create_payment",
+        args.clone(),
+        &[key],
+    )
+    .await;
+
+    let (status, replayed, repeat) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "create_payment",
+        args,
+        &[key, ("accept", "text/event-stream")],
+    )
+    .await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, true));
+    assert_eq!(repeat["id"], 2);
+    assert_eq!(repeat["result"], first["result"]);
+    assert_eq!(server.state.side_effects("create_payment"), 1);
+}
+
+#[tokio::test]
+async fn stateless_json_answers_are_kept_and_replayed() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions {
+            json_response: true,
+            ..ServerOptions::stateless()
+        },
+    )
+    .await;
+    server
+        .state
+        .faults()
+        .schedule("create_payment", Fault::DropResponseAfterTool);
+    let args = json!({"amount": 700, "currency": "usd"});
+    let request = |id: i64| {
+        with_idempotency_key(
+            post(
+                &server.url,
+                None,
+                STATELESS_PROTOCOL_VERSION,
+                stateless_tool_call_body(id, "create_payment", args.clone()),
+            ),
+            "k-stateless",
+        )
+    };
+
+    let lost = send(&mut hyper_client(), request(1)).await;
+    assert!(lost.is_err(), "the fault lost the response");
+    let response = send(&mut hyper_client(), request(2)).await.unwrap();
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert!(response.headers().contains_key(IDEMPOTENT_REPLAYED));
+    let repeat = read_response_to_end(response).await;
+
+    assert_eq!(repeat["id"], 2);
+    assert_eq!(
+        repeat["result"]["structuredContent"]["payment"], 1,
+        "{repeat}"
+    );
+    assert_eq!(server.state.side_effects("create_payment"), 1);
+}
+
+/// A client that gives up on a keyed call (it drops the exchange after `give_up`) and
+/// repeats it once the tool has run: the repeat gets the kept result, the tool ran once.
+async fn give_up_then_repeat(options: ServerOptions, version: &str, give_up: Duration) {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions {
+            slow_tool_delay: Duration::from_millis(400),
+            ..options
+        },
+    )
+    .await;
+    let session = if version == PROTOCOL_VERSION {
+        initialize(&mut hyper_client(), &server.url).await.unwrap()
+    } else {
+        None
+    };
+    let request = |id: i64| {
+        let body = if version == PROTOCOL_VERSION {
+            tool_call_body(id, "slow_deploy", json!({"service": "catalog"}))
+        } else {
+            stateless_tool_call_body(id, "slow_deploy", json!({"service": "catalog"}))
+        };
+        with_idempotency_key(
+            post(&server.url, session.as_deref(), version, body),
+            "k-gone",
+        )
+    };
+
+    // The client gives up: the response future (and its connection) is dropped, or the body
+    // is dropped unread.
+    let _ = tokio::time::timeout(give_up, async {
+        let response = send(&mut hyper_client(), request(1)).await;
+        drop(response);
+    })
+    .await;
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(5))
+            .await,
+        1
+    );
+    wait_for_state(&ledger, ExecutionState::Completed).await;
+
+    let response = send(&mut hyper_client(), request(2)).await.unwrap();
+    assert!(response.headers().contains_key(IDEMPOTENT_REPLAYED));
+    let repeat = read_response_to_end(response).await;
+    assert_eq!(repeat["id"], 2);
+    assert_eq!(deployment(&repeat), 1, "{repeat}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_drops_the_call_before_the_answer_head_gets_the_result_on_its_repeat() {
+    // 2026-07-28: rmcp holds the answer's head until the result, so the client gives up
+    // while the layer's future is still waiting for it.
+    give_up_then_repeat(
+        ServerOptions::stateless(),
+        STATELESS_PROTOCOL_VERSION,
+        Duration::from_millis(100),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_that_drops_the_answer_stream_unread_gets_the_result_on_its_repeat() {
+    // Sessions: the SSE head comes at once; the client drops the stream before the result.
+    give_up_then_repeat(
+        ServerOptions::default(),
+        PROTOCOL_VERSION,
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_key_past_its_retention_runs_again() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key())
+            .retention(Duration::from_millis(1)),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+    let key = [("idempotency-key", "k-retention")];
+    let (_, _, first) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
+    // Let the ledger's wall clock pass the 1 ms window (the ledger keeps wall-clock times).
+    std::thread::sleep(Duration::from_millis(5));
+
+    let (status, replayed, again) =
+        keyed_call(&server, session.as_deref(), 2, "deploy_release", args, &key).await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, false));
+    assert_eq!(
+        (deployment(&first), deployment(&again)),
+        (&json!(1), &json!(2))
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+}
+
+#[tokio::test]
+async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused() {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    // An initialize with a key is not a tools/call: the key means nothing there.
+    let init = with_idempotency_key(
+        post(
+            &server.url,
+            None,
+            PROTOCOL_VERSION,
+            initialize_body(0, PROTOCOL_VERSION),
+        ),
+        "k-init",
+    );
+    let response = send(&mut hyper_client(), init).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+    for id in [1, 2] {
+        let response = call_tool(
+            &mut hyper_client(),
+            &server.url,
+            session.as_deref(),
+            id,
+            "deploy_release",
+            args.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(deployment(&response), id);
+    }
+    assert!(ledger.list().await.unwrap().is_empty());
+
+    let (status, _, refused) = keyed_call(
+        &server,
+        session.as_deref(),
+        3,
+        "deploy_release",
+        args,
+        &[("idempotency-key", "\"unterminated")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused["id"], 3);
+    assert_eq!(error_code(&refused), -32600);
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    assert!(ledger.list().await.unwrap().is_empty());
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn two_replicas_share_keys_through_the_postgres_ledger() {
+    use mcp_replay_guard::ledger::PostgresLedger;
+    const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
+    let url = match std::env::var(URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{URL_VAR} is not set under CI: this test needs PostgreSQL")
+        }
+        _ => {
+            eprintln!(
+                "skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/test)"
+            );
+            return;
+        }
+    };
+    let schema = format!(
+        "mrg_t_server_{}",
+        ExecutionId::new().ulid().to_string().to_lowercase()
+    );
+    let replica = || async {
+        let ledger = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {URL_VAR}: {e}"));
+        keyed_server(
+            IdempotencyLayer::new(ledger, fingerprint_key()),
+            ServerOptions::default(),
+        )
+        .await
+    };
+    let (a, b) = (replica().await, replica().await);
+    let args = json!({"service": "catalog", "version": "4.0.0"});
+    let key = [("idempotency-key", "k-replicas")];
+    let session_a = initialize(&mut hyper_client(), &a.url).await.unwrap();
+    let session_b = initialize(&mut hyper_client(), &b.url).await.unwrap();
+
+    let (_, _, first) = keyed_call(
+        &a,
+        session_a.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
+    let (status, replayed, repeat) =
+        keyed_call(&b, session_b.as_deref(), 2, "deploy_release", args, &key).await;
+
+    assert_eq!((status, replayed), (StatusCode::OK, true), "{repeat}");
+    assert_eq!(repeat["result"], first["result"]);
+    let runs = a.state.side_effects("deploy_release") + b.state.side_effects("deploy_release");
+    assert_eq!(runs, 1);
+    let ledger = PostgresLedger::connect_with_schema(&url, &schema)
+        .await
+        .unwrap();
+    let client = ledger.pool().get().await.unwrap();
+    client
+        .execute(format!("DROP SCHEMA \"{schema}\" CASCADE").as_str(), &[])
+        .await
+        .unwrap();
+}
