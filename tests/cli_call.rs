@@ -149,6 +149,40 @@ async fn a_completed_call_exits_0_with_the_tool_result_in_both_eras() {
 }
 
 #[tokio::test]
+async fn a_cut_stream_is_resumed_and_the_call_completes() {
+    let server = TestServer::start_with(ServerOptions {
+        event_store: true,
+        ..ServerOptions::default()
+    })
+    .await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::CutStreamAfterFirstEvent);
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--protocol", "2025-11-25"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["result"]["content"][0]["text"],
+        "deployed catalog 2026.07.22"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let resumes = server
+        .state
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == http::Method::GET && r.last_event_id.is_some())
+        .count();
+    assert_eq!(resumes, 1);
+}
+
+#[tokio::test]
 async fn a_tool_error_or_a_json_rpc_error_exits_1() {
     let server = TestServer::start().await;
     // deploy_release without its required arguments: rmcp answers with `isError: true`.
