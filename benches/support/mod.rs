@@ -12,7 +12,8 @@ use mcp_replay_guard::{
     ledger::{Claim, EventKind, Ledger, LedgerEvent, Timestamp},
 };
 
-/// The claim of the `n`th intent (a fingerprint of its own), kept for `retention`.
+/// The claim of the `n`th intent (a fingerprint of its own), kept for `retention` (a record
+/// stays at least its link window, so that is capped by `retention` too).
 pub fn claim(n: u64, retention: Duration) -> Claim {
     Claim {
         fingerprint: format!("hmac-sha256:{n:064x}").parse().unwrap(),
@@ -22,7 +23,7 @@ pub fn claim(n: u64, retention: Duration) -> Claim {
         target: "deploy-api.internal.example/mcp".into(),
         credential_ref: Some("deploy-service".into()),
         retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(60),
+        link_window: retention.min(Duration::from_secs(60)),
         retention,
         owner: "guard:bench".into(),
         at: Timestamp::now(),

@@ -71,8 +71,11 @@ fn is_chain_line(bytes: &[u8]) -> bool {
 /// - **Shared by processes.** Every write happens under an exclusive lock on the file, after
 ///   reading what other processes appended since (so the chain never forks and a claim is
 ///   atomic across processes). A file replaced by compaction is noticed and reopened.
-/// - **Crash recovery.** Reopening rebuilds the index from the file. A torn last line (a crash
-///   mid-write) is cut away with a warning, never taken as valid. An execution left
+/// - **Crash recovery.** Reopening rebuilds the index from the file, checking every line
+///   against the chain (`seq`, `prev`, `hash`). A torn tail (a crash mid-write: an incomplete
+///   last line, or unreadable lines with no readable line after them) is cut away with a
+///   warning, never taken as valid. Any other bad line (edited, reordered, unreadable in the
+///   middle) makes opening fail and leaves the file as it is, for an operator to inspect. An execution left
 ///   `dispatched` by a process that is gone becomes `unknown`: never re-sent blindly, never
 ///   lost. Liveness comes from lock files in `<ledger>.owners/`, held by each live process
 ///   for the guard owners it serves (the operating system releases them when a process dies,
