@@ -46,7 +46,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("floor_dashmap_insert", |b| {
         b.iter(|| {
             inserted += 1;
-            if inserted % SWEEP_EVERY == 0 {
+            if inserted.is_multiple_of(SWEEP_EVERY) {
                 floor.clear();
             }
             let mut record = template.clone();

@@ -67,7 +67,7 @@ fn chunk_lengths(seed: u8) -> impl Iterator<Item = usize> {
     })
 }
 
-fn split_by<'a>(input: &'a [u8], lengths: impl Iterator<Item = usize>) -> Vec<&'a [u8]> {
+fn split_by(input: &[u8], lengths: impl Iterator<Item = usize>) -> Vec<&[u8]> {
     let mut chunks = Vec::new();
     let mut rest = input;
     for len in lengths {
