@@ -294,16 +294,14 @@ fn chain_with(at: usize, inserted: &str) -> Vec<String> {
 /// Writes `lines` as a ledger file, opens it, and returns the outcome of the open and the
 /// file's bytes before and after.
 fn open_lines(name: &str, lines: &[String]) -> (Result<(), String>, Vec<u8>, Vec<u8>) {
-    let dir = invariants::scratch_dir();
-    let path = dir.join(format!("{name}.jsonl"));
+    let path = invariants::scratch_path(name);
     let before = (lines.join("\n") + "\n").into_bytes();
     std::fs::write(&path, &before).unwrap();
     let opened = mcp_replay_guard::ledger::FileLedger::open(&path)
         .map(drop)
         .map_err(|e| e.to_string());
     let after = std::fs::read(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    std::fs::remove_dir_all(dir.join(format!("{name}.jsonl.owners"))).unwrap();
+    invariants::remove_scratch(&path);
     (opened, before, after)
 }
 

@@ -347,17 +347,26 @@ fn chain_is_valid(text: &str) -> bool {
     true
 }
 
-/// A scratch directory for ledger files: tmpfs when there is one (the fsyncs cost nothing).
-pub fn scratch_dir() -> PathBuf {
+/// A scratch path for a ledger file, unique to this process: on tmpfs when there is one (the
+/// fsyncs cost nothing). The ledger's `<file>.owners/` directory goes beside it.
+pub fn scratch_path(name: &str) -> PathBuf {
     let base = Path::new("/dev/shm");
     let base = if base.is_dir() {
         base.to_path_buf()
     } else {
         std::env::temp_dir()
     };
-    let dir = base.join(format!("mrg-fuzz-{}", std::process::id()));
+    let dir = base.join("mrg-fuzz");
     std::fs::create_dir_all(&dir).expect("a scratch directory");
-    dir
+    dir.join(format!("{}-{name}.jsonl", std::process::id()))
+}
+
+/// Removes a scratch ledger file and its owners directory.
+pub fn remove_scratch(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let mut owners = path.as_os_str().to_owned();
+    owners.push(".owners");
+    let _ = std::fs::remove_dir_all(owners);
 }
 
 /// The file ledger's line reader and chain check: arbitrary bytes placed in a real chain (as
@@ -400,19 +409,14 @@ pub fn ledger_line(data: &[u8]) {
     );
 
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let dir = scratch_dir();
-    let path = dir.join(format!("l{}.jsonl", NEXT.fetch_add(1, Ordering::Relaxed)));
+    let path = scratch_path(&format!("l{}", NEXT.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, &file).expect("write the ledger file");
     let opened = FileLedger::open(&path);
     let opened_ok = opened.is_ok();
     // Dropping the ledger joins its writer thread: the file is final after this.
     drop(opened);
     let after = verify_file(&path).expect("read the ledger file back");
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_dir_all(dir.join(format!(
-        "{}.owners",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    )));
+    remove_scratch(&path);
     if report.is_ok() {
         assert!(opened_ok, "a valid chain did not open");
     }
