@@ -17,10 +17,11 @@ use std::{
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, EventKind, FileLedger, Ledger, LedgerEvent, Timestamp},
+    ExecutionId,
+    ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp},
 };
+
+mod support;
 
 fn dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mrg-bench-{}", ExecutionId::new().ulid()));
@@ -28,51 +29,11 @@ fn dir() -> PathBuf {
     dir
 }
 
-fn claim(n: u64) -> Claim {
-    Claim {
-        fingerprint: format!("hmac-sha256:{:064x}", n).parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:bench".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(60),
-        retention: Duration::from_secs(60),
-        owner: "guard:bench".into(),
-        at: Timestamp::now(),
-    }
-}
+/// Records stay for a minute, as a guard's would.
+const RETENTION: Duration = Duration::from_secs(60);
 
 async fn execution(ledger: &FileLedger, n: u64) {
-    let id = ledger.claim(claim(n)).await.unwrap().record().execution_id;
-    let event = |kind| LedgerEvent {
-        execution_id: id,
-        at: Timestamp::now(),
-        kind,
-    };
-    ledger.append(event(EventKind::Authorized)).await.unwrap();
-    let dispatched = EventKind::Dispatched {
-        attempt: 1,
-        idempotency_key: IdempotencyKey::from(id),
-        key_from_caller: false,
-        jsonrpc_id: Some(1.into()),
-        session_id: None,
-        owner: Some("guard:bench".into()),
-    };
-    ledger.append(event(dispatched)).await.unwrap();
-    let completed = EventKind::Completed {
-        target_status: 200,
-        is_error: false,
-        result_reference: None,
-    };
-    ledger.append(event(completed)).await.unwrap();
-    ledger
-        .append(event(EventKind::Delivered {
-            jsonrpc_id: Some(1.into()),
-        }))
-        .await
-        .unwrap();
+    support::execution(ledger, n, RETENTION).await;
 }
 
 fn bench(c: &mut Criterion) {
@@ -106,7 +67,7 @@ fn bench(c: &mut Criterion) {
     });
     let ledger = FileLedger::open(dir.join("append.jsonl")).unwrap();
     let id = rt
-        .block_on(ledger.claim(claim(u64::MAX)))
+        .block_on(ledger.claim(support::claim(u64::MAX, RETENTION)))
         .unwrap()
         .record()
         .execution_id;

@@ -5,6 +5,10 @@
 //! - over loopback: a hyper client stacked with the guard against a bare hyper client, both
 //!   talking to the same HTTP server on 127.0.0.1.
 //!
+//! Each group also runs a generic `tower::retry` stack (tower's `Retry` with a policy that
+//! re-sends on any error, what a hand-rolled retry layer does) over the same bare service:
+//! the cost of the layer the guard replaces, next to the guard's.
+//!
 //! `cargo bench --bench guard`
 
 use std::{
@@ -31,7 +35,10 @@ use mcp_replay_guard::{
     ledger::MemoryLedger,
 };
 use serde_json::{Map, Value, json};
-use tower::{Layer, Service, ServiceExt};
+use tower::{
+    Layer, Service, ServiceExt,
+    retry::{Policy, Retry},
+};
 
 /// A `tools/call` body with 1 KiB of arguments.
 fn body() -> Bytes {
@@ -108,6 +115,32 @@ fn guard_layer() -> GuardLayer {
     )
 }
 
+/// The generic retry policy the guard replaces: re-send on any error, up to three times,
+/// whatever the error was and whether the request may have run.
+#[derive(Clone, Copy)]
+struct RetryOnError {
+    left: usize,
+}
+
+impl<B: Clone, Res, E> Policy<Request<B>, Res, E> for RetryOnError {
+    type Future = std::future::Ready<()>;
+
+    fn retry(&mut self, _: &mut Request<B>, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        (result.is_err() && self.left > 0).then(|| {
+            self.left -= 1;
+            std::future::ready(())
+        })
+    }
+
+    fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
+        Some(request.clone())
+    }
+}
+
+fn generic_retry<S>(service: S) -> Retry<RetryOnError, S> {
+    Retry::new(RetryOnError { left: 3 }, service)
+}
+
 async fn call_and_read<S, B, RB>(service: &mut S, body: B)
 where
     S: Service<Request<B>, Response = Response<RB>>,
@@ -136,6 +169,14 @@ fn in_process(c: &mut Criterion) {
     group.bench_function("baseline_bare_service", |b| {
         b.to_async(&rt).iter(|| async {
             call_and_read(&mut InProcessServer, Full::new(body.clone())).await;
+        })
+    });
+    let retrying = generic_retry(InProcessServer);
+    group.bench_function("tower_retry", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut retrying = retrying.clone();
+            let body = body.clone();
+            async move { call_and_read(&mut retrying, Full::new(body)).await }
         })
     });
     let guarded = guard_layer().layer(InProcessServer);
@@ -193,6 +234,17 @@ fn loopback(c: &mut Criterion) {
             let request = with_uri(request(Full::new(body.clone())));
             async move {
                 let response = bare.request(request).await.unwrap();
+                response.into_body().collect().await.unwrap();
+            }
+        })
+    });
+    let retrying = generic_retry(bare.clone());
+    group.bench_function("tower_retry_hyper", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut retrying = retrying.clone();
+            let request = with_uri(request(Full::new(body.clone())));
+            async move {
+                let response = retrying.ready().await.unwrap().call(request).await.unwrap();
                 response.into_body().collect().await.unwrap();
             }
         })

@@ -22,19 +22,16 @@
 //! own (`mrg_bench_<ulid>`), dropped at the end.
 
 use std::{
-    hint::black_box,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use deadpool_postgres::{Pool, PoolConfig, Runtime};
-use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, Claimed, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp},
-};
+use mcp_replay_guard::{ExecutionId, ledger::PostgresLedger};
 use tokio_postgres::NoTls;
+
+mod support;
 
 const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
 const CALLERS: usize = 32;
@@ -42,54 +39,10 @@ const BATCH: usize = 256;
 
 static NEXT_INTENT: AtomicU64 = AtomicU64::new(1);
 
-fn claim() -> Claim {
-    let n = NEXT_INTENT.fetch_add(1, Ordering::Relaxed);
-    Claim {
-        fingerprint: format!("hmac-sha256:{n:064x}").parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:bench".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: Some("deploy-service".into()),
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(60),
-        retention: Duration::from_secs(3600),
-        owner: "guard:bench".into(),
-        at: Timestamp::now(),
-    }
-}
-
-/// One execution: claim + authorized + dispatched + completed + delivered.
+/// One execution of a new intent: claim + authorized + dispatched + completed + delivered.
 async fn execution(ledger: &PostgresLedger) {
-    let Claimed::New(record) = ledger.claim(claim()).await.unwrap() else {
-        panic!("every intent of the bench is new");
-    };
-    let id = record.execution_id;
-    let kinds = [
-        EventKind::Authorized,
-        EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: Some(7.into()),
-            session_id: None,
-            owner: None,
-        },
-        EventKind::Completed {
-            target_status: 200,
-            is_error: false,
-            result_reference: None,
-        },
-        EventKind::Delivered { jsonrpc_id: None },
-    ];
-    for kind in kinds {
-        let event = LedgerEvent {
-            execution_id: id,
-            at: Timestamp::now(),
-            kind,
-        };
-        black_box(ledger.append(event).await.unwrap());
-    }
+    let n = NEXT_INTENT.fetch_add(1, Ordering::Relaxed);
+    support::execution(ledger, n, Duration::from_secs(3600)).await;
 }
 
 /// A batch of executions over `CALLERS` callers, spread over the replicas.

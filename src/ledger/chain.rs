@@ -210,6 +210,37 @@ impl fmt::Display for VerifyReport {
     }
 }
 
+/// Checks that `line` follows `head`, the `(seq, hash)` of the last line read (`(0,
+/// GENESIS)` before the first line, when a checkpoint may also start a compacted chain).
+///
+/// The one check both [`verify`] and the file ledger's reader apply to every line.
+pub(crate) fn check_follows(
+    head: (u64, ChainHash),
+    line: &ChainedLine,
+) -> Result<(), ChainProblem> {
+    let (last_seq, last_hash) = head;
+    // A compacted chain starts at its checkpoint, whose `prev` is the removed head.
+    let starts_compacted = last_seq == 0 && matches!(line.body, LineBody::Checkpoint { .. });
+    let (expected_seq, expected_prev) = if starts_compacted {
+        (line.seq, line.prev)
+    } else {
+        (last_seq + 1, last_hash)
+    };
+    if line.seq > expected_seq {
+        Err(ChainProblem::Deleted {
+            missing: line.seq - expected_seq,
+        })
+    } else if line.seq < expected_seq {
+        Err(ChainProblem::Reordered)
+    } else if line.compute_hash() != line.hash {
+        Err(ChainProblem::Edited)
+    } else if line.prev != expected_prev {
+        Err(ChainProblem::BrokenLink)
+    } else {
+        Ok(())
+    }
+}
+
 /// Verifies a chain given as raw lines (the file form). A chain may start with a checkpoint.
 pub fn verify<'a>(lines: impl IntoIterator<Item = &'a str>) -> VerifyReport {
     let mut report = VerifyReport {
@@ -217,45 +248,25 @@ pub fn verify<'a>(lines: impl IntoIterator<Item = &'a str>) -> VerifyReport {
         head: ChainHash::GENESIS,
         first_bad: None,
     };
-    let mut expected_seq = 1;
-    for (index, text) in lines.into_iter().enumerate() {
+    let mut last_seq = 0;
+    for text in lines {
         if text.trim().is_empty() {
             continue;
         }
         let line: ChainedLine = match parse_line(text) {
             Ok(line) => line,
             Err(detail) => {
-                report.first_bad = Some((expected_seq, ChainProblem::Unreadable { detail }));
+                report.first_bad = Some((last_seq + 1, ChainProblem::Unreadable { detail }));
                 return report;
             }
         };
-        let first = index == 0;
-        // A compacted chain starts at its checkpoint, whose `prev` is the removed head.
-        let starts_compacted = first && matches!(line.body, LineBody::Checkpoint { .. });
-        if starts_compacted {
-            expected_seq = line.seq;
-            report.head = line.prev;
-        }
-        let problem = if line.seq > expected_seq {
-            Some(ChainProblem::Deleted {
-                missing: line.seq - expected_seq,
-            })
-        } else if line.seq < expected_seq {
-            Some(ChainProblem::Reordered)
-        } else if line.compute_hash() != line.hash {
-            Some(ChainProblem::Edited)
-        } else if line.prev != report.head {
-            Some(ChainProblem::BrokenLink)
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
+        if let Err(problem) = check_follows((last_seq, report.head), &line) {
             report.first_bad = Some((line.seq, problem));
             return report;
         }
         report.verified += 1;
         report.head = line.hash;
-        expected_seq = line.seq + 1;
+        last_seq = line.seq;
     }
     report
 }

@@ -17,7 +17,10 @@ use tokio::sync::oneshot;
 use super::{
     Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
     Timestamp,
-    chain::{self, ChainHash, ChainedLine, Checkpoint, LineBody, StoredResult, VerifyReport},
+    chain::{
+        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, LineBody, StoredResult,
+        VerifyReport,
+    },
     result_reference,
 };
 use crate::{
@@ -39,6 +42,25 @@ fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
     }
 }
 
+/// Reads one line of the file (without its newline): `None` for a blank line (as
+/// [`chain::verify`] skips them), the line when it follows `head`, else what is wrong with it.
+fn read_line(bytes: &[u8], head: (u64, ChainHash)) -> Result<Option<ChainedLine>, ChainProblem> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ChainProblem::Unreadable {
+        detail: e.to_string(),
+    })?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let line = chain::parse_line(text).map_err(|detail| ChainProblem::Unreadable { detail })?;
+    chain::check_follows(head, &line)?;
+    Ok(Some(line))
+}
+
+/// Whether the bytes are a chain line at all, wherever it belongs.
+fn is_chain_line(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|text| chain::parse_line(text).is_ok())
+}
+
 /// The embedded durable ledger: one append-only, hash-chained JSON Lines file.
 ///
 /// - **Write-ahead.** An append returns only after its line is on disk (`fdatasync`): the guard
@@ -49,8 +71,11 @@ fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
 /// - **Shared by processes.** Every write happens under an exclusive lock on the file, after
 ///   reading what other processes appended since (so the chain never forks and a claim is
 ///   atomic across processes). A file replaced by compaction is noticed and reopened.
-/// - **Crash recovery.** Reopening rebuilds the index from the file. A torn last line (a crash
-///   mid-write) is cut away with a warning, never taken as valid. An execution left
+/// - **Crash recovery.** Reopening rebuilds the index from the file, checking every line
+///   against the chain (`seq`, `prev`, `hash`). A torn tail (a crash mid-write: an incomplete
+///   last line, or unreadable lines with no readable line after them) is cut away with a
+///   warning, never taken as valid. Any other bad line (edited, reordered, unreadable in the
+///   middle) makes opening fail and leaves the file as it is, for an operator to inspect. An execution left
 ///   `dispatched` by a process that is gone becomes `unknown`: never re-sent blindly, never
 ///   lost. Liveness comes from lock files in `<ledger>.owners/`, held by each live process
 ///   for the guard owners it serves (the operating system releases them when a process dies,
@@ -490,8 +515,14 @@ impl Writer {
         }
     }
 
-    /// Reads the lines other processes appended. Holding the exclusive lock, a torn tail (a
-    /// writer died mid-line) is cut away; without it, an incomplete tail is just not read yet.
+    /// Reads the lines other processes appended, checking that each one follows the chain.
+    ///
+    /// Holding the exclusive lock, a torn tail (a writer died mid-line) is cut away: an
+    /// incomplete last line, or unreadable lines that no readable line follows. Without the
+    /// lock, an incomplete tail is just not read yet. Any other bad line (unreadable with
+    /// readable lines after it, edited, out of order, not linked) is an error and the file is
+    /// left as it is: cutting there would throw away acknowledged lines, and reading past it
+    /// would build on a line nobody wrote.
     fn catch_up(&mut self, locked: bool) -> Result<(), LedgerError> {
         let len = self
             .file
@@ -509,32 +540,30 @@ impl Writer {
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let mut consumed = 0;
         for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
-            let line_len = piece.len();
-            let line = &piece[..piece.len() - 1];
-            if line.is_empty() {
-                consumed += line_len;
-                continue;
-            }
-            let parsed = std::str::from_utf8(line)
-                .map_err(|e| e.to_string())
-                .and_then(chain::parse_line);
-            match parsed {
-                Ok(line) => self.take_line(line),
-                Err(detail) if locked => {
-                    tracing::warn!(path = %self.path.display(), offset = self.offset + consumed as u64, %detail, "cutting an unreadable ledger tail (a write torn by a crash)");
-                    return self.truncate_at(self.offset + consumed as u64);
-                }
-                Err(detail) => {
+            match read_line(&piece[..piece.len() - 1], self.head) {
+                Ok(None) => {}
+                Ok(Some(line)) => self.take_line(line),
+                Err(problem) => {
+                    let at = self.offset + consumed as u64;
+                    let after = &bytes[consumed + piece.len()..];
+                    let torn = matches!(problem, ChainProblem::Unreadable { .. })
+                        && !after.split(|&b| b == b'\n').any(is_chain_line);
+                    if locked && torn {
+                        tracing::warn!(path = %self.path.display(), offset = at, %problem, "cutting an unreadable ledger tail (a write torn by a crash)");
+                        return self.truncate_at(at);
+                    }
+                    // The lines before it are in the index: do not read them again.
+                    self.offset = at;
                     return Err(storage(
                         &format!(
-                            "unreadable ledger line at byte {}",
-                            self.offset + consumed as u64
+                            "the ledger line at byte {at} (seq {}) {problem}",
+                            self.head.0 + 1
                         ),
-                        detail,
+                        "the file is left as it is; `replay-guard audit verify` names the line",
                     ));
                 }
             }
-            consumed += line_len;
+            consumed += piece.len();
         }
         self.offset += consumed as u64;
         if locked && complete < bytes.len() {

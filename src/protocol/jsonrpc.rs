@@ -191,6 +191,11 @@ pub(super) fn message_from_value(
             tool_call(id, object.remove("params")).map(Message::ToolCall)
         }
         (Some(method), Some(id)) => Ok(Message::Request { id, method }),
+        // Found by fuzzing: as a notification it would pass the guard unguarded, and a lenient
+        // server could still run it.
+        (Some(method), None) if method == TOOLS_CALL => Err(ClassifyError::InvalidEnvelope(
+            "a tools/call must be a request with an `id`, not a notification".into(),
+        )),
         (Some(method), None) => Ok(Message::Notification { method }),
         (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
             Ok(Message::Response { id })
