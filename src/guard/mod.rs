@@ -27,7 +27,7 @@
 //! `unknown`; 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
 //!
 //! A response the target produced for a guarded call carries the call's
-//! [`ExecutionId`](crate::ExecutionId) in its extensions, so a caller can name the execution
+//! [`ExecutionId`] in its extensions, so a caller can name the execution
 //! even when the answer is not the guard's own.
 
 pub(crate) mod answer;
