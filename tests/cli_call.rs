@@ -173,12 +173,7 @@ async fn a_cut_stream_is_resumed_and_the_call_completes() {
     );
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
-    let resumes = server
-        .state
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == http::Method::GET && r.last_event_id.is_some())
-        .count();
+    let resumes = server.state.resume_requests().len();
     assert_eq!(resumes, 1);
 }
 

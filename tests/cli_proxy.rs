@@ -138,12 +138,7 @@ async fn a_cut_stream_is_resumed_with_get_through_the_proxy() {
     assert_eq!(text(&result), "deployed catalog 2026.07.22");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
-    let resumes: Vec<_> = server
-        .state
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == http::Method::GET && r.last_event_id.is_some())
-        .collect();
+    let resumes = server.state.resume_requests();
     assert_eq!(resumes.len(), 1, "{resumes:#?}");
     client.cancel().await.unwrap();
     drop(proxy);

@@ -388,12 +388,7 @@ async fn a_broken_stream_is_resumed_with_last_event_id_and_not_resent() {
     assert_eq!(text(&result), "deployed catalog 3.0.0");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
-    let resumes: Vec<_> = server
-        .state
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == http::Method::GET && r.last_event_id.is_some())
-        .collect();
+    let resumes = server.state.resume_requests();
     assert_eq!(resumes.len(), 1, "{resumes:#?}");
 
     // The guard followed the resume: one execution, completed from the replayed stream.

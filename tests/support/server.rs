@@ -246,6 +246,14 @@ impl ServerState {
         self.inner.lock().unwrap().requests.clone()
     }
 
+    /// The stream resumes that reached rmcp: GETs with `Last-Event-ID`.
+    pub fn resume_requests(&self) -> Vec<LoggedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == http::Method::GET && r.last_event_id.is_some())
+            .collect()
+    }
+
     /// Every HTTP request that reached the HTTP server, including the ones
     /// the fault layer answered itself (`Fault::Status`) or refused
     /// (`Fault::RefuseBeforeRead`) without involving rmcp.
