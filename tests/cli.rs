@@ -175,3 +175,16 @@ async fn verify_list_show_and_resolve_a_ledger() {
     assert!(err.contains("no ledger at"), "{err}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// README carries the shipped policy file verbatim, so the documented example is the one that
+/// `call --policy` is tested with.
+#[test]
+fn readme_carries_the_example_policy_verbatim() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let policy = std::fs::read_to_string(format!("{root}/examples/policy.toml")).unwrap();
+    assert!(
+        readme.contains(&format!("```toml\n{policy}```")),
+        "README's policy example differs from examples/policy.toml"
+    );
+}
