@@ -22,10 +22,7 @@ use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ToolContract},
     fingerprint::{FingerprintKey, FingerprintRules},
-    guard::{
-        Authorization, AuthorizationRequest, Authorize, Guard, GuardLayer, GuardRequestBody,
-        ProbeOutcome, ProbeRequest, StatusProbe,
-    },
+    guard::{Authorization, AuthorizationRequest, Authorize, Guard, GuardLayer, GuardRequestBody},
     ledger::{ExecutionRecord, ExecutionState, Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
@@ -266,62 +263,6 @@ async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
     assert_eq!(record.attempts, 2);
 }
 
-/// Asks the test server's read-only `credential_status` tool whether a rotation happened.
-#[derive(Debug)]
-struct CredentialStatusProbe {
-    url: String,
-    session: Option<String>,
-    asked: Arc<AtomicUsize>,
-}
-
-impl CredentialStatusProbe {
-    fn new(server: &TestServer, session: &Option<String>) -> (Self, Arc<AtomicUsize>) {
-        let asked = Arc::new(AtomicUsize::new(0));
-        let probe = Self {
-            url: server.url.clone(),
-            session: session.clone(),
-            asked: asked.clone(),
-        };
-        (probe, asked)
-    }
-}
-
-#[async_trait]
-impl StatusProbe for CredentialStatusProbe {
-    async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome {
-        self.asked.fetch_add(1, Ordering::SeqCst);
-        let name = request.arguments["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let status = call_tool(
-            &mut hyper_client(),
-            &self.url,
-            self.session.as_deref(),
-            900,
-            "credential_status",
-            json!({"name": name}),
-        )
-        .await;
-        match status
-            .as_ref()
-            .ok()
-            .and_then(structured)
-            .and_then(|s| s["rotated"].as_bool())
-        {
-            Some(true) => ProbeOutcome::Applied {
-                result: Some(
-                    json!({"content": [{"type": "text", "text": format!("rotated {name} (confirmed by status probe)")}], "isError": false}),
-                ),
-            },
-            Some(false) => ProbeOutcome::NotApplied,
-            None => ProbeOutcome::Unknown {
-                reason: format!("status query failed: {status:?}"),
-            },
-        }
-    }
-}
-
 #[tokio::test]
 async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
     let Fixture {
@@ -329,10 +270,10 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         session,
         ledger,
     } = Fixture::start().await;
-    let (probe, asked) = CredentialStatusProbe::new(&server, &session);
+    let probe = CredentialStatusProbe::new(&server.url, Era::Sessions);
     let mut client = Retry::new(
         RetryEveryError(3),
-        guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
+        guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
     );
     server
         .state
@@ -350,7 +291,7 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
     .await;
 
     assert_eq!(server.state.side_effects("rotate_credential"), 1);
-    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.asked(), 1);
     assert_eq!(
         first_text(&response),
         Some("rotated db-password (confirmed by status probe)")
@@ -367,10 +308,10 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
         session,
         ledger,
     } = Fixture::start().await;
-    let (probe, asked) = CredentialStatusProbe::new(&server, &session);
+    let probe = CredentialStatusProbe::new(&server.url, Era::Sessions);
     let mut client = Retry::new(
         RetryEveryError(3),
-        guarded(&layer(&ledger).status_probe("rotate_credential", probe)),
+        guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
     );
     // 502 before the tool runs is an unknown outcome for the guard; the probe finds nothing.
     server
@@ -401,7 +342,7 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
     )
     .await;
 
-    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.asked(), 1);
     assert_eq!(server.state.side_effects("rotate_credential"), 1);
     assert!(response["result"]["isError"] != true, "{response}");
     let record = only_record(&ledger).await;
