@@ -286,6 +286,16 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
             "{protocol}: {run:#?}"
         );
     }
+    // A read-only call to nobody: re-sent freely, then a connection error.
+    let run = call(
+        &closed,
+        "list_branches",
+        json!({}),
+        &["--protocol", "2026-07-28", "--class", "read-only"],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("cannot reach"), "{run:#?}");
     assert_eq!(server.state.side_effects("deploy_release"), 0);
 }
 

@@ -218,6 +218,7 @@ where
     RB::Error: Into<BoxError>,
 {
     let mut execution = None;
+    let mut passthrough_error = None;
     for attempt in 1..=ATTEMPTS {
         let id = json!(attempt);
         let request = endpoint.post(json!({
@@ -241,6 +242,12 @@ where
             Err(error) if error.is_unknown() || error.is_not_sent() => {
                 execution = error.execution_id().or(execution);
                 tracing::warn!(attempt, %error, "the outcome is unknown; asking the guard again");
+                continue;
+            }
+            // A call the guard passed through (a read-only tool): re-sent freely.
+            Err(error) if error.is_inner() => {
+                tracing::warn!(attempt, error = %mcp_http::describe(&error), "a read-only call failed; sending it again");
+                passthrough_error = Some(error);
                 continue;
             }
             Err(error) => bail!(
@@ -281,6 +288,13 @@ where
             }
             Err(_) => break,
         }
+    }
+    if let (None, Some(error)) = (execution, passthrough_error) {
+        bail!(
+            "cannot reach {}: {}. The call is read-only, so nothing can have changed",
+            endpoint.url,
+            mcp_http::describe(&error)
+        );
     }
     // No answer: say where the execution stands, from the ledger.
     let record = match execution {
