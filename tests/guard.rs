@@ -4,13 +4,9 @@
 
 mod support;
 
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicUsize, Ordering},
 };
 
 use async_trait::async_trait;
@@ -58,46 +54,6 @@ fn layer(ledger: &MemoryLedger) -> GuardLayer {
 
 fn guarded(layer: &GuardLayer) -> Guard<Inner> {
     layer.layer(hyper_client_with_body::<GuardRequestBody>())
-}
-
-/// A generic retry policy of the kind this crate replaces: retry every error, up to 3 times.
-#[derive(Clone)]
-struct RetryEveryError(usize);
-
-impl<E>
-    tower::retry::Policy<
-        Request<Full<Bytes>>,
-        Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
-        E,
-    > for RetryEveryError
-{
-    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Full<Bytes>>,
-        result: &mut Result<
-            Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
-            E,
-        >,
-    ) -> Option<Self::Future> {
-        if result.is_err() && self.0 > 0 {
-            self.0 -= 1;
-            Some(Box::pin(async {}))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut clone = Request::builder().method(req.method()).uri(req.uri());
-        for (name, value) in req.headers() {
-            clone = clone.header(name, value);
-        }
-        let mut clone = clone.body(req.body().clone()).unwrap();
-        *clone.extensions_mut() = req.extensions().clone();
-        Some(clone)
-    }
 }
 
 fn deploy_args() -> Value {

@@ -12,11 +12,9 @@
 
 mod support;
 
-use std::{collections::HashSet, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
 use mcp_replay_guard::{
     Actor, ExecutionId, IdempotencyKey, IntentScope,
     contract::{ContractRegistry, RetryClass, ToolContract},
@@ -32,25 +30,6 @@ use serde_json::{Value, json};
 use support::*;
 use tower::{Layer, retry::Retry};
 
-const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
-
-/// The server's URL; `None` (after saying why) when the tests must be skipped.
-fn database_url() -> Option<String> {
-    match std::env::var(URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => panic!(
-            "{URL_VAR} is not set under CI: the PostgreSQL ledger tests need a database, e.g. \
-             {URL_VAR}=postgres://postgres@127.0.0.1:5432/mrg_test"
-        ),
-        _ => {
-            eprintln!(
-                "skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/mrg_dev)"
-            );
-            None
-        }
-    }
-}
-
 /// A schema of the test's own in the test database.
 struct TestSchema {
     url: String,
@@ -59,7 +38,7 @@ struct TestSchema {
 
 impl TestSchema {
     fn new(test: &str) -> Option<Self> {
-        let url = database_url()?;
+        let url = postgres_url()?;
         let name = format!(
             "mrg_t_{test}_{}",
             ExecutionId::new().ulid().to_string().to_lowercase()
@@ -71,7 +50,7 @@ impl TestSchema {
     async fn replica(&self) -> PostgresLedger {
         PostgresLedger::connect_with_schema(&self.url, &self.name)
             .await
-            .unwrap_or_else(|e| panic!("connecting to {URL_VAR}: {e}"))
+            .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"))
     }
 
     /// Runs SQL in the schema (the test's hand on the tables, as an attacker's would be).
@@ -672,39 +651,6 @@ async fn errors_and_debug_output_never_show_the_password() {
 }
 
 // ---- the guard end to end over PostgreSQL ----
-
-/// A generic retry policy of the kind this crate replaces: retry every error, up to 3 times.
-#[derive(Clone)]
-struct RetryEveryError(usize);
-
-type GuardedResponse = Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>;
-
-impl<E> tower::retry::Policy<Request<Full<Bytes>>, GuardedResponse, E> for RetryEveryError {
-    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Full<Bytes>>,
-        result: &mut Result<GuardedResponse, E>,
-    ) -> Option<Self::Future> {
-        if result.is_err() && self.0 > 0 {
-            self.0 -= 1;
-            Some(Box::pin(async {}))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut clone = Request::builder().method(req.method()).uri(req.uri());
-        for (name, value) in req.headers() {
-            clone = clone.header(name, value);
-        }
-        let mut clone = clone.body(req.body().clone()).unwrap();
-        *clone.extensions_mut() = req.extensions().clone();
-        Some(clone)
-    }
-}
 
 fn guard_answer(response: &Value) -> &Value {
     response

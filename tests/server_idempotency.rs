@@ -4,11 +4,9 @@
 
 mod support;
 
-use std::{future::Future, path::PathBuf, pin::Pin, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode, header::AUTHORIZATION};
-use http_body_util::Full;
+use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::{ContractRegistry, ToolContract},
@@ -85,37 +83,6 @@ fn temp_dir(name: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A generic retry policy of the kind the guard sits under: retry every error, up to 3 times.
-#[derive(Clone)]
-struct RetryEveryError(usize);
-
-type GuardBody = mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>;
-
-impl<E> tower::retry::Policy<Request<Full<Bytes>>, Response<GuardBody>, E> for RetryEveryError {
-    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Full<Bytes>>,
-        result: &mut Result<Response<GuardBody>, E>,
-    ) -> Option<Self::Future> {
-        if result.is_err() && self.0 > 0 {
-            self.0 -= 1;
-            Some(Box::pin(async {}))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut clone = Request::builder().method(req.method()).uri(req.uri());
-        for (name, value) in req.headers() {
-            clone = clone.header(name, value);
-        }
-        Some(clone.body(req.body().clone()).unwrap())
-    }
 }
 
 #[tokio::test]
@@ -791,18 +758,8 @@ async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused()
 #[tokio::test]
 async fn two_replicas_share_keys_through_the_postgres_ledger() {
     use mcp_replay_guard::ledger::PostgresLedger;
-    const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
-    let url = match std::env::var(URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("{URL_VAR} is not set under CI: this test needs PostgreSQL")
-        }
-        _ => {
-            eprintln!(
-                "skipped: {URL_VAR} is not set (e.g. {URL_VAR}=postgres://postgres@127.0.0.1:5432/test)"
-            );
-            return;
-        }
+    let Some(url) = postgres_url() else {
+        return;
     };
     let schema = format!(
         "mrg_t_server_{}",
@@ -811,7 +768,7 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
     let replica = || async {
         let ledger = PostgresLedger::connect_with_schema(&url, &schema)
             .await
-            .unwrap_or_else(|e| panic!("connecting to {URL_VAR}: {e}"));
+            .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"));
         keyed_server(
             IdempotencyLayer::new(ledger, fingerprint_key()),
             ServerOptions::default(),

@@ -31,6 +31,8 @@ mod era;
 mod event_store;
 mod faults;
 mod ledger;
+mod postgres;
+mod retry;
 mod server;
 mod sse;
 mod tools;
@@ -43,6 +45,8 @@ pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
 };
 pub use ledger::wait_for_state;
+pub use postgres::{POSTGRES_URL_VAR, postgres_url};
+pub use retry::RetryEveryError;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
