@@ -961,3 +961,76 @@ async fn a_refused_connection_is_not_sent_and_the_retry_continues_the_same_execu
     );
     assert_eq!(second.attempts, 2);
 }
+
+#[tokio::test]
+async fn integers_past_2_pow_53_are_two_intents_and_past_64_bits_are_refused_unsent() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let order =
+        |order_id: u64| json!({"service": "catalog", "version": "v1", "order_id": order_id});
+
+    // The first order's response is lost: it is held for review.
+    let held = call(
+        &mut client,
+        &server,
+        &session,
+        2,
+        "deploy_release",
+        order(9007199254740993),
+    )
+    .await;
+    assert_eq!(guard_answer(&held)["state"], "needs_review", "{held}");
+    // An order id a double cannot tell from the first one is another intent: it runs.
+    let other = call(
+        &mut client,
+        &server,
+        &session,
+        3,
+        "deploy_release",
+        order(9007199254740992),
+    )
+    .await;
+    assert_eq!(other["result"]["isError"], json!(false), "{other}");
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    assert_eq!(ledger.list().await.unwrap().len(), 2);
+
+    // An integer literal beyond 64 bits cannot be fingerprinted exactly: refused, not sent.
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        "2025-11-25",
+        tool_call_body(4, "deploy_release", order(0)),
+    );
+    let (parts, body) = request.into_parts();
+    let raw = body_text(body)
+        .await
+        .unwrap()
+        .replace("\"order_id\":0", "\"order_id\":18446744073709551617");
+    let response = send(
+        &mut client,
+        Request::from_parts(parts, Full::new(Bytes::from(raw))),
+    )
+    .await
+    .unwrap();
+    let refused = read_to_end(response, 4).await;
+    assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("beyond 64 bits") && message.contains("nothing was sent"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("18446744073709551617"),
+        "the value is never echoed: {message}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    assert_eq!(ledger.list().await.unwrap().len(), 2);
+}

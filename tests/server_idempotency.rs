@@ -806,3 +806,42 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_key_reused_for_an_order_id_a_double_cannot_tell_apart_is_422() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-wide")];
+    let order =
+        |order_id: u64| json!({"service": "catalog", "version": "1.0.0", "order_id": order_id});
+    let (status, _, _) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        order(9007199254740992),
+        &key,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, replayed, answer) = keyed_call(
+        &server,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        order(9007199254740993),
+        &key,
+    )
+    .await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::UNPROCESSABLE_ENTITY, false),
+        "{answer}"
+    );
+    assert_eq!(error_code(&answer), KEY_REUSED);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+}

@@ -208,9 +208,10 @@ fn assert_message_matches(message: &Message, value: &Value) {
 // canonicalise
 
 /// The crate's RFC 8785 writer: on any JSON the parser accepts, the output is UTF-8 JSON that
-/// parses back to the same value (numbers compared as the doubles JCS makes of them), writing
-/// it again is a fixed point, and it is byte for byte what `serde_jcs` writes wherever the two
-/// agree on what a number is.
+/// parses back to the same value (numbers compared as the doubles JCS makes of them, and an
+/// integer past 2^53 as the string of its exact digits, RFC 8785 Appendix D), writing it again
+/// is a fixed point, and it is byte for byte what `serde_jcs` writes wherever the two agree on
+/// what a number is.
 pub fn canonicalise(data: &[u8]) {
     let Ok(value) = serde_json::from_slice::<Value>(data) else {
         return;
@@ -227,7 +228,7 @@ pub fn canonicalise(data: &[u8]) {
         canonical,
         "canonicalising is not a fixed point"
     );
-    // serde_jcs writes integers beyond 2^53 as integers, not as the double JCS says they are.
+    // Past 2^53 this crate writes integers as strings (RFC 8785 Appendix D); serde_jcs does not.
     if all_integers_exact(&value)
         && let Ok(reference) = serde_jcs::to_vec(&value)
     {
@@ -239,10 +240,17 @@ pub fn canonicalise(data: &[u8]) {
     }
 }
 
-/// Equal, with every number compared as an IEEE-754 double (what RFC 8785 makes of it).
+/// Equal, with every number compared as an IEEE-754 double (what RFC 8785 makes of it), and
+/// an integer past 2^53 (an integer literal, or a double between 2^53 and 2^64, all of which
+/// are integers) equal to the string of its exact decimal digits.
 fn same_as_doubles(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Number(x), Value::String(digits)) => {
+            wide_integer_digits(x).as_ref() == Some(digits)
+        }
+        (Value::Number(x), Value::Number(y)) => {
+            wide_integer_digits(x).is_none() && x.as_f64() == y.as_f64()
+        }
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_as_doubles(x, y))
         }
@@ -255,6 +263,20 @@ fn same_as_doubles(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// The exact digits of a number the canonical writer spells as a string.
+fn wide_integer_digits(n: &serde_json::Number) -> Option<String> {
+    const EXACT: u64 = 1 << 53;
+    if let Some(u) = n.as_u64() {
+        return (u > EXACT).then(|| u.to_string());
+    }
+    if let Some(i) = n.as_i64() {
+        return (i.unsigned_abs() > EXACT).then(|| i.to_string());
+    }
+    let d = n.as_f64()?;
+    (d.fract() == 0.0 && d.abs() > EXACT as f64 && d.abs() < 18_446_744_073_709_551_616.0)
+        .then(|| (d as i128).to_string())
+}
+
 /// Whether every integer in the value is exactly a double (|n| ≤ 2^53).
 fn all_integers_exact(value: &Value) -> bool {
     const EXACT: u64 = 1 << 53;
@@ -262,7 +284,7 @@ fn all_integers_exact(value: &Value) -> bool {
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(u), _) => u <= EXACT,
             (None, Some(i)) => i.unsigned_abs() <= EXACT,
-            _ => true,
+            _ => wide_integer_digits(n).is_none(),
         },
         Value::Array(items) => items.iter().all(all_integers_exact),
         Value::Object(map) => map.values().all(all_integers_exact),

@@ -102,16 +102,57 @@ fn utf16_cmp(a: &str, b: &str) -> Ordering {
     }
 }
 
-/// Every JSON number is an IEEE-754 double under JCS: integers beyond 2^53 round to the
-/// nearest double (as a JSON parser would) and then print as ECMAScript prints that double.
+/// 2^53: every integer of at most this magnitude is a double of its own; past it, doubles skip
+/// integers.
+const MAX_EXACT_DOUBLE_INTEGER: u64 = 1 << 53;
+
+/// Numbers as RFC 8785 writes them, with its rule for integers outside the I-JSON range.
+///
+/// JCS treats every number as an IEEE-754 double, which cannot hold every integer past 2^53:
+/// `9007199254740993` and `9007199254740992` would print alike, so two different order ids
+/// would be one intent. RFC 8785 (§3.2.2.3 and Appendix D) says such numbers are carried as
+/// JSON strings; so an integer whose magnitude exceeds 2^53 enters the record as a string
+/// of its exact decimal digits (`"9007199254740993"`), which keeps every integer the JSON
+/// parser holds exactly (the 64-bit range) distinct; a double of such an integral value (any
+/// double between 2^53 and 2^64 is one) is written the same way. Every other number prints as ECMAScript
+/// prints its double, as JCS says. Integer literals beyond 64 bits reach this writer already
+/// rounded to a double by the parser; the guard refuses to fingerprint those (see
+/// [`crate::protocol::has_integer_beyond_64_bits`]).
 fn write_number(n: &Number, out: &mut Vec<u8>) {
-    let double = if let Some(u) = n.as_u64() {
-        u as f64
-    } else if let Some(i) = n.as_i64() {
-        i as f64
-    } else {
-        n.as_f64().unwrap_or(0.0)
-    };
+    if let Some(u) = n.as_u64() {
+        if u > MAX_EXACT_DOUBLE_INTEGER {
+            return write_wide_integer(&u.to_string(), out);
+        }
+        return write_double(u as f64, out);
+    }
+    if let Some(i) = n.as_i64() {
+        if i.unsigned_abs() > MAX_EXACT_DOUBLE_INTEGER {
+            return write_wide_integer(&i.to_string(), out);
+        }
+        return write_double(i as f64, out);
+    }
+    let double = n.as_f64().unwrap_or(0.0);
+    // Number spelling never changes a fingerprint: a double past 2^53 is an integer, and
+    // `9007199254740994.0` names the same value as `9007199254740994`.
+    if double.fract() == 0.0
+        && double.abs() > MAX_EXACT_DOUBLE_INTEGER as f64
+        && double.abs() < TWO_POW_64
+    {
+        return write_wide_integer(&(double as i128).to_string(), out);
+    }
+    write_double(double, out);
+}
+
+/// 2^64: the doubles below it that are integers are the ones a 64-bit integer can name.
+const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+
+fn write_wide_integer(digits: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    out.extend_from_slice(digits.as_bytes());
+    out.push(b'"');
+}
+
+fn write_double(double: f64, out: &mut Vec<u8>) {
     let mut buffer = ryu_js::Buffer::new();
     out.extend_from_slice(buffer.format_finite(double).as_bytes());
 }

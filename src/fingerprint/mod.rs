@@ -29,6 +29,16 @@
 //! tool's [`FingerprintRules`] is replaced by a keyed HMAC of its value under a key derived from
 //! the fingerprint key, so equal secrets still match and the secret itself never appears.
 //!
+//! # Numbers
+//!
+//! RFC 8785 prints every number as the IEEE-754 double it is, and a double cannot hold every
+//! integer past 2^53. Following the RFC (§3.2.2.3, Appendix D), an integer of magnitude above
+//! 2^53 enters the record as a JSON string of its exact decimal digits, so the order ids
+//! `9007199254740993` and `9007199254740992` are two intents (and so are any two 64-bit
+//! integers); an integral double in that range names the same integer and is written alike.
+//! The JSON parser rounds an integer literal beyond 64 bits before anyone sees it, so the guard
+//! and the server half refuse such a `tools/call` ("send it as a string"), and nothing is sent.
+//!
 //! # A fingerprint is not an idempotency key
 //!
 //! It finds a possibly related execution; it is never sent to a server. The key sent is the

@@ -76,17 +76,33 @@ fn rfc8785_appendix_b_number_serialisation() {
 }
 
 #[test]
-fn integers_beyond_2_pow_53_canonicalise_as_the_double_they_round_to() {
+fn integers_beyond_2_pow_53_keep_their_exact_value() {
     let key = key();
-    let a = key.fingerprint(
-        record(json!({"n": 9007199254740993_u64})),
-        &FingerprintRules::new(),
+    let rules = FingerprintRules::new();
+    let fp = |n: Value| key.fingerprint(record(json!({ "order_id": n })), &rules);
+    // Two order ids a double cannot tell apart are two intents.
+    assert_ne!(
+        fp(json!(9007199254740993_u64)),
+        fp(json!(9007199254740992_u64))
     );
-    let b = key.fingerprint(
-        record(json!({"n": 9007199254740992.0})),
-        &FingerprintRules::new(),
+    assert_ne!(
+        fp(json!(-9007199254740993_i64)),
+        fp(json!(-9007199254740992_i64))
     );
-    assert_eq!(a, b);
+    assert_ne!(fp(json!(u64::MAX)), fp(json!(u64::MAX - 1)));
+    assert_ne!(fp(json!(i64::MIN)), fp(json!(i64::MIN + 1)));
+    // Number spelling still never matters: a double past 2^53 is the integer it names.
+    assert_eq!(
+        fp(json!(9007199254740994_u64)),
+        fp(json!(9007199254740994.0))
+    );
+    // RFC 8785 Appendix D: such an integer enters the record as a string of its digits.
+    assert_eq!(jcs("9007199254740993"), "\"9007199254740993\"");
+    assert_eq!(jcs("-9007199254740993"), "\"-9007199254740993\"");
+    assert_eq!(jcs("18446744073709551615"), "\"18446744073709551615\"");
+    assert_eq!(jcs("9007199254740992"), "9007199254740992");
+    assert_eq!(jcs("-9007199254740992"), "-9007199254740992");
+    assert_eq!(jcs("1e21"), "1e+21");
 }
 
 fn key() -> FingerprintKey {
@@ -460,10 +476,17 @@ fn arb_json_wide() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
+        // Inside the I-JSON range, where RFC 8785 prints integers as doubles; past it this
+        // crate writes them as strings (Appendix D) and serde_jcs does not.
+        any::<i64>().prop_map(|i| Value::from(i % (1 << 53))),
         any::<u64>().prop_map(|u| Value::from(u % (1 << 53))),
         any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
+            .prop_filter("finite, not an integer past 2^53", |f| {
+                f.is_finite()
+                    && !(f.fract() == 0.0
+                        && f.abs() > 9007199254740992.0
+                        && f.abs() < 18446744073709551616.0)
+            })
             .prop_map(Value::from),
         any::<String>().prop_map(Value::String),
     ];

@@ -414,6 +414,14 @@ where
         if intent.class == RetryClass::ReadOnly {
             return self.pass_through(parts, bytes).await;
         }
+        if protocol::has_integer_beyond_64_bits(&intent.call.arguments, &bytes) {
+            return answered(answer::jsonrpc_error(
+                StatusCode::OK,
+                Some(&intent.call.id),
+                -32602,
+                format!("{}; nothing was sent", protocol::INEXACT_INTEGER),
+            ));
+        }
         let span = tracing::info_span!(
             "tools_call",
             tool = %intent.call.name,

@@ -27,6 +27,7 @@
 //! - Malformed input is a [`ClassifyError`], never a panic.
 
 mod jsonrpc;
+mod numbers;
 pub(crate) mod response;
 pub mod sse;
 mod version;
@@ -35,6 +36,7 @@ use base64::Engine as _;
 use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{Message, RequestId, TOOLS_CALL, ToolCall};
+pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
 
 pub(crate) use jsonrpc::parse_tracking_duplicates;

@@ -198,6 +198,14 @@ impl<S> Call<S> {
                 ));
             }
         };
+        if protocol::has_integer_beyond_64_bits(&call.arguments, &bytes) {
+            return answered(answer::jsonrpc_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(&call.id),
+                -32602,
+                format!("{}; the call was not run", protocol::INEXACT_INTEGER),
+            ));
+        }
         let keyed = self.config.keyed(&parts, call, key);
         let request_id = keyed.call.id.clone();
         // From the claim on, a keyed call runs as a task of its own: a client that goes away

@@ -1,0 +1,155 @@
+//! Integer literals the JSON parser cannot keep exactly.
+//!
+//! serde_json (without `arbitrary_precision`, which would change every `Value` in a build)
+//! parses an integer literal beyond the 64-bit range into the nearest double, so
+//! `18446744073709551617` and `18446744073709551616` arrive as one value. A fingerprint over
+//! that value would make two intents one. These helpers find such literals so that a caller
+//! can refuse to fingerprint them.
+
+use serde_json::{Map, Value};
+
+/// What the guard and the server half say when they refuse such a call (never the value: an
+/// argument may be a secret).
+pub const INEXACT_INTEGER: &str = "an argument holds an integer literal beyond 64 bits, which cannot be fingerprinted exactly (the JSON parser rounds it); send it as a string";
+
+/// 2^63: an integral double of at least this magnitude may be a 64-bit overflow.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
+/// Whether `arguments` may hold an integer literal that was rounded when it was parsed:
+/// an integral double of magnitude 2^63 or more stands in `arguments` **and** the raw
+/// `body` holds an integer literal outside the 64-bit range. The body is scanned only in the
+/// rare case that such a double exists.
+pub fn has_integer_beyond_64_bits(arguments: &Map<String, Value>, body: &[u8]) -> bool {
+    arguments.values().any(holds_wide_double) && body_has_wide_integer_literal(body)
+}
+
+fn holds_wide_double(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            n.as_u64().is_none()
+                && n.as_i64().is_none()
+                && n.as_f64()
+                    .is_some_and(|d| d.fract() == 0.0 && d.abs() >= TWO_POW_63)
+        }
+        Value::Array(items) => items.iter().any(holds_wide_double),
+        Value::Object(map) => map.values().any(holds_wide_double),
+        Value::Null | Value::Bool(_) | Value::String(_) => false,
+    }
+}
+
+/// Scans JSON text outside string literals for an integer literal (no fraction, no
+/// exponent) whose value is above `u64::MAX` or below `i64::MIN`. Hand-written because it is
+/// a lexical question no JSON parser answers: every parser turns the literal into a number
+/// before anyone can ask how it was spelled.
+fn body_has_wide_integer_literal(body: &[u8]) -> bool {
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                i += 1;
+                while i < body.len() && body[i] != b'"' {
+                    i += if body[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < body.len()
+                    && matches!(body[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                if is_wide_integer(&body[start..i]) {
+                    return true;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    false
+}
+
+fn is_wide_integer(token: &[u8]) -> bool {
+    let (negative, digits) = match token.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, token),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return false; // a fraction or an exponent: a double by its spelling
+    }
+    let significant = digits
+        .iter()
+        .position(|&d| d != b'0')
+        .map_or(&digits[digits.len()..], |p| &digits[p..]);
+    if significant.len() > 20 {
+        return true;
+    }
+    let Ok(magnitude) = std::str::from_utf8(significant)
+        .unwrap_or("0")
+        .parse::<u128>()
+    else {
+        return true;
+    };
+    if negative {
+        magnitude > 1 << 63
+    } else {
+        magnitude > u128::from(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn args(body: &str) -> Map<String, Value> {
+        let value: Value = serde_json::from_str(body).unwrap();
+        value["params"]["arguments"].as_object().unwrap().clone()
+    }
+
+    fn check(body: &str) -> bool {
+        has_integer_beyond_64_bits(&args(body), body.as_bytes())
+    }
+
+    #[test]
+    fn literals_beyond_64_bits_are_found_and_64_bit_ones_are_not() {
+        let call = |n: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"n":{n}}}}}}}"#
+            )
+        };
+        for wide in [
+            "18446744073709551616",
+            "18446744073709551617",
+            "-9223372036854775809",
+            "123456789012345678901234567890",
+            "[1, 99999999999999999999999]",
+        ] {
+            assert!(check(&call(wide)), "{wide}");
+        }
+        for exact in [
+            "18446744073709551615",
+            "-9223372036854775808",
+            "9007199254740993",
+            "1e20",
+            "1.8446744073709552e19",
+            "\"18446744073709551617\"",
+        ] {
+            assert!(!check(&call(exact)), "{exact}");
+        }
+    }
+
+    #[test]
+    fn a_wide_literal_outside_the_arguments_alone_does_not_count() {
+        let arguments = json!({"n": 1}).as_object().unwrap().clone();
+        let body = br#"{"params":{"arguments":{"n":1},"_meta":{"x":18446744073709551617}}}"#;
+        assert!(!has_integer_beyond_64_bits(&arguments, body));
+        // A string that spells a wide integer is text, not a number.
+        let arguments = json!({"n": 1e20}).as_object().unwrap().clone();
+        assert!(!has_integer_beyond_64_bits(
+            &arguments,
+            br#"{"s":"18446744073709551617","n":1e20}"#
+        ));
+    }
+}
