@@ -205,12 +205,10 @@ impl FileLedger {
     }
 }
 
-/// Verifies a ledger file without opening it as a ledger.
+/// Verifies a ledger file without opening it as a ledger, with the archives its checkpoints
+/// name (see [`verify_file_anchored`](super::verify_file_anchored)).
 pub fn verify_file(path: &Path) -> Result<VerifyReport, LedgerError> {
-    let text =
-        fs::read(path).map_err(|e| storage(&format!("cannot read {}", path.display()), e))?;
-    let text = String::from_utf8_lossy(&text);
-    Ok(chain::verify(text.split('\n')))
+    super::verify::verify_file_anchored(path, None)
 }
 
 /// Reads or creates the 0600 key file beside a ledger.

@@ -20,6 +20,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod verify;
 
 use std::{fmt, time::Duration};
 
@@ -27,6 +28,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use file::{CompactReport, FileLedger, verify_file};
+pub use verify::verify_file_anchored;
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
