@@ -100,6 +100,12 @@ impl ChainHead {
     };
 }
 
+impl From<(u64, ChainHash)> for ChainHead {
+    fn from((seq, hash): (u64, ChainHash)) -> Self {
+        Self { seq, hash }
+    }
+}
+
 impl fmt::Display for ChainHead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.seq, self.hash)
@@ -493,6 +499,7 @@ pub struct Verifier {
     report: VerifyReport,
     first_seq: Option<u64>,
     anchor_seen: bool,
+    from_genesis: bool,
 }
 
 impl Default for Verifier {
@@ -516,6 +523,18 @@ impl Verifier {
             },
             first_seq: None,
             anchor_seen: false,
+            from_genesis: false,
+        }
+    }
+
+    /// A verifier of a whole chain, which starts at seq 1 after [`ChainHash::GENESIS`]: a
+    /// leading checkpoint is reported like any other line that does not follow (the lines it
+    /// compacted are not there). For ledgers that never compact, or once every archive was
+    /// found.
+    pub fn from_genesis() -> Self {
+        Self {
+            from_genesis: true,
+            ..Self::new()
         }
     }
 
@@ -547,6 +566,14 @@ impl Verifier {
     fn line(&mut self, text: &str) -> Result<(), (u64, ChainProblem)> {
         let next = self.report.head_seq + 1;
         let line = read_line(text).map_err(|(seq, problem)| (seq.unwrap_or(next), problem))?;
+        if self.from_genesis && self.report.verified == 0 && line.seq > 1 {
+            return Err((
+                line.seq,
+                ChainProblem::Deleted {
+                    missing: line.seq - 1,
+                },
+            ));
+        }
         check_follows((self.report.head_seq, self.report.head), &line)
             .map_err(|problem| (line.seq, problem))?;
         if let Some(anchor) = self.report.anchor

@@ -615,7 +615,9 @@ impl Writer {
             .and_then(|()| self.file.sync_data())
             .map_err(|e| storage("cannot write the ledger", e))?;
         self.offset += text.len() as u64;
+        let before = self.head.0;
         self.head = (seq, prev);
+        chain::log_head(&self.path.display(), Some(before), self.head.into());
         Ok(())
     }
 
@@ -651,6 +653,7 @@ impl Writer {
     }
 
     fn run(mut self, ops: mpsc::Receiver<Op>) {
+        chain::log_head(&self.path.display(), None, self.head.into());
         let mut last_batch = 0;
         while let Ok(first) = ops.recv() {
             let mut batch = vec![first];

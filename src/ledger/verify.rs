@@ -79,7 +79,8 @@ pub fn verify_file_anchored(
     files.reverse();
     follows.reverse();
 
-    let mut verifier = Verifier::new();
+    // Every archive was found (a missing one is reported below): the chain starts at seq 1.
+    let mut verifier = Verifier::from_genesis();
     if let Some(anchor) = anchor {
         verifier = verifier.expect(anchor);
     }
