@@ -32,7 +32,7 @@ pub fn verify_file_anchored(
     // Newest first: the file, then the archive its checkpoint names, and so on.
     let mut files: Vec<(PathBuf, String)> = Vec::new();
     // What each file's checkpoint says it follows, when it starts with one.
-    let mut follows: Vec<Option<ChainHead>> = Vec::new();
+    let mut follows: Vec<Option<(u64, ChainHead)>> = Vec::new();
     let mut current = path.to_path_buf();
     let missing = loop {
         let text = read(&current)?;
@@ -45,9 +45,12 @@ pub fn verify_file_anchored(
                 _ => None,
             });
         files.push((current.clone(), text));
-        follows.push(checkpoint.as_ref().map(|(_, prev, checkpoint)| ChainHead {
-            seq: checkpoint.compacted_through,
-            hash: *prev,
+        follows.push(checkpoint.as_ref().map(|(seq, prev, checkpoint)| {
+            let claimed = ChainHead {
+                seq: checkpoint.compacted_through,
+                hash: *prev,
+            };
+            (*seq, claimed)
         }));
         let Some((seq, _, checkpoint)) = checkpoint else {
             break None;
@@ -115,8 +118,9 @@ pub fn verify_file_anchored(
             *problem = ChainProblem::ArchiveMismatch {
                 archive: files[i - 1].0.display().to_string(),
                 detail: match follows[i] {
-                    Some(claimed) => format!(
-                        "the archive ends at {archived}; the checkpoint says it follows {claimed}"
+                    Some((seq, claimed)) => format!(
+                        "the archive ends at {archived}; the checkpoint, at seq {seq}, says it \
+                         follows {claimed}"
                     ),
                     None => format!("the archive ends at {archived}"),
                 },
