@@ -628,7 +628,7 @@ impl Core {
 
     /// How the head log names this ledger.
     fn schema_label(&self) -> String {
-        format!("postgres schema {}", self.schema)
+        format!("postgres:{}", self.schema)
     }
 
     /// Logs the head as the ledger opens (see [`chain::log_head`]); a head that cannot be read
