@@ -132,7 +132,8 @@ async fn compacted_twice(name: &str) -> Compacted {
         execution(&ledger, n, short).await;
     }
     execution(&ledger, 10, long).await;
-    let (code, early_head, err) = replay_guard(&["audit", "head", "--ledger", path.to_str().unwrap()]);
+    let (code, early_head, err) =
+        replay_guard(&["audit", "head", "--ledger", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let first_archive = ledger.compact(later()).await.unwrap().archived_to;
     for n in 3..5 {
@@ -200,9 +201,13 @@ async fn a_compacted_ledger_verifies_through_its_archives_and_its_head_anchors_i
     let parsed: ChainHead = head.parse().unwrap();
     let last = parse_line(lines(&c.path).last().unwrap()).unwrap();
     assert_eq!(parsed, last.head());
-    let (code, out, _) = replay_guard(&["audit", "verify", "--ledger", c.p(), "--expect-head", head]);
+    let (code, out, _) =
+        replay_guard(&["audit", "verify", "--ledger", c.p(), "--expect-head", head]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains(&format!("it holds the anchored head {head}")), "{out}");
+    assert!(
+        out.contains(&format!("it holds the anchored head {head}")),
+        "{out}"
+    );
     // An anchor taken before both compactions is still checked: it is in the first archive.
     let (code, out, _) = replay_guard(&["audit", "verify", c.p(), "--expect-head", &c.early_head]);
     assert_eq!(code, 0, "{out}");
@@ -299,7 +304,8 @@ async fn a_forged_checkpoint_is_reported() {
     if let LineBody::Checkpoint { checkpoint } = &mut forged.body {
         checkpoint.compacted_through = older_head.seq;
     }
-    let mut rewritten = vec![ChainedLine::seal(forged.seq, older_head.hash, forged.body).to_json_line()];
+    let mut rewritten =
+        vec![ChainedLine::seal(forged.seq, older_head.hash, forged.body).to_json_line()];
     rewritten.extend(original[1..].iter().cloned());
     let first = parse_line(&rewritten[0]).unwrap().hash;
     let mut rewritten = [vec![rewritten[0].clone()], reseal(&rewritten[1..], first)].concat();
@@ -309,12 +315,19 @@ async fn a_forged_checkpoint_is_reported() {
     assert!(out.contains("checkpoint"), "{out}");
     // An edit of the checkpoint that is not re-sealed is an edit.
     rewritten = original.clone();
-    rewritten[0] = rewritten[0].replacen(&checkpoint.prev.to_string(), &ChainHash::GENESIS.to_string(), 1);
+    rewritten[0] = rewritten[0].replacen(
+        &checkpoint.prev.to_string(),
+        &ChainHash::GENESIS.to_string(),
+        1,
+    );
     write_lines(&c.path, &rewritten);
     let (code, out, _) = replay_guard(&["audit", "verify", c.p()]);
     assert_eq!(code, 1, "{out}");
     assert!(
-        out.starts_with(&format!("seq {}: its content does not match its hash", checkpoint.seq)),
+        out.starts_with(&format!(
+            "seq {}: its content does not match its hash",
+            checkpoint.seq
+        )),
         "{out}"
     );
     std::fs::remove_dir_all(&c.dir).unwrap();
@@ -332,12 +345,15 @@ async fn cutting_or_resealing_the_tail_past_an_anchored_head_is_caught() {
     write_lines(&c.path, &original[..original.len() - 2]);
     let (code, out, _) = replay_guard(&["audit", "verify", "--ledger", c.p()]);
     assert_eq!(code, 0, "{out}");
-    let (code, out, _) = replay_guard(&["audit", "verify", "--ledger", c.p(), "--expect-head", &head]);
+    let (code, out, _) =
+        replay_guard(&["audit", "verify", "--ledger", c.p(), "--expect-head", &head]);
     assert_eq!(code, 1, "{out}");
     let anchor: ChainHead = head.parse().unwrap();
     assert!(
-        out.starts_with(&format!("seq {}: the anchored head is not in the ledger", anchor.seq))
-            && out.contains(&format!("to {}", anchor.seq - 2))
+        out.starts_with(&format!(
+            "seq {}: the anchored head is not in the ledger",
+            anchor.seq
+        )) && out.contains(&format!("to {}", anchor.seq - 2))
             && out.contains("truncated"),
         "{out}"
     );
@@ -457,13 +473,21 @@ async fn the_guard_logs_the_head_on_open_and_every_thousand_lines() {
     }
     drop(reopened);
     let anchors = logged_anchors(&path);
-    assert_eq!(anchors.first(), Some(&ChainHead::GENESIS), "the first open: {anchors:?}");
+    assert_eq!(
+        anchors.first(),
+        Some(&ChainHead::GENESIS),
+        "the first open: {anchors:?}"
+    );
     assert_eq!(anchors.last(), Some(&head), "the reopen: {anchors:?}");
     let marks: Vec<u64> = anchors[1..anchors.len() - 1]
         .iter()
         .map(|a| a.seq / HEAD_LOG_EVERY)
         .collect();
-    assert_eq!(marks, [1, 2], "one log per {HEAD_LOG_EVERY} lines: {anchors:?}");
+    assert_eq!(
+        marks,
+        [1, 2],
+        "one log per {HEAD_LOG_EVERY} lines: {anchors:?}"
+    );
     // Each logged head anchors the file: `verify --expect-head` accepts it, and catches a cut
     // past it.
     for anchor in &anchors {

@@ -17,8 +17,10 @@ use mcp_replay_guard::{
     contract::RetryClass,
     ledger::{
         Claim, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp,
-        chain::{ChainHash, ChainHead, ChainProblem, ChainedLine, Checkpoint, HEAD_LOG_EVERY,
-            LineBody, parse_line},
+        chain::{
+            ChainHash, ChainHead, ChainProblem, ChainedLine, Checkpoint, HEAD_LOG_EVERY, LineBody,
+            parse_line,
+        },
     },
 };
 use support::{POSTGRES_URL_VAR, postgres_url};
@@ -93,7 +95,10 @@ impl TestSchema {
     async fn drop(self, ledger: &PostgresLedger) {
         let client = ledger.pool().get().await.unwrap();
         client
-            .execute(format!("DROP SCHEMA \"{}\" CASCADE", self.name).as_str(), &[])
+            .execute(
+                format!("DROP SCHEMA \"{}\" CASCADE", self.name).as_str(),
+                &[],
+            )
             .await
             .unwrap();
     }
@@ -143,10 +148,17 @@ async fn a_stored_line_with_an_extra_field_is_edited() {
     let mut lines = schema.lines(&ledger).await;
     assert!(ledger.verify().await.unwrap().is_ok());
     // Columns untouched: only the line gains a field the typed event does not have.
-    lines[3] = format!("{},\"approved_by\":\"mallory\"}}", lines[3].strip_suffix('}').unwrap());
+    lines[3] = format!(
+        "{},\"approved_by\":\"mallory\"}}",
+        lines[3].strip_suffix('}').unwrap()
+    );
     schema.replace_chain(&ledger, &lines).await;
     let report = ledger.verify().await.unwrap();
-    assert_eq!(report.first_bad, Some((4, ChainProblem::Edited)), "{report}");
+    assert_eq!(
+        report.first_bad,
+        Some((4, ChainProblem::Edited)),
+        "{report}"
+    );
     assert_eq!((report.verified, report.head_seq), (3, 3));
     // Reading the execution's events refuses the line too.
     let error = ledger.events(ids[1]).await.unwrap_err().to_string();
@@ -177,7 +189,11 @@ async fn a_chain_that_starts_at_a_forged_checkpoint_is_refused() {
     let mut forged = vec![checkpoint.to_json_line()];
     let mut prev = checkpoint.hash;
     for text in &lines[3..] {
-        let line = ChainedLine::seal(parse_line(text).unwrap().seq, prev, parse_line(text).unwrap().body);
+        let line = ChainedLine::seal(
+            parse_line(text).unwrap().seq,
+            prev,
+            parse_line(text).unwrap().body,
+        );
         prev = line.hash;
         forged.push(line.to_json_line());
     }
@@ -258,8 +274,16 @@ async fn the_head_is_logged_on_connect_and_every_thousand_lines() {
     assert_eq!(head.seq, 1_100);
     let second = schema.replica().await;
     let anchors = logged_anchors(&label);
-    assert_eq!(anchors.first(), Some(&ChainHead::GENESIS), "on connect: {anchors:?}");
-    assert_eq!(anchors.last(), Some(&head), "on the second connect: {anchors:?}");
+    assert_eq!(
+        anchors.first(),
+        Some(&ChainHead::GENESIS),
+        "on connect: {anchors:?}"
+    );
+    assert_eq!(
+        anchors.last(),
+        Some(&head),
+        "on the second connect: {anchors:?}"
+    );
     let marks: Vec<u64> = anchors[1..anchors.len() - 1]
         .iter()
         .map(|a| a.seq / HEAD_LOG_EVERY)

@@ -345,7 +345,10 @@ impl fmt::Display for ChainProblem {
                 write!(f, "it cannot be read ({detail}): cut short or garbled")
             }
             Self::BadCheckpoint { detail } => {
-                write!(f, "it is a checkpoint that contradicts itself ({detail}): forged")
+                write!(
+                    f,
+                    "it is a checkpoint that contradicts itself ({detail}): forged"
+                )
             }
             Self::ArchiveMissing { archive } => write!(
                 f,
@@ -641,7 +644,8 @@ pub fn parse_line(text: &str) -> Result<ChainedLine, String> {
 /// `seq`) when its bytes are not the writer's form of what it holds.
 fn read_line(text: &str) -> Result<ChainedLine, (Option<u64>, ChainProblem)> {
     let unreadable = |detail| (None, ChainProblem::Unreadable { detail });
-    let (value, duplicate) = crate::protocol::parse_tracking_duplicates(text).map_err(unreadable)?;
+    let (value, duplicate) =
+        crate::protocol::parse_tracking_duplicates(text).map_err(unreadable)?;
     if let Some(key) = duplicate {
         return Err(unreadable(format!("the key {key:?} appears twice")));
     }
@@ -793,10 +797,18 @@ mod tests {
     fn a_line_with_an_extra_field_is_edited() {
         let lines = chain(4);
         let mut extra = lines.clone();
-        extra[1] = extra[1].replacen(",\"execution_id\"", ",\"note\":\"forged\",\"execution_id\"", 1);
+        extra[1] = extra[1].replacen(
+            ",\"execution_id\"",
+            ",\"note\":\"forged\",\"execution_id\"",
+            1,
+        );
         assert_ne!(extra[1], lines[1]);
         let report = check(&extra);
-        assert_eq!(report.first_bad, Some((2, ChainProblem::Edited)), "{report}");
+        assert_eq!(
+            report.first_bad,
+            Some((2, ChainProblem::Edited)),
+            "{report}"
+        );
         // At the very end too, where the head would otherwise not change.
         let mut last = lines.clone();
         last[3] = last[3].replacen('}', ",\"z\":1}", 1);
@@ -812,7 +824,12 @@ mod tests {
         );
         let hash = ChainHash(Sha256::digest(unsealed.as_bytes()).into());
         let rehashed = unsealed.replacen(",\"z\"", &format!(",\"hash\":\"{hash}\",\"z\""), 1);
-        let report = check(&[lines[0].clone(), lines[1].clone(), lines[2].clone(), rehashed]);
+        let report = check(&[
+            lines[0].clone(),
+            lines[1].clone(),
+            lines[2].clone(),
+            rehashed,
+        ]);
         assert!(
             matches!(&report.first_bad, Some((4, ChainProblem::Unreadable { detail })) if detail.contains("newer format")),
             "{report}"
@@ -828,7 +845,10 @@ mod tests {
             assert_ne!(edited[1], lines[1], "{from} -> {to}");
             check(&edited).first_bad
         };
-        assert_eq!(spaced("\"seq\":2", "\"seq\": 2"), Some((2, ChainProblem::Edited)));
+        assert_eq!(
+            spaced("\"seq\":2", "\"seq\": 2"),
+            Some((2, ChainProblem::Edited))
+        );
         assert_eq!(spaced("{", "{ "), Some((2, ChainProblem::Edited)));
         // Keys in another order: the same JSON object, other bytes.
         let line = parse_line(&lines[1]).unwrap();
@@ -866,7 +886,11 @@ mod tests {
             let line = result_line(i as u64 + 1, prev, result);
             prev = line.hash;
             let text = line.to_json_line();
-            assert_eq!(parse_line(&text).unwrap().to_json_line(), text, "round trip");
+            assert_eq!(
+                parse_line(&text).unwrap().to_json_line(),
+                text,
+                "round trip"
+            );
             lines.push(text);
         }
         let report = check(&lines);
@@ -904,7 +928,10 @@ mod tests {
         );
         let report = check(&[forged.to_json_line()]);
         assert!(
-            matches!(report.first_bad, Some((5, ChainProblem::BadCheckpoint { .. }))),
+            matches!(
+                report.first_bad,
+                Some((5, ChainProblem::BadCheckpoint { .. }))
+            ),
             "{report}"
         );
 

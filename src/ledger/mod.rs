@@ -28,7 +28,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use file::{CompactReport, FileLedger, verify_file};
-pub use verify::verify_file_anchored;
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
@@ -36,6 +35,7 @@ pub use record::{
     Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
     LedgerEvent, Timestamp,
 };
+pub use verify::verify_file_anchored;
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IntentScope, Target, contract::RetryClass,
