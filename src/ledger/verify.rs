@@ -9,7 +9,8 @@
 //! head (forged) is reported, never passed over.
 
 use std::{
-    fs, io,
+    fs,
+    io::{self, BufRead},
     path::{Path, PathBuf},
 };
 
@@ -29,22 +30,20 @@ pub fn verify_file_anchored(
     anchor: Option<ChainHead>,
 ) -> Result<VerifyReport, LedgerError> {
     let base = ledger_of(path);
-    // Newest first: the file, then the archive its checkpoint names, and so on.
-    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    // Newest first: the file, then the archive its checkpoint names, and so on. Only first
+    // lines are read here; each file is read whole in its turn below.
+    let mut files: Vec<PathBuf> = Vec::new();
     // What each file's checkpoint says it follows, when it starts with one.
     let mut follows: Vec<Option<(u64, ChainHead)>> = Vec::new();
     let mut current = path.to_path_buf();
     let missing = loop {
-        let text = read(&current)?;
-        let checkpoint = text
-            .split('\n')
-            .find(|line| !line.trim().is_empty())
-            .and_then(|first| chain::parse_line(first).ok())
+        let checkpoint = first_line(&current)?
+            .and_then(|first| chain::parse_line(&first).ok())
             .and_then(|line| match line.body {
                 LineBody::Checkpoint { checkpoint } => Some((line.seq, line.prev, checkpoint)),
                 _ => None,
             });
-        files.push((current.clone(), text));
+        files.push(current.clone());
         follows.push(checkpoint.as_ref().map(|(seq, prev, checkpoint)| {
             let claimed = ChainHead {
                 seq: checkpoint.compacted_through,
@@ -57,7 +56,7 @@ pub fn verify_file_anchored(
         };
         let archive = sibling(&base, &format!("{}.archive", checkpoint.compacted_through));
         // Each archive is older than the file that names it: anything else is a loop.
-        if files.iter().any(|(file, _)| *file == archive) {
+        if files.contains(&archive) {
             break Some((
                 seq,
                 ChainProblem::ArchiveMismatch {
@@ -90,13 +89,14 @@ pub fn verify_file_anchored(
     if let Some(bad) = missing {
         let mut report = verifier.finish();
         report.first_bad = Some(bad);
-        report.file = files.first().map(|(file, _)| file.clone());
-        report.files = files.into_iter().map(|(file, _)| file).collect();
+        report.file = files.first().cloned();
+        report.files = files;
         return Ok(report);
     }
     let mut failed_in = None;
-    for (i, (_, text)) in files.iter().enumerate() {
+    for (i, file) in files.iter().enumerate() {
         let before = (verifier.report().head(), verifier.report().verified);
+        let text = read(file)?;
         if !verifier.segment(text.split('\n')) {
             failed_in = Some((i, before));
             break;
@@ -104,7 +104,7 @@ pub fn verify_file_anchored(
     }
     let mut report = verifier.finish();
     if let Some((i, (archived, verified))) = failed_in {
-        report.file = Some(files[i].0.clone());
+        report.file = Some(files[i].clone());
         // Failing at the first line of a later file, its checkpoint: a link that fails there
         // is a checkpoint that does not follow its archive.
         if i > 0
@@ -116,7 +116,7 @@ pub fn verify_file_anchored(
             )
         {
             *problem = ChainProblem::ArchiveMismatch {
-                archive: files[i - 1].0.display().to_string(),
+                archive: files[i - 1].display().to_string(),
                 detail: match follows[i] {
                     Some((seq, claimed)) => format!(
                         "the archive ends at {archived}; the checkpoint, at seq {seq}, says it \
@@ -128,9 +128,9 @@ pub fn verify_file_anchored(
         }
     } else if report.first_bad.is_some() {
         // An anchor that is not there: the chain ends in the live file.
-        report.file = files.last().map(|(file, _)| file.clone());
+        report.file = files.last().cloned();
     }
-    report.files = files.into_iter().map(|(file, _)| file).collect();
+    report.files = files;
     Ok(report)
 }
 
@@ -155,6 +155,26 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
         .unwrap_or_default();
     name.push(format!(".{suffix}"));
     path.with_file_name(name)
+}
+
+/// The first line that is not blank, without its newline (`None` for a file of blank lines).
+fn first_line(path: &Path) -> Result<Option<String>, LedgerError> {
+    let mut reader = io::BufReader::new(fs::File::open(path).map_err(|e| cannot_read(path, e))?);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| cannot_read(path, e))?;
+        if read == 0 {
+            return Ok(None);
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        if !text.trim().is_empty() {
+            return Ok(Some(text.to_owned()));
+        }
+    }
 }
 
 fn read(path: &Path) -> Result<String, LedgerError> {
