@@ -913,6 +913,64 @@ mod tests {
         }
     }
 
+    fn arb_result() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            // Integers past u64 and other spellings, as a target may send them.
+            "-?[1-9][0-9]{19,40}(\\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?"
+                .prop_filter_map("in f64 range", |text| serde_json::from_str(&text).ok()),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// An honest line verifies whatever its result holds, and any one changed byte in it
+        /// does not.
+        #[test]
+        fn honest_result_lines_verify_and_every_changed_byte_is_caught(
+            result in arb_result(),
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let head = parse_line(&chain(1)[0]).unwrap();
+            let line = ChainedLine::seal(
+                2,
+                head.hash,
+                LineBody::Result(StoredResult {
+                    result_of: ExecutionId::new(),
+                    reference: "result_x".into(),
+                    result,
+                }),
+            );
+            let text = line.to_json_line();
+            let first = head.to_json_line();
+            let report = verify([first.as_str(), text.as_str()]);
+            proptest::prop_assert!(report.is_ok(), "{}", report);
+            proptest::prop_assert_eq!(report.head, line.hash);
+            let mut bytes = text.clone().into_bytes();
+            let i = at.index(bytes.len());
+            proptest::prop_assume!(bytes[i] != byte && byte != b'\n');
+            bytes[i] = byte;
+            let edited = String::from_utf8_lossy(&bytes).into_owned();
+            let report = verify([first.as_str(), edited.as_str()]);
+            proptest::prop_assert!(!report.is_ok(), "byte {} -> {:?} went unnoticed", i, byte as char);
+        }
+    }
+
     #[test]
     fn a_forged_checkpoint_is_refused() {
         // A checkpoint that does not sit right after the line it says it compacted through.
