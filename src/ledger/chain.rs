@@ -640,6 +640,13 @@ pub fn parse_line(text: &str) -> Result<ChainedLine, String> {
     })
 }
 
+/// Reads one line as [`parse_line`] does, saying what is wrong as a [`ChainProblem`]: an
+/// intact line this build cannot read is `Unreadable`, one whose bytes were changed `Edited`.
+/// The file ledger's reader uses it, so that an edit is never taken for a torn write.
+pub(crate) fn read(text: &str) -> Result<ChainedLine, ChainProblem> {
+    read_line(text).map_err(|(_, problem)| problem)
+}
+
 /// Reads one line: `Unreadable` (with no `seq`) when it is not a chain line, `Edited` (with its
 /// `seq`) when its bytes are not the writer's form of what it holds.
 fn read_line(text: &str) -> Result<ChainedLine, (Option<u64>, ChainProblem)> {

@@ -51,7 +51,7 @@ fn read_line(bytes: &[u8], head: (u64, ChainHash)) -> Result<Option<ChainedLine>
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let line = chain::parse_line(text).map_err(|detail| ChainProblem::Unreadable { detail })?;
+    let line = chain::read(text)?;
     chain::check_follows(head, &line)?;
     Ok(Some(line))
 }
