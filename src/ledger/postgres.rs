@@ -327,7 +327,8 @@ impl PostgresLedger {
     }
 
     /// Verifies the whole chain: reads `mrg_events` in `seq` order and checks every stored
-    /// line against its hash and the line before it ([`chain::verify`]), then checks that the
+    /// line against its hash and the line before it ([`chain::Verifier::from_genesis`]: this
+    /// ledger never compacts, so its chain starts at seq 1), then checks that the
     /// `seq`, `prev`, `hash` and `execution_id` columns say what their line says. The report
     /// names the first bad `seq` and why.
     ///
