@@ -590,3 +590,45 @@ async fn lock_files_of_dead_owners_are_pruned_on_open() {
     drop((live, second));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
+    // The hash did not cover fields the typed line does not have: such a line was taken as
+    // intact. Now it is an edit; as the last line it must not be cut as a torn write either.
+    let dir = temp_dir("extra");
+    let path = dir.join("ledger.jsonl");
+    {
+        let ledger = FileLedger::open(&path).unwrap();
+        let claimed = ledger.claim(claim(60, "guard:x")).await.unwrap();
+        run_to_completion(&ledger, &claimed).await;
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let last = lines.len() - 1;
+    for at in [1, last] {
+        let mut edited = lines.clone();
+        edited[at] = format!(
+            "{},\"approved_by\":\"mallory\"}}",
+            edited[at].strip_suffix('}').unwrap()
+        );
+        std::fs::write(&path, edited.join("\n") + "\n").unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let error = FileLedger::open(&path).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("seq {}", at + 1)) && error.contains("edited"),
+            "{error}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the file is left as it is"
+        );
+        let report = verify_file(&path).unwrap();
+        assert_eq!(
+            report.first_bad,
+            Some((at as u64 + 1, ChainProblem::Edited)),
+            "{report}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

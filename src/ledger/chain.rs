@@ -1,10 +1,35 @@
 //! The tamper-evident form of the ledger: every event is a line that carries `seq`, `prev`
-//! (the hash of the line before it) and `hash`, a SHA-256 over the RFC 8785 form of the whole
-//! line except `hash` itself. Every field is covered, so no field can be changed unnoticed;
-//! `seq` and `prev` make a deleted, inserted or reordered line visible.
+//! (the hash of the line before it) and `hash`.
+//!
+//! # What the hash covers
+//!
+//! `hash` is the SHA-256 of the line's own bytes with its `"hash":"…",` member taken out: the
+//! line exactly as the writer serialises it, `{"seq":…,"prev":"…",<the body>}`. A reader accepts
+//! a line only when its text is, byte for byte, what this build writes for the value it holds,
+//! so every byte is covered: an extra (unknown) field, another key order, other spacing, another
+//! spelling of a number (`1` for `1.0`, an integer past 2^53 that `f64` or RFC 8785 would round)
+//! all fail as [`ChainProblem::Edited`]. Numbers in a kept result stay as written (`serde_json`
+//! with `float_roundtrip`), so an honest line always reads back to its own bytes. `seq` and
+//! `prev` make a deleted, inserted or reordered line visible; a checkpoint (the first line of a
+//! compacted file) names the archive that holds the lines before it, and
+//! [`verify_file`](super::verify_file) follows it (see [`verify_file_anchored`](super::verify_file_anchored)).
 //!
 //! Durable ledgers (the file ledger, the PostgreSQL ledger) store these lines; [`verify`] checks
-//! any sequence of them and names the first bad `seq` and why.
+//! any sequence of them and names the first bad `seq` and why; [`Verifier`] checks several
+//! files as one chain, and against an anchored [`ChainHead`].
+//!
+//! # What the chain cannot prove without an anchor
+//!
+//! The chain is not keyed: anyone who can rewrite the whole file (or table) can rewrite every
+//! line after an edit and re-seal it, and the result verifies. Cutting lines off the end leaves
+//! a shorter chain that verifies too. Both are visible only against a head recorded somewhere
+//! the attacker cannot rewrite: `replay-guard audit head` prints the head (`SEQ:sha256:HEX`),
+//! the guard logs it (tracing, level `info`, fields `seq` and `hash`) when a ledger opens and
+//! every [`HEAD_LOG_EVERY`] lines, and `replay-guard audit verify --expect-head SEQ:HASH` proves
+//! the ledger still holds that head (line `SEQ` has that hash, and the chain verifies through
+//! it). Lines appended after the last anchor can still be cut or re-sealed unnoticed: anchor
+//! as often as that matters. Nor does the chain say anything about a file replaced as a whole
+//! by an older copy of itself, other than that its head is older than an anchor.
 
 use std::fmt;
 
@@ -13,7 +38,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::LedgerEvent;
-use crate::fingerprint::canonical_json;
+
+/// How many lines pass between two logs of the head (besides the one when a ledger opens).
+pub const HEAD_LOG_EVERY: u64 = 1_000;
 
 /// A chain hash: `sha256:<64 hex>`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,6 +81,84 @@ impl std::str::FromStr for ChainHash {
 
 crate::serde_display_fromstr!(ChainHash);
 
+/// A position in a chain: a line's `seq` and its hash, written `SEQ:sha256:HEX` (`0:` and the
+/// genesis hash for an empty chain). Recorded outside the ledger, it is an anchor that a later
+/// [`Verifier::expect`] (`replay-guard audit verify --expect-head`) checks.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChainHead {
+    /// The line's `seq`.
+    pub seq: u64,
+    /// The line's hash.
+    pub hash: ChainHash,
+}
+
+impl ChainHead {
+    /// The head of an empty chain.
+    pub const GENESIS: Self = Self {
+        seq: 0,
+        hash: ChainHash::GENESIS,
+    };
+}
+
+impl From<(u64, ChainHash)> for ChainHead {
+    fn from((seq, hash): (u64, ChainHash)) -> Self {
+        Self { seq, hash }
+    }
+}
+
+impl fmt::Display for ChainHead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.seq, self.hash)
+    }
+}
+
+impl fmt::Debug for ChainHead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ChainHead({self})")
+    }
+}
+
+/// Text that is not `SEQ:sha256:HEX`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid chain head: expected SEQ:sha256:HEX (a line number, `:`, then `sha256:` and 64 hex \
+     digits), as `replay-guard audit head` prints it"
+)]
+pub struct InvalidChainHead;
+
+impl std::str::FromStr for ChainHead {
+    type Err = InvalidChainHead;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (seq, hash) = s.trim().split_once(':').ok_or(InvalidChainHead)?;
+        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(InvalidChainHead);
+        }
+        Ok(Self {
+            seq: seq.parse().map_err(|_| InvalidChainHead)?,
+            hash: hash.parse().map_err(|_| InvalidChainHead)?,
+        })
+    }
+}
+
+crate::serde_display_fromstr!(ChainHead);
+
+/// Logs `head` at `info` (fields `ledger`, `seq`, `hash`, `anchor`) when the lines from
+/// `before + 1` to `head.seq` cross a multiple of [`HEAD_LOG_EVERY`], or always when `before`
+/// is `None` (a ledger that opens): an external log of these lines anchors the chain.
+pub(crate) fn log_head(ledger: &dyn fmt::Display, before: Option<u64>, head: ChainHead) {
+    let crossed = before.is_none_or(|before| head.seq / HEAD_LOG_EVERY > before / HEAD_LOG_EVERY);
+    if crossed {
+        tracing::info!(
+            ledger = %ledger,
+            seq = head.seq,
+            hash = %head.hash,
+            anchor = %head,
+            "ledger head (keep it outside the ledger's host: `replay-guard audit verify --expect-head` checks it)"
+        );
+    }
+}
+
 /// What a line of the chain holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -81,10 +186,12 @@ pub struct StoredResult {
     pub result: Value,
 }
 
-/// A compaction checkpoint.
+/// A compaction checkpoint: the first line of a compacted file. The lines before it are in
+/// the archive `<ledger>.<compacted_through>.archive`, whose last line has `seq`
+/// `compacted_through` and the hash this line carries as `prev`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    /// The `seq` of the last line removed.
+    /// The `seq` of the last line removed (the checkpoint's own `seq` is the next one).
     pub compacted_through: u64,
     /// How many lines were removed.
     pub removed: u64,
@@ -97,11 +204,20 @@ pub struct ChainedLine {
     pub seq: u64,
     /// The hash of the previous line ([`ChainHash::GENESIS`] for the first).
     pub prev: ChainHash,
-    /// SHA-256 of this line's RFC 8785 form without `hash`.
+    /// SHA-256 of this line's bytes without its `hash` member (see the module docs).
     pub hash: ChainHash,
     /// What the line records.
     #[serde(flatten)]
     pub body: LineBody,
+}
+
+/// A line as it is hashed: the line without `hash`, in the writer's field order.
+#[derive(Serialize)]
+struct Unsealed<'a> {
+    seq: u64,
+    prev: ChainHash,
+    #[serde(flatten)]
+    body: &'a LineBody,
 }
 
 impl ChainedLine {
@@ -117,13 +233,16 @@ impl ChainedLine {
         line
     }
 
-    /// The hash the line should carry.
+    /// The hash the line should carry: the SHA-256 of [`to_json_line`](Self::to_json_line)
+    /// without its `"hash":"…",` member.
     pub fn compute_hash(&self) -> ChainHash {
-        let mut value = serde_json::to_value(self).unwrap_or(Value::Null);
-        if let Value::Object(map) = &mut value {
-            map.remove("hash");
-        }
-        ChainHash(Sha256::digest(canonical_json(&value)).into())
+        let unsealed = Unsealed {
+            seq: self.seq,
+            prev: self.prev,
+            body: &self.body,
+        };
+        let bytes = serde_json::to_vec(&unsealed).unwrap_or_default();
+        ChainHash(Sha256::digest(bytes).into())
     }
 
     /// The event, if the line is one.
@@ -131,6 +250,14 @@ impl ChainedLine {
         match &self.body {
             LineBody::Event(event) => Some(event),
             LineBody::Checkpoint { .. } | LineBody::Result(_) => None,
+        }
+    }
+
+    /// Where the line sits and its hash.
+    pub fn head(&self) -> ChainHead {
+        ChainHead {
+            seq: self.seq,
+            hash: self.hash,
         }
     }
 
@@ -145,7 +272,8 @@ impl ChainedLine {
 #[serde(tag = "problem", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ChainProblem {
-    /// A line's content does not match its hash: a field was edited (or forged).
+    /// A line's content does not match its hash: a field was edited (or forged), or its bytes
+    /// are not the ones the writer wrote (an extra field, other spacing or key order).
     Edited,
     /// A line's `prev` does not match the hash of the line before it: a line was replaced or
     /// inserted.
@@ -162,12 +290,50 @@ pub enum ChainProblem {
         /// What the parser said.
         detail: String,
     },
+    /// A checkpoint that contradicts itself: it does not sit right after the line it says it
+    /// compacted through (forged, then re-sealed).
+    BadCheckpoint {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The archive a checkpoint names (`<ledger>.<seq>.archive`) is not there: deleted or moved.
+    ArchiveMissing {
+        /// The archive's path.
+        archive: String,
+    },
+    /// A checkpoint does not follow the last line of the archive it names: the checkpoint was
+    /// forged, or the archive swapped, replaced or cut.
+    ArchiveMismatch {
+        /// The archive's path.
+        archive: String,
+        /// What does not match.
+        detail: String,
+    },
+    /// The line at an anchored head's `seq` has another hash: the chain was rewritten and
+    /// re-sealed since the anchor was taken.
+    AnchorMismatch {
+        /// The anchored hash.
+        expected: ChainHash,
+        /// The hash of the line now at that `seq`.
+        found: ChainHash,
+    },
+    /// An anchored head's `seq` is not in the chain: the tail was cut since the anchor was
+    /// taken (or the lines before a checkpoint are not there to check).
+    AnchorNotFound {
+        /// The first `seq` the chain holds (0 when it is empty).
+        first: u64,
+        /// The last `seq` it holds (0 when it is empty).
+        last: u64,
+    },
 }
 
 impl fmt::Display for ChainProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Edited => f.write_str("its content does not match its hash (edited or forged)"),
+            Self::Edited => f.write_str(
+                "its content does not match its hash (edited or forged: a changed or added \
+                 field, or bytes the writer did not write)",
+            ),
             Self::BrokenLink => f.write_str(
                 "its `prev` does not match the line before it (a line was replaced or inserted)",
             ),
@@ -178,6 +344,36 @@ impl fmt::Display for ChainProblem {
             Self::Unreadable { detail } => {
                 write!(f, "it cannot be read ({detail}): cut short or garbled")
             }
+            Self::BadCheckpoint { detail } => {
+                write!(
+                    f,
+                    "it is a checkpoint that contradicts itself ({detail}): forged"
+                )
+            }
+            Self::ArchiveMissing { archive } => write!(
+                f,
+                "it is a checkpoint whose archive {archive} is missing (deleted or moved): the \
+                 lines before it cannot be checked"
+            ),
+            Self::ArchiveMismatch { archive, detail } => write!(
+                f,
+                "it is a checkpoint that does not follow its archive {archive} ({detail}): the \
+                 checkpoint was forged, or the archive swapped, replaced or cut"
+            ),
+            Self::AnchorMismatch { expected, found } => write!(
+                f,
+                "it has the hash {found}, not the anchored {expected}: the ledger was rewritten \
+                 and re-sealed since the anchor was taken"
+            ),
+            Self::AnchorNotFound { first: 0, last: 0 } => f.write_str(
+                "the anchored head is not in the ledger, which holds no lines: it was emptied \
+                 or replaced since the anchor was taken",
+            ),
+            Self::AnchorNotFound { first, last } => write!(
+                f,
+                "the anchored head is not in the ledger, whose chain runs from seq {first} to \
+                 {last}: its tail was cut (truncated) since the anchor was taken"
+            ),
         }
     }
 }
@@ -189,9 +385,21 @@ pub struct VerifyReport {
     pub verified: u64,
     /// The hash of the last verified line.
     pub head: ChainHash,
+    /// The `seq` of the last verified line (0 when none did).
+    pub head_seq: u64,
     /// The first bad line: its `seq` (the expected one when the line could not be read) and
     /// what is wrong.
     pub first_bad: Option<(u64, ChainProblem)>,
+    /// The file that holds the first bad line, when a file (or an archive) was verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<std::path::PathBuf>,
+    /// The files verified as one chain, oldest first (archives, then the live file); empty
+    /// when the lines did not come from files.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<std::path::PathBuf>,
+    /// The anchored head the chain was checked against, when one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<ChainHead>,
 }
 
 impl VerifyReport {
@@ -199,13 +407,44 @@ impl VerifyReport {
     pub fn is_ok(&self) -> bool {
         self.first_bad.is_none()
     }
+
+    /// The head of what verified: `SEQ:sha256:HEX`, the form `audit head` prints.
+    pub fn head(&self) -> ChainHead {
+        ChainHead {
+            seq: self.head_seq,
+            hash: self.head,
+        }
+    }
 }
 
 impl fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.first_bad {
-            None => write!(f, "ok: {} events, head {}", self.verified, self.head),
-            Some((seq, problem)) => write!(f, "seq {seq}: {problem}"),
+            None => {
+                write!(
+                    f,
+                    "ok: {} events, head {} (seq {})",
+                    self.verified, self.head, self.head_seq
+                )?;
+                if self.files.len() > 1 {
+                    write!(
+                        f,
+                        ", through {} archive(s) and the live file",
+                        self.files.len() - 1
+                    )?;
+                }
+                if let Some(anchor) = self.anchor {
+                    write!(f, "; it holds the anchored head {anchor}")?;
+                }
+                Ok(())
+            }
+            Some((seq, problem)) => {
+                write!(f, "seq {seq}: {problem}")?;
+                if let Some(file) = &self.file {
+                    write!(f, " (in {})", file.display())?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -236,48 +475,220 @@ pub(crate) fn check_follows(
         Err(ChainProblem::Edited)
     } else if line.prev != expected_prev {
         Err(ChainProblem::BrokenLink)
+    } else if let LineBody::Checkpoint { checkpoint } = &line.body
+        && (checkpoint.compacted_through.checked_add(1) != Some(line.seq)
+            || checkpoint.removed > checkpoint.compacted_through)
+    {
+        Err(ChainProblem::BadCheckpoint {
+            detail: format!(
+                "at seq {} it says it compacted through seq {} and removed {} line(s)",
+                line.seq, checkpoint.compacted_through, checkpoint.removed
+            ),
+        })
     } else {
         Ok(())
     }
 }
 
-/// Verifies a chain given as raw lines (the file form). A chain may start with a checkpoint.
-pub fn verify<'a>(lines: impl IntoIterator<Item = &'a str>) -> VerifyReport {
-    let mut report = VerifyReport {
-        verified: 0,
-        head: ChainHash::GENESIS,
-        first_bad: None,
-    };
-    let mut last_seq = 0;
-    for text in lines {
-        if text.trim().is_empty() {
-            continue;
-        }
-        let line: ChainedLine = match parse_line(text) {
-            Ok(line) => line,
-            Err(detail) => {
-                report.first_bad = Some((last_seq + 1, ChainProblem::Unreadable { detail }));
-                return report;
-            }
-        };
-        if let Err(problem) = check_follows((last_seq, report.head), &line) {
-            report.first_bad = Some((line.seq, problem));
-            return report;
-        }
-        report.verified += 1;
-        report.head = line.hash;
-        last_seq = line.seq;
-    }
-    report
+/// Checks lines as one chain, in order, across as many pieces as it is given (the files of a
+/// compacted ledger: its archives oldest first, then the live file), and optionally against an
+/// anchored head.
+///
+/// A chain may start with a checkpoint (a compacted file checked on its own: the lines it
+/// compacted are not checked); a later piece must follow the one before it exactly, its
+/// checkpoint included.
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    report: VerifyReport,
+    first_seq: Option<u64>,
+    anchor_seen: bool,
+    from_genesis: bool,
 }
 
-/// Parses one line, rejecting duplicate keys (two readers must never see two lines).
-pub fn parse_line(text: &str) -> Result<ChainedLine, String> {
-    let (value, duplicate) = crate::protocol::parse_tracking_duplicates(text)?;
-    if let Some(key) = duplicate {
-        return Err(format!("the key {key:?} appears twice"));
+impl Default for Verifier {
+    fn default() -> Self {
+        Self::new()
     }
-    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+impl Verifier {
+    /// A verifier at the start of a chain.
+    pub fn new() -> Self {
+        Self {
+            report: VerifyReport {
+                verified: 0,
+                head: ChainHash::GENESIS,
+                head_seq: 0,
+                first_bad: None,
+                file: None,
+                files: Vec::new(),
+                anchor: None,
+            },
+            first_seq: None,
+            anchor_seen: false,
+            from_genesis: false,
+        }
+    }
+
+    /// A verifier of a whole chain, which starts at seq 1 after [`ChainHash::GENESIS`]: a
+    /// leading checkpoint is reported like any other line that does not follow (the lines it
+    /// compacted are not there). For ledgers that never compact, or once every archive was
+    /// found.
+    pub fn from_genesis() -> Self {
+        Self {
+            from_genesis: true,
+            ..Self::new()
+        }
+    }
+
+    /// Also checks that the chain holds `anchor`: the line at its `seq` has its hash.
+    pub fn expect(mut self, anchor: ChainHead) -> Self {
+        self.report.anchor = Some(anchor);
+        self.anchor_seen = anchor == ChainHead::GENESIS;
+        self
+    }
+
+    /// Verifies the next piece of the chain (blank lines are skipped). Returns whether every
+    /// line so far verified; after the first problem, further pieces are not read.
+    pub fn segment<'a>(&mut self, lines: impl IntoIterator<Item = &'a str>) -> bool {
+        if !self.report.is_ok() {
+            return false;
+        }
+        for text in lines {
+            if text.trim().is_empty() {
+                continue;
+            }
+            if let Err(bad) = self.line(text) {
+                self.report.first_bad = Some(bad);
+                return false;
+            }
+        }
+        true
+    }
+
+    fn line(&mut self, text: &str) -> Result<(), (u64, ChainProblem)> {
+        let next = self.report.head_seq + 1;
+        let line = read_line(text).map_err(|(seq, problem)| (seq.unwrap_or(next), problem))?;
+        if self.from_genesis && self.report.verified == 0 && line.seq > 1 {
+            return Err((
+                line.seq,
+                ChainProblem::Deleted {
+                    missing: line.seq - 1,
+                },
+            ));
+        }
+        check_follows((self.report.head_seq, self.report.head), &line)
+            .map_err(|problem| (line.seq, problem))?;
+        if let Some(anchor) = self.report.anchor
+            && anchor.seq == line.seq
+        {
+            if anchor.hash != line.hash {
+                return Err((
+                    line.seq,
+                    ChainProblem::AnchorMismatch {
+                        expected: anchor.hash,
+                        found: line.hash,
+                    },
+                ));
+            }
+            self.anchor_seen = true;
+        }
+        self.first_seq.get_or_insert(line.seq);
+        self.report.verified += 1;
+        self.report.head = line.hash;
+        self.report.head_seq = line.seq;
+        Ok(())
+    }
+
+    /// The report so far.
+    pub fn report(&self) -> &VerifyReport {
+        &self.report
+    }
+
+    /// The final report: with an anchor, a chain that verified but does not reach (or no
+    /// longer holds) the anchored `seq` is reported too.
+    pub fn finish(mut self) -> VerifyReport {
+        if let Some(anchor) = self.report.anchor
+            && self.report.is_ok()
+            && !self.anchor_seen
+        {
+            self.report.first_bad = Some((
+                anchor.seq,
+                ChainProblem::AnchorNotFound {
+                    first: self.first_seq.unwrap_or(0),
+                    last: self.report.head_seq,
+                },
+            ));
+        }
+        self.report
+    }
+}
+
+/// Verifies a chain given as raw lines (the file form). A chain may start with a checkpoint.
+pub fn verify<'a>(lines: impl IntoIterator<Item = &'a str>) -> VerifyReport {
+    let mut verifier = Verifier::new();
+    verifier.segment(lines);
+    verifier.finish()
+}
+
+/// Parses one line, rejecting duplicate keys (two readers must never see two lines) and any
+/// text that is not exactly the line the writer wrote for what it holds (see the module docs).
+pub fn parse_line(text: &str) -> Result<ChainedLine, String> {
+    read_line(text).map_err(|(_, problem)| match problem {
+        ChainProblem::Unreadable { detail } => detail,
+        other => other.to_string(),
+    })
+}
+
+/// Reads one line as [`parse_line`] does, saying what is wrong as a [`ChainProblem`]: an
+/// intact line this build cannot read is `Unreadable`, one whose bytes were changed `Edited`.
+/// The file ledger's reader uses it, so that an edit is never taken for a torn write.
+pub(crate) fn read(text: &str) -> Result<ChainedLine, ChainProblem> {
+    read_line(text).map_err(|(_, problem)| problem)
+}
+
+/// Reads one line: `Unreadable` (with no `seq`) when it is not a chain line, `Edited` (with its
+/// `seq`) when its bytes are not the writer's form of what it holds.
+fn read_line(text: &str) -> Result<ChainedLine, (Option<u64>, ChainProblem)> {
+    let unreadable = |detail| (None, ChainProblem::Unreadable { detail });
+    let (value, duplicate) =
+        crate::protocol::parse_tracking_duplicates(text).map_err(unreadable)?;
+    if let Some(key) = duplicate {
+        return Err(unreadable(format!("the key {key:?} appears twice")));
+    }
+    let line: ChainedLine = serde_json::from_value(value).map_err(|e| unreadable(e.to_string()))?;
+    if line.to_json_line() != text {
+        // Intact bytes that this build would not write: a line of a newer format.
+        if hash_of_text(text) == Some(line.hash) {
+            return Err((
+                Some(line.seq),
+                ChainProblem::Unreadable {
+                    detail: format!(
+                        "seq {} holds fields this build does not write: a newer format, or \
+                         forged",
+                        line.seq
+                    ),
+                },
+            ));
+        }
+        return Err((Some(line.seq), ChainProblem::Edited));
+    }
+    Ok(line)
+}
+
+/// The hash of a line's text with its `"hash":"sha256:…",` member taken out, when the member
+/// sits where the writer puts it (right after `prev`).
+fn hash_of_text(text: &str) -> Option<ChainHash> {
+    let start = text.find(",\"hash\":\"sha256:")? + 1;
+    let end = start + "\"hash\":\"sha256:".len() + 64 + "\",".len();
+    let member = text.get(start..end)?;
+    if !member.ends_with("\",") {
+        return None;
+    }
+    let mut digest = Sha256::new();
+    digest.update(&text.as_bytes()[..start]);
+    digest.update(&text.as_bytes()[end..]);
+    Some(ChainHash(digest.finalize().into()))
 }
 
 #[cfg(test)]
@@ -375,6 +786,271 @@ mod tests {
             check(&duplicated).first_bad,
             Some((3, ChainProblem::Reordered))
         );
+    }
+
+    fn result_line(seq: u64, prev: ChainHash, result: &str) -> ChainedLine {
+        ChainedLine::seal(
+            seq,
+            prev,
+            LineBody::Result(StoredResult {
+                result_of: ExecutionId::new(),
+                reference: "result_x".into(),
+                result: serde_json::from_str(result).unwrap(),
+            }),
+        )
+    }
+
+    #[test]
+    fn a_line_with_an_extra_field_is_edited() {
+        let lines = chain(4);
+        let mut extra = lines.clone();
+        extra[1] = extra[1].replacen(
+            ",\"execution_id\"",
+            ",\"note\":\"forged\",\"execution_id\"",
+            1,
+        );
+        assert_ne!(extra[1], lines[1]);
+        let report = check(&extra);
+        assert_eq!(
+            report.first_bad,
+            Some((2, ChainProblem::Edited)),
+            "{report}"
+        );
+        // At the very end too, where the head would otherwise not change.
+        let mut last = lines.clone();
+        last[3] = last[3].replacen('}', ",\"z\":1}", 1);
+        assert_eq!(check(&last).first_bad, Some((4, ChainProblem::Edited)));
+        assert!(parse_line(&last[3]).is_err(), "the reader refuses it too");
+        // An extra field under a hash of its own bytes (a newer writer, or a forger who
+        // re-hashed the line) is still refused: this build cannot read what it says.
+        let line = parse_line(&lines[3]).unwrap();
+        let unsealed = format!(
+            "{{\"seq\":4,\"prev\":\"{}\",\"z\":1,{}",
+            line.prev,
+            &lines[3][lines[3].find("\"execution_id\"").unwrap()..]
+        );
+        let hash = ChainHash(Sha256::digest(unsealed.as_bytes()).into());
+        let rehashed = unsealed.replacen(",\"z\"", &format!(",\"hash\":\"{hash}\",\"z\""), 1);
+        let report = check(&[
+            lines[0].clone(),
+            lines[1].clone(),
+            lines[2].clone(),
+            rehashed,
+        ]);
+        assert!(
+            matches!(&report.first_bad, Some((4, ChainProblem::Unreadable { detail })) if detail.contains("newer format")),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn any_change_of_bytes_is_edited_even_when_the_value_is_the_same() {
+        let lines = chain(3);
+        let spaced = |from: &str, to: &str| {
+            let mut edited = lines.clone();
+            edited[1] = edited[1].replacen(from, to, 1);
+            assert_ne!(edited[1], lines[1], "{from} -> {to}");
+            check(&edited).first_bad
+        };
+        assert_eq!(
+            spaced("\"seq\":2", "\"seq\": 2"),
+            Some((2, ChainProblem::Edited))
+        );
+        assert_eq!(spaced("{", "{ "), Some((2, ChainProblem::Edited)));
+        // Keys in another order: the same JSON object, other bytes.
+        let line = parse_line(&lines[1]).unwrap();
+        let mut value = serde_json::to_value(&line).unwrap();
+        let reordered = {
+            let map = value.as_object_mut().unwrap();
+            let mut text = String::from("{");
+            let mut keys: Vec<_> = map.keys().cloned().collect();
+            keys.reverse();
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&format!("{}:{}", Value::from(k.as_str()), map[k]));
+            }
+            text + "}"
+        };
+        let mut edited = lines.clone();
+        edited[1] = reordered;
+        assert_eq!(check(&edited).first_bad, Some((2, ChainProblem::Edited)));
+    }
+
+    #[test]
+    fn numbers_in_a_kept_result_are_covered_exactly_and_honest_ones_verify() {
+        // Honest lines with numbers JSON can hold but f64 or JCS would blur verify as written.
+        let results = [
+            r#"{"big":18446744073709551615,"neg":-9223372036854775808}"#,
+            r#"{"past_u64":18446744073709551616,"huge":1e300,"tiny":5e-324}"#,
+            r#"{"f":0.1,"negzero":-0.0,"one":1.0,"int":1,"exp":1.5e-7}"#,
+            r#"{"id":9007199254740993,"deep":[[[{"a":[1,2.5,-3]}]]]}"#,
+        ];
+        let mut prev = ChainHash::GENESIS;
+        let mut lines = Vec::new();
+        for (i, result) in results.iter().enumerate() {
+            let line = result_line(i as u64 + 1, prev, result);
+            prev = line.hash;
+            let text = line.to_json_line();
+            assert_eq!(
+                parse_line(&text).unwrap().to_json_line(),
+                text,
+                "round trip"
+            );
+            lines.push(text);
+        }
+        let report = check(&lines);
+        assert!(report.is_ok(), "{report}");
+        // Edits that keep the number's value for f64 or RFC 8785 are edits all the same.
+        for (line, from, to) in [
+            (3, "9007199254740993", "9007199254740992"),
+            (2, "\"one\":1.0", "\"one\":1"),
+            (2, "\"int\":1,", "\"int\":1.0,"),
+            (2, "-0.0", "0.0"),
+        ] {
+            let mut edited = lines.clone();
+            edited[line] = edited[line].replacen(from, to, 1);
+            assert_ne!(edited[line], lines[line], "{from} -> {to}");
+            assert_eq!(
+                check(&edited).first_bad,
+                Some((line as u64 + 1, ChainProblem::Edited)),
+                "{from} -> {to} went unnoticed"
+            );
+        }
+    }
+
+    fn arb_result() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            // Integers past u64 and other spellings, as a target may send them.
+            "-?[1-9][0-9]{19,40}(\\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?"
+                .prop_filter_map("in f64 range", |text| serde_json::from_str(&text).ok()),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// An honest line verifies whatever its result holds, and any one changed byte in it
+        /// does not.
+        #[test]
+        fn honest_result_lines_verify_and_every_changed_byte_is_caught(
+            result in arb_result(),
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let head = parse_line(&chain(1)[0]).unwrap();
+            let line = ChainedLine::seal(
+                2,
+                head.hash,
+                LineBody::Result(StoredResult {
+                    result_of: ExecutionId::new(),
+                    reference: "result_x".into(),
+                    result,
+                }),
+            );
+            let text = line.to_json_line();
+            let first = head.to_json_line();
+            let report = verify([first.as_str(), text.as_str()]);
+            proptest::prop_assert!(report.is_ok(), "{}", report);
+            proptest::prop_assert_eq!(report.head, line.hash);
+            let mut bytes = text.clone().into_bytes();
+            let i = at.index(bytes.len());
+            proptest::prop_assume!(bytes[i] != byte && byte != b'\n');
+            bytes[i] = byte;
+            let edited = String::from_utf8_lossy(&bytes).into_owned();
+            let report = verify([first.as_str(), edited.as_str()]);
+            proptest::prop_assert!(!report.is_ok(), "byte {} -> {:?} went unnoticed", i, byte as char);
+        }
+    }
+
+    #[test]
+    fn a_forged_checkpoint_is_refused() {
+        // A checkpoint that does not sit right after the line it says it compacted through.
+        let forged = ChainedLine::seal(
+            5,
+            ChainHash::GENESIS,
+            LineBody::Checkpoint {
+                checkpoint: Checkpoint {
+                    compacted_through: 9,
+                    removed: 9,
+                },
+            },
+        );
+        let report = check(&[forged.to_json_line()]);
+        assert!(
+            matches!(
+                report.first_bad,
+                Some((5, ChainProblem::BadCheckpoint { .. }))
+            ),
+            "{report}"
+        );
+
+        // A checkpoint after an archive whose head it does not carry (re-sealed with another
+        // `prev`): the archive's lines, then the compacted file's.
+        let archived = chain(4);
+        let head = parse_line(&archived[3]).unwrap();
+        let checkpoint = |prev| {
+            ChainedLine::seal(
+                5,
+                prev,
+                LineBody::Checkpoint {
+                    checkpoint: Checkpoint {
+                        compacted_through: 4,
+                        removed: 4,
+                    },
+                },
+            )
+            .to_json_line()
+        };
+        let mut verifier = Verifier::new();
+        verifier.segment(archived.iter().map(String::as_str));
+        assert!(verifier.report().is_ok());
+        verifier.segment([checkpoint(ChainHash([7; 32])).as_str()]);
+        let report = verifier.report();
+        assert!(
+            matches!(report.first_bad, Some((5, ChainProblem::BrokenLink))),
+            "{report}"
+        );
+        let mut verifier = Verifier::new();
+        verifier.segment(archived.iter().map(String::as_str));
+        verifier.segment([checkpoint(head.hash).as_str()]);
+        assert!(verifier.report().is_ok(), "{}", verifier.report());
+        assert_eq!(
+            verifier.report().head(),
+            ChainHead {
+                seq: 5,
+                hash: parse_line(&checkpoint(head.hash)).unwrap().hash
+            }
+        );
+    }
+
+    #[test]
+    fn a_chain_head_reads_and_prints_as_seq_colon_hash() {
+        let head = ChainHead {
+            seq: 42,
+            hash: ChainHash([0xab; 32]),
+        };
+        let text = head.to_string();
+        assert_eq!(text, format!("42:sha256:{}", "ab".repeat(32)));
+        assert_eq!(text.parse::<ChainHead>().unwrap(), head);
+        for bad in ["", "42", "x:sha256:00", "42:sha256:00", "-1:sha256:ab"] {
+            assert!(bad.parse::<ChainHead>().is_err(), "{bad}");
+        }
     }
 
     #[test]

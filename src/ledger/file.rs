@@ -51,7 +51,7 @@ fn read_line(bytes: &[u8], head: (u64, ChainHash)) -> Result<Option<ChainedLine>
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let line = chain::parse_line(text).map_err(|detail| ChainProblem::Unreadable { detail })?;
+    let line = chain::read(text)?;
     chain::check_follows(head, &line)?;
     Ok(Some(line))
 }
@@ -205,12 +205,10 @@ impl FileLedger {
     }
 }
 
-/// Verifies a ledger file without opening it as a ledger.
+/// Verifies a ledger file without opening it as a ledger, with the archives its checkpoints
+/// name (see [`verify_file_anchored`](super::verify_file_anchored)).
 pub fn verify_file(path: &Path) -> Result<VerifyReport, LedgerError> {
-    let text =
-        fs::read(path).map_err(|e| storage(&format!("cannot read {}", path.display()), e))?;
-    let text = String::from_utf8_lossy(&text);
-    Ok(chain::verify(text.split('\n')))
+    super::verify::verify_file_anchored(path, None)
 }
 
 /// Reads or creates the 0600 key file beside a ledger.
@@ -617,7 +615,9 @@ impl Writer {
             .and_then(|()| self.file.sync_data())
             .map_err(|e| storage("cannot write the ledger", e))?;
         self.offset += text.len() as u64;
+        let before = self.head.0;
         self.head = (seq, prev);
+        chain::log_head(&self.path.display(), Some(before), self.head.into());
         Ok(())
     }
 
@@ -653,6 +653,7 @@ impl Writer {
     }
 
     fn run(mut self, ops: mpsc::Receiver<Op>) {
+        chain::log_head(&self.path.display(), None, self.head.into());
         let mut last_batch = 0;
         while let Ok(first) = ops.recv() {
             let mut batch = vec![first];

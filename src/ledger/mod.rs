@@ -20,6 +20,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+mod verify;
 
 use std::{fmt, time::Duration};
 
@@ -34,6 +35,7 @@ pub use record::{
     Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
     LedgerEvent, Timestamp,
 };
+pub use verify::verify_file_anchored;
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IntentScope, Target, contract::RetryClass,

@@ -309,6 +309,7 @@ impl PostgresLedger {
             owners: Mutex::new(HashSet::new()),
             claims: AtomicU64::new(0),
         });
+        core.log_head().await;
         let (writes, queue) = mpsc::channel(QUEUE);
         tokio::spawn(run_writer(core.clone(), queue));
         Ok(Self { core, writes })
@@ -326,7 +327,8 @@ impl PostgresLedger {
     }
 
     /// Verifies the whole chain: reads `mrg_events` in `seq` order and checks every stored
-    /// line against its hash and the line before it ([`chain::verify`]), then checks that the
+    /// line against its hash and the line before it ([`chain::Verifier::from_genesis`]: this
+    /// ledger never compacts, so its chain starts at seq 1), then checks that the
     /// `seq`, `prev`, `hash` and `execution_id` columns say what their line says. The report
     /// names the first bad `seq` and why.
     ///
@@ -338,10 +340,13 @@ impl PostgresLedger {
             .await
             .map_err(|e| read_failed("reading the chain", &e))?;
         let lines: Vec<String> = rows.iter().map(|row| row.get(4)).collect();
-        let mut report = chain::verify(lines.iter().map(String::as_str));
+        // This ledger never compacts: its chain starts at seq 1, a leading checkpoint is forged.
+        let mut verifier = chain::Verifier::from_genesis();
+        verifier.segment(lines.iter().map(String::as_str));
+        let mut report = verifier.finish();
         // The columns are a copy of what the line says, for queries: a copy that disagrees
         // with its line was edited.
-        let mut head = ChainHash::GENESIS;
+        let mut head = chain::ChainHead::GENESIS;
         let mut checked = 0;
         for (row, text) in rows.iter().zip(&lines) {
             if checked == report.verified {
@@ -360,10 +365,11 @@ impl PostgresLedger {
             if !agrees {
                 report.first_bad = Some((line.seq, ChainProblem::Edited));
                 report.verified = checked;
-                report.head = head;
+                report.head = head.hash;
+                report.head_seq = head.seq;
                 break;
             }
-            head = line.hash.parse().unwrap_or(ChainHash::GENESIS);
+            head = (line.seq, line.hash.parse().unwrap_or(ChainHash::GENESIS)).into();
             checked += 1;
         }
         Ok(report)
@@ -621,6 +627,36 @@ impl Core {
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How the head log names this ledger.
+    fn schema_label(&self) -> String {
+        format!("postgres:{}", self.schema)
+    }
+
+    /// Logs the head as the ledger opens (see [`chain::log_head`]); a head that cannot be read
+    /// is only a warning here, as the first write reads it again.
+    async fn log_head(&self) {
+        let head = async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(self.sql.head.as_str(), &[])
+                .await
+                .map_err(|e| read_failed("reading the chain head", &e))?;
+            let Some(row) = row else {
+                return Ok(chain::ChainHead::GENESIS);
+            };
+            let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+            let hash = row
+                .get::<_, String>(1)
+                .parse::<ChainHash>()
+                .map_err(|e| LedgerError::Storage(format!("the chain head at seq {seq}: {e}")))?;
+            Ok::<_, LedgerError>((seq, hash).into())
+        };
+        match head.await {
+            Ok(head) => chain::log_head(&self.schema_label(), None, head),
+            Err(error) => tracing::warn!(%error, "cannot read the ledger head to log it"),
+        }
+    }
+
     async fn renew_leases(&self, owners: &[String]) -> Result<u64, LedgerError> {
         let client = self.client().await?;
         client
@@ -774,6 +810,7 @@ impl Core {
             records.entry(record.execution_id).or_insert(record);
         }
 
+        let head_before = seq;
         // Apply, in arrival order.
         let mut done = Vec::with_capacity(batch.len());
         let mut sealed: Vec<Sealed> = Vec::new();
@@ -919,6 +956,11 @@ impl Core {
             None => return Err(mismatch().to_string()),
         }
         self.registered_owners().extend(new_owners);
+        chain::log_head(
+            &self.schema_label(),
+            u64::try_from(head_before).ok(),
+            (u64::try_from(seq).unwrap_or(0), prev).into(),
+        );
         Ok(done)
     }
 
@@ -1022,6 +1064,7 @@ struct Sql {
     store_result: String,
     load_result: String,
     chain: String,
+    head: String,
     purge_executions: String,
     purge_owners: String,
 }
@@ -1086,6 +1129,7 @@ impl Sql {
             chain: format!(
                 "SELECT seq, prev, hash, execution_id, line FROM {s}.mrg_events ORDER BY seq"
             ),
+            head: format!("SELECT seq, hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1"),
             purge_executions: format!(
                 "DELETE FROM {s}.mrg_executions WHERE retain_until_ms < $1::int8"
             ),

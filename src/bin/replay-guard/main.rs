@@ -5,7 +5,8 @@
 //! replay-guard demo                          # the main job on an embedded server: exit 0 iff the guard deployed once
 //! replay-guard call --url URL --tool NAME --args JSON [--ledger PATH] [--policy FILE] [--class C] …
 //! replay-guard proxy --listen ADDR --upstream URL [--ledger PATH] [--policy FILE]
-//! replay-guard audit verify PATH             # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
+//! replay-guard audit verify PATH [--expect-head SEQ:HASH]  # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
+//! replay-guard audit head PATH               # the head to anchor elsewhere: SEQ:sha256:HEX
 //! replay-guard audit show PATH [EXECUTION]   # the investigation timeline (all executions without an id)
 //! replay-guard ledger list PATH [--state S]  # one line per execution
 //! replay-guard resolve PATH EXECUTION (--applied | --not-applied) --note TEXT
@@ -33,7 +34,7 @@ use clap::{Args, Parser, Subcommand};
 use mcp_replay_guard::{
     ExecutionId,
     guard::resolve,
-    ledger::{FileLedger, Ledger, audit, verify_file},
+    ledger::{FileLedger, Ledger, audit, chain::ChainHead, verify_file, verify_file_anchored},
 };
 
 #[derive(Debug, Parser)]
@@ -71,10 +72,24 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum AuditCommand {
-    /// Verify the hash chain of a ledger file.
+    /// Verify the hash chain of a ledger file, through the archives its compactions left
+    /// (`<ledger>.<seq>.archive`), and optionally that it still holds an anchored head.
+    ///
+    /// Without an anchor the chain cannot show a tail that was cut, or a file rewritten and
+    /// re-sealed as a whole: keep the head (`audit head`, or the `ledger head` lines the guard
+    /// logs at info level) somewhere else and check it with `--expect-head`.
     Verify {
-        /// The ledger file.
-        path: PathBuf,
+        #[command(flatten)]
+        ledger: LedgerFile,
+        /// A head recorded earlier (`SEQ:sha256:HEX`, as `audit head` prints it): line SEQ must
+        /// still have that hash, and the chain must verify through it.
+        #[arg(long, value_name = "SEQ:HASH")]
+        expect_head: Option<ChainHead>,
+    },
+    /// Print the head of a ledger that verifies (`SEQ:sha256:HEX`), to keep as an anchor.
+    Head {
+        #[command(flatten)]
+        ledger: LedgerFile,
     },
     /// The investigation timeline of one execution, or of every execution.
     Show {
@@ -83,6 +98,28 @@ enum AuditCommand {
         /// The execution (`act_…`).
         execution: Option<ExecutionId>,
     },
+}
+
+/// The ledger file an audit command reads: positional or `--ledger`.
+#[derive(Debug, Args)]
+struct LedgerFile {
+    /// The ledger file.
+    #[arg(required_unless_present = "ledger", value_name = "PATH")]
+    path: Option<PathBuf>,
+    /// The ledger file (the same as the positional PATH).
+    #[arg(long = "ledger", value_name = "PATH", conflicts_with = "path")]
+    ledger: Option<PathBuf>,
+}
+
+impl LedgerFile {
+    fn path(self) -> anyhow::Result<PathBuf> {
+        let path = self
+            .ledger
+            .or(self.path)
+            .context("give the ledger file (PATH or --ledger PATH)")?;
+        existing(&path)?;
+        Ok(path)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,10 +203,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args, cli.json).await,
         Command::Call(args) => call::run(args, cli.json).await,
         Command::Proxy(args) => proxy::run(args).await,
-        Command::Audit(AuditCommand::Verify { path }) => {
-            existing(&path)?;
-            let report =
-                verify_file(&path).with_context(|| format!("verifying {}", path.display()))?;
+        Command::Audit(AuditCommand::Verify {
+            ledger,
+            expect_head,
+        }) => {
+            let path = ledger.path()?;
+            let report = verify_file_anchored(&path, expect_head)
+                .with_context(|| format!("verifying {}", path.display()))?;
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -180,6 +220,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Command::Audit(AuditCommand::Head { ledger }) => {
+            let path = ledger.path()?;
+            let report =
+                verify_file(&path).with_context(|| format!("verifying {}", path.display()))?;
+            if !report.is_ok() {
+                eprintln!(
+                    "error: {} does not verify, so it has no head to anchor: {report}",
+                    path.display()
+                );
+                return Ok(ExitCode::from(1));
+            }
+            let head = report.head();
+            if cli.json {
+                let json = serde_json::json!({
+                    "head": head,
+                    "seq": head.seq,
+                    "hash": head.hash,
+                });
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            } else {
+                println!("{head}");
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Audit(AuditCommand::Show { path, execution }) => {
             existing(&path)?;
