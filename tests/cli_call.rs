@@ -701,3 +701,59 @@ async fn credentials_in_the_url_reach_no_ledger_no_output_and_no_error() {
     assert!(!leaked(&text), "a credential reached the ledger: {text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `replay-guard --json call …` with stdout a pipe whose reader is gone: every print fails.
+async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let args = deploy_args().to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["--json", "call", "--url", url, "--tool", "deploy_release"])
+        .args(["--args", &args])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::from(writer))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Issue 12, item 2, the kept result too. An answer that cannot be printed (stdout is gone) is
+/// not delivered: the exit is 3, and the repeat gets the kept result, whether the first answer
+/// came from the tool or was itself a kept result handed back; the tool ran once.
+#[tokio::test]
+async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
+    let dir = temp_dir("unprintable");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    let extra = ["--ledger", ledger.as_str(), "--protocol", "2025-11-25"];
+    for round in ["the tool's answer", "the kept result handed back"] {
+        let run = call_with_stdout_closed(&server.url, &extra).await;
+        assert_eq!(run.code, 3, "{round}: {run:#?}");
+        assert!(run.stderr.contains("cannot print"), "{round}: {run:#?}");
+        let records = ledger_records(&ledger).await;
+        assert_eq!(records.len(), 1, "{round}: {records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "{round}: {records:#?}"
+        );
+    }
+    let run = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["result"]["content"][0]["text"],
+        "deployed catalog 2026.07.22"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -103,6 +103,13 @@ pin_project! {
         Answer {
             data: Option<Bytes>,
         },
+        // A kept result handed back: delivered once read to its end (or when the caller that
+        // deferred the delivery says so).
+        Kept {
+            data: Option<Bytes>,
+            delivery: Option<Delivery>,
+            recording: Option<LedgerWrite>,
+        },
     }
 }
 
@@ -142,14 +149,31 @@ impl<B> GuardResponseBody<B> {
         }
     }
 
+    /// A kept result the guard hands back; `delivery` is recorded when the caller reads it to
+    /// its end, unless the caller takes the delivery over.
+    pub(super) fn kept(data: Bytes, delivery: Delivery) -> Self {
+        delivery.answered.store(true, Ordering::Release);
+        Self {
+            kind: Kind::Kept {
+                data: Some(data),
+                delivery: Some(delivery),
+                recording: None,
+            },
+        }
+    }
+
     /// Hands the recording of `delivered` to the caller: the body still records the outcome
     /// (before the frame that carries it is handed on), but never `delivered`; the caller calls
     /// [`Delivery::record`] once it holds the answer (printed and flushed it, wrote it completely
     /// to its own client). `None` when the body is not the target's answer to a guarded call
-    /// (a pass-through, or an answer the guard wrote itself).
+    /// (a pass-through, or an answer the guard wrote itself); a kept result the guard hands
+    /// back is the target's answer and has a delivery too.
     ///
     /// Call it before reading the body.
     pub fn defer_delivery(&mut self) -> Option<Delivery> {
+        if let Kind::Kept { delivery, .. } = &mut self.kind {
+            return delivery.take();
+        }
         let Kind::Observed { watch } = &mut self.kind else {
             return None;
         };
@@ -170,12 +194,12 @@ impl<B> GuardResponseBody<B> {
 /// [`GuardResponseBody::defer_delivery`].
 #[derive(Clone)]
 pub struct Delivery {
-    ledger: Arc<dyn Ledger>,
-    execution_id: ExecutionId,
-    request_id: RequestId,
+    pub(super) ledger: Arc<dyn Ledger>,
+    pub(super) execution_id: ExecutionId,
+    pub(super) request_id: RequestId,
     /// Set once the body recorded the target's answer (`completed`, or `failed` for a JSON-RPC
     /// error): only then is there something to deliver.
-    answered: Arc<AtomicBool>,
+    pub(super) answered: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Delivery {
@@ -223,7 +247,9 @@ impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
         match &self.kind {
             Kind::Observed { .. } => f.write_str("Observed"),
             Kind::Passthrough { inner } => f.debug_tuple("Passthrough").field(inner).finish(),
-            Kind::Answer { data } => f.debug_tuple("Answer").field(data).finish(),
+            Kind::Answer { data } | Kind::Kept { data, .. } => {
+                f.debug_tuple("Answer").field(data).finish()
+            }
         }
     }
 }
@@ -465,6 +491,27 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Kept {
+                data,
+                delivery,
+                recording,
+            } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(delivery) = delivery.take() {
+                    *recording = Some(Box::pin(async move {
+                        if let Err(error) = delivery.record().await {
+                            tracing::warn!(execution_id = %delivery.execution_id, %error, "could not record the delivery");
+                        }
+                    }));
+                }
+                if let Some(write) = recording.as_mut() {
+                    ready!(write.as_mut().poll(cx));
+                    *recording = None;
+                }
+                Poll::Ready(None)
+            }
             KindProj::Passthrough { inner } => inner.poll_frame(cx).map_err(Into::into),
             KindProj::Observed { watch } => watch.poll_next(cx),
         }
@@ -473,6 +520,11 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Answer { data } => data.is_none(),
+            Kind::Kept {
+                data,
+                delivery,
+                recording,
+            } => data.is_none() && delivery.is_none() && recording.is_none(),
             Kind::Passthrough { inner } => inner.is_end_stream(),
             // The end must be polled when it records something (the outcome, the delivery).
             Kind::Observed { watch, .. } => {
@@ -486,7 +538,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Answer { data } => {
+            Kind::Answer { data } | Kind::Kept { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Passthrough { inner } => inner.size_hint(),

@@ -1055,7 +1055,8 @@ impl Config {
         }
     }
 
-    /// Answers with a kept result (recording its delivery), or honestly says it was not kept.
+    /// Answers with a kept result (delivered when the caller reads it), or honestly says it was
+    /// not kept.
     async fn hand_back<RB>(
         &self,
         record: &ExecutionRecord,
@@ -1070,12 +1071,17 @@ impl Config {
                 UncertainReason::ResultNotKept,
             ));
         };
-        let delivered = EventKind::Delivered {
-            jsonrpc_id: Some(reply_id.clone()),
+        // Delivered once the caller holds it: read to its end, or when a caller that took
+        // the delivery over records it.
+        let delivery = super::Delivery {
+            ledger: self.ledger.clone(),
+            execution_id: record.execution_id,
+            request_id: reply_id.clone(),
+            answered: Arc::default(),
         };
-        self.append(record.execution_id, delivered).await?;
         owner.settle(Settlement::Completed(Some(result.clone())));
-        answered(answer::stored_result(reply_id, &result))
+        Ok(answer::stored_result(reply_id, &result)
+            .map(|data| GuardResponseBody::kept(data, delivery)))
     }
 
     async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
