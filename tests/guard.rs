@@ -995,12 +995,73 @@ fn dropping_the_runtime_with_an_abandoned_body_does_not_abort() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The child's task for [`dropping_the_runtime_with_an_abandoned_keyed_response_does_not_abort`].
+const ABANDONED_KEYED: &str = "abandoned-keyed";
+
+/// Issue 12, item 12, on the server side: the Idempotency-Key layer's drain of a response its
+/// client abandoned is cancelled by a runtime that is dropped; the process does not abort (its
+/// drained copy used to drain again on every drop, without end).
+#[test]
+fn dropping_the_runtime_with_an_abandoned_keyed_response_does_not_abort() {
+    let output = child_process(ABANDONED_KEYED)
+        .output()
+        .expect("the child runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the child aborted: {output:?}");
+    assert!(stdout.contains("runtime dropped"), "{stdout}");
+}
+
+fn abandon_a_keyed_response() {
+    use mcp_replay_guard::integrations::server::IdempotencyLayer;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = TestServer::start_with(ServerOptions {
+            slow_tool_delay: std::time::Duration::from_secs(120),
+            idempotency: Some(IdempotencyLayer::new(
+                MemoryLedger::new(),
+                FingerprintKey::from_bytes(&[5; 32]).unwrap(),
+            )),
+            ..ServerOptions::default()
+        })
+        .await;
+        let session = session(&server).await;
+        let request = with_idempotency_key(
+            post(
+                &server.url,
+                session.as_deref(),
+                PROTOCOL_VERSION,
+                tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+            ),
+            "key-abandoned",
+        );
+        let mut client = hyper_client();
+        let response = send(&mut client, request).await.unwrap();
+        assert!(response.status().is_success());
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, std::time::Duration::from_secs(10))
+            .await;
+        drop(response);
+        drop(client);
+        std::mem::forget(server);
+    });
+    drop(runtime);
+    println!("runtime dropped");
+}
+
 /// Runs a child's task (see tests/support/child.rs); does nothing in a normal test run.
 #[test]
 fn child_entry() {
     let Ok(task) = std::env::var(CHILD_TASK) else {
         return;
     };
+    if task == ABANDONED_KEYED {
+        return abandon_a_keyed_response();
+    }
     let Some(path) = task.strip_prefix(ABANDONED_BODY) else {
         panic!("unknown child task {task:?}");
     };

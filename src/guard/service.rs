@@ -1561,9 +1561,17 @@ const IN_PLACE_WRITE_BOUND: Duration = Duration::from_secs(1);
 /// stays as it was (`dispatched` under an owner that is gone, which every later decision reads
 /// as unknown).
 pub(super) fn write_from_drop(write: Write) {
+    drop(spawn_finishing(write));
+}
+
+/// [`write_from_drop`], with the task's handle when there is a runtime.
+pub(crate) fn spawn_finishing(write: Write) -> Option<tokio::task::JoinHandle<()>> {
     match tokio::runtime::Handle::try_current() {
-        Ok(handle) => drop(handle.spawn(FinishOnDrop(Some(write)))),
-        Err(_) => drive_in_place(write),
+        Ok(handle) => Some(handle.spawn(FinishOnDrop(Some(write)))),
+        Err(_) => {
+            drive_in_place(write);
+            None
+        }
     }
 }
 

@@ -15,7 +15,8 @@
 //! 1. the whole response, to its last byte and the end of the message, was written to the
 //!    client connection (hyper took the end of the body and the connection flushed it), and
 //! 2. the client then showed it was done with it: it sent its next request on that connection
-//!    (recorded before that request is handled), or closed the connection cleanly.
+//!    (recorded before that request is handled), or closed the connection cleanly (after a
+//!    `Connection: close` answer the proxy waits up to 10 s for that clean close).
 //!
 //! A connection that breaks or is reset first leaves the answer undelivered (a client's TCP
 //! stack resets a connection it closes with unread data), so the client's repeat gets the kept
@@ -54,6 +55,7 @@ use crate::{
 };
 
 #[derive(Debug, Args)]
+#[command(after_long_help = DELIVERY_HELP)]
 pub struct ProxyArgs {
     /// Where to listen (`127.0.0.1:8080`; port 0 picks one and prints it).
     #[arg(long, value_name = "ADDR")]
@@ -67,6 +69,14 @@ pub struct ProxyArgs {
     #[command(flatten)]
     guard: GuardOptions,
 }
+
+/// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
+const DELIVERY_HELP: &str = "\
+When an answer counts as delivered: a proxy cannot know that its client read a byte. An answer \
+(JSON or SSE alike) is recorded delivered once the whole response was written to the client \
+connection and the client then sent its next request on that connection or closed it cleanly. \
+A connection that breaks or is reset first leaves the answer undelivered, so the client's repeat \
+gets the kept result instead of running the tool again. Served over HTTP/1.1.";
 
 type Upstream = Guard<Client<HttpConnector, GuardRequestBody>>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -113,6 +123,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             deliveries: deliveries.clone(),
             confirming: None,
             stash: None,
+            shut_down: false,
+            linger: None,
         });
         let handler = hyper::service::service_fn(move |request| {
             forward(guard.clone(), upstream.clone(), deliveries.clone(), request)
@@ -345,7 +357,15 @@ struct Watched<T> {
     confirming: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// What the client sent meanwhile (empty: it closed the connection).
     stash: Option<Bytes>,
+    /// The proxy closed its side of the connection.
+    shut_down: bool,
+    /// How long, after closing, the proxy waits for the client's clean close.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// The longest wait for a client's clean close after the proxy closed a connection whose last
+/// answer waits for it.
+const LINGER: Duration = Duration::from_secs(10);
 
 impl<T> Drop for Watched<T> {
     fn drop(&mut self) {
@@ -392,7 +412,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
@@ -424,7 +444,42 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         Poll::Ready(flushed)
     }
 
+    /// After a `Connection: close` answer: close, then wait (bounded) for the client's clean
+    /// close, which says it read the answer; a reset says it did not.
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        if !this.shut_down {
+            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.shut_down = true;
+        }
+        loop {
+            if let Some(confirming) = this.confirming.as_mut() {
+                ready!(confirming.as_mut().poll(cx));
+                this.confirming = None;
+            }
+            if !this.deliveries.awaiting_client() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut scratch = [0u8; 1024];
+            let mut read = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                    this.confirming = Some(this.deliveries.confirm());
+                }
+                Poll::Ready(Ok(())) => {} // bytes after the close: not an answer to anything
+                Poll::Ready(Err(_)) => {
+                    this.deliveries.discard();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending => {
+                    let linger = this
+                        .linger
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER)));
+                    ready!(linger.as_mut().poll(cx));
+                    this.deliveries.discard();
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
     }
 }
