@@ -239,6 +239,45 @@ async fn a_json_answer_is_delivered_once_the_client_is_done_with_it() {
     for record in &records {
         assert_eq!(record["state"], "delivered", "{records:#?}");
     }
+
+    // A client that asks the proxy to close the connection, reads the answer and closes too.
+    let authority = proxy
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let body = deploy_body(3).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: deploy_release\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer)
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).contains("\"deployment\":3"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(stream);
+    assert_eq!(server.state.side_effects("deploy_release"), 3);
+
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 3 && records.iter().all(|r| r["state"] == "delivered")
+    })
+    .await;
+    assert_eq!(records.len(), 3, "{records:#?}");
+    for record in &records {
+        assert_eq!(record["state"], "delivered", "{records:#?}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -1259,6 +1259,17 @@ fn target_of(uri: &http::Uri) -> Target {
 /// userinfo (`user:secret@`), the query (`?token=…`) and the fragment, any of which may carry a
 /// credential. Works on text that does not parse as a URL too (what a user typed), so an error
 /// about a bad URL never repeats its secret.
+///
+/// ```
+/// use mcp_replay_guard::guard::redact_url;
+///
+/// assert_eq!(
+///     redact_url("http://agent:s3cr3t@127.0.0.1:8000/mcp?token=t0k"),
+///     "http://…@127.0.0.1:8000/mcp?…"
+/// );
+/// assert_eq!(redact_url("http://127.0.0.1:8000/mcp"), "http://127.0.0.1:8000/mcp");
+/// assert_eq!(redact_url("agent:s3cr3t@bad host/mcp"), "…@bad host/mcp");
+/// ```
 pub fn redact_url(url: &str) -> String {
     let url = url.trim();
     let (scheme, rest) = match url.split_once("://") {
