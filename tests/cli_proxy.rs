@@ -393,3 +393,76 @@ async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 12, item 12, for the proxy: Ctrl-C while the guard still drains a response its client
+/// abandoned. The proxy exits 0 (before: the cancelled drain respawned itself until the stack
+/// overflowed, exit 134), and the ledger says unknown.
+#[tokio::test]
+async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(120),
+        ..ServerOptions::default()
+    })
+    .await;
+    let dir = proxy_temp_dir("ctrl-c");
+    let ledger = dir.join("ledger.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &server.url,
+        ])
+        .args(["--ledger", &ledger.to_string_lossy()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let url = format!("{}/mcp", line.split_whitespace().nth(2).unwrap());
+
+    let mut client = hyper_client();
+    let session = initialize(&mut client, &url).await.unwrap();
+    let request = post(
+        &url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert!(response.status().is_success());
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(10))
+            .await,
+        1
+    );
+    // The client goes away; the proxy's guard keeps reading for the outcome.
+    drop(response);
+    drop(client);
+
+    let pid = child.id().unwrap().to_string();
+    let interrupt = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the proxy stops")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let records = ledger_records(&ledger);
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["state"], "unknown", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
