@@ -1101,3 +1101,29 @@ fn child_entry() {
     drop(runtime);
     println!("runtime dropped");
 }
+
+/// Issue 12, item 12: a body dropped where no runtime runs (a plain thread) cannot drain, so it
+/// records `unknown` in place and stops; before, nothing was recorded and the execution stayed
+/// `dispatched`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: std::time::Duration::from_secs(120),
+        ..ServerOptions::default()
+    })
+    .await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(only_record(&ledger).await.state, ExecutionState::Dispatched);
+    std::thread::spawn(move || drop(response)).join().unwrap();
+    let record = only_record(&ledger).await;
+    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+}
