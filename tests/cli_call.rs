@@ -477,3 +477,283 @@ async fn concurrently(n: usize, argv: &[&str]) -> Vec<Run> {
     }
     set.join_all().await
 }
+
+/// `replay-guard --json ledger list PATH`, parsed.
+async fn ledger_records(ledger: &str) -> Vec<Value> {
+    let list = replay_guard(&["--json", "ledger", "list", ledger]).await;
+    assert_eq!(list.code, 0, "{list:#?}");
+    serde_json::from_str(&list.stdout).unwrap_or_else(|e| panic!("{e}: {list:#?}"))
+}
+
+/// Issue 12, item 2. A `call` killed once its teardown began (the session DELETE, which this
+/// server never answers) has printed its answer; and whenever stdout is empty, the ledger does
+/// not say delivered and the repeat prints the kept result without running the tool again.
+#[tokio::test]
+async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown() {
+    let dir = temp_dir("delivered-before-print");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    let front = FrontServer::start(
+        &server.url,
+        FrontOptions {
+            hang_delete: true,
+            ..FrontOptions::default()
+        },
+    )
+    .await;
+    let args = deploy_args().to_string();
+    let child = tokio::process::Command::new(BIN)
+        .args([
+            "--json",
+            "call",
+            "--url",
+            &front.url,
+            "--tool",
+            "deploy_release",
+        ])
+        .args([
+            "--args",
+            &args,
+            "--ledger",
+            &ledger,
+            "--protocol",
+            "2025-11-25",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary runs");
+    // The tool ran, the answer came back, and the teardown began: kill -9 now.
+    assert_eq!(front.wait_for_deletes(1, Duration::from_secs(30)).await, 1);
+    let mut child = child;
+    child.start_kill().expect("SIGKILL");
+    let output = child.wait_with_output().await.unwrap();
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    if stdout.trim().is_empty() {
+        assert_ne!(
+            records[0]["state"], "delivered",
+            "delivered recorded with nothing printed: {records:#?}"
+        );
+        let repeat = call(
+            &server.url,
+            "deploy_release",
+            deploy_args(),
+            &["--ledger", &ledger, "--protocol", "2025-11-25"],
+        )
+        .await;
+        assert_eq!(repeat.code, 0, "{repeat:#?}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+    }
+    // Printing and flushing come before the teardown.
+    let printed: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!("the answer was not printed before the DELETE ({e}): {output:#?}")
+    });
+    assert_eq!(printed["outcome"], "completed", "{printed:#}");
+    assert_eq!(
+        printed["result"]["content"][0]["text"],
+        "deployed catalog 2026.07.22"
+    );
+    assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 12. A stream that never brings the answer: `--timeout` ends the call with
+/// exit 3 (not a stack overflow at shutdown, exit 134), and the ledger says unknown.
+#[tokio::test]
+async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_unknown() {
+    let dir = temp_dir("never-ends");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(120),
+        ..ServerOptions::default()
+    })
+    .await;
+    let run = call(
+        &server.url,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+        &[
+            "--ledger",
+            &ledger,
+            "--class",
+            "irreversible",
+            "--timeout",
+            "3s",
+            "--protocol",
+            "2025-11-25",
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 3, "{run:#?}");
+    assert_eq!(run.json()["outcome"], "unknown", "{run:#?}");
+    assert_eq!(server.state.started("slow_deploy"), 1);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["state"], "unknown", "{records:#?}");
+    assert_eq!(run.json()["result"]["state"], "unknown", "{run:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, items 12 and 15. A JSON answer over the CLI's 16 MiB bound: the tool ran, so the
+/// exit is 3 (never 2, "nothing was sent"; never 134), and the ledger says unknown, not
+/// delivered.
+#[tokio::test]
+async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
+    let dir = temp_dir("too-large");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let front = FrontServer::start(
+        &server.url,
+        FrontOptions {
+            pad_answer: Some(17 * 1024 * 1024),
+            ..FrontOptions::default()
+        },
+    )
+    .await;
+    let run = call(
+        &front.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger, "--protocol", "2026-07-28"],
+    )
+    .await;
+    assert_eq!(run.code, 3, "{run:#?}");
+    assert!(run.stderr.contains("too large"), "{run:#?}");
+    assert!(run.stderr.contains("act_"), "names the execution: {run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["state"], "unknown", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 13. Credentials in the URL (userinfo, query) reach neither the ledger nor
+/// stdout nor stderr: not on a call that completes, not on one that cannot connect, not on a URL
+/// that does not parse.
+#[tokio::test]
+async fn credentials_in_the_url_reach_no_ledger_no_output_and_no_error() {
+    let dir = temp_dir("url-secrets");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    let secret_url = server.url.replace("http://", "http://agent:pw-s3cr3t@") + "?token=tok-s3cr3t";
+    let leaked = |text: &str| text.contains("s3cr3t");
+
+    let run = call(
+        &secret_url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger, "--protocol", "2025-11-25"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert!(!leaked(&run.stdout) && !leaked(&run.stderr), "{run:#?}");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(!leaked(&text), "a credential reached the ledger: {text}");
+    let records = ledger_records(&ledger).await;
+    let target = records[0]["target"].as_str().unwrap();
+    assert!(
+        target.starts_with("127.0.0.1:") && target.ends_with("/mcp"),
+        "{records:#?}"
+    );
+
+    // Nobody listens: the error names the endpoint without its credentials.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!(
+            "http://agent:pw-s3cr3t@{}/mcp?token=tok-s3cr3t",
+            listener.local_addr().unwrap()
+        )
+    };
+    for protocol in ["2025-11-25", "2026-07-28"] {
+        let run = call(
+            &closed,
+            "deploy_release",
+            deploy_args(),
+            &["--ledger", &ledger, "--protocol", protocol],
+        )
+        .await;
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(run.stderr.contains("127.0.0.1"), "{run:#?}");
+        assert!(!leaked(&run.stdout) && !leaked(&run.stderr), "{run:#?}");
+    }
+    // A URL that does not parse.
+    let run = call(
+        "http://agent:pw-s3cr3t@bad host/mcp?token=tok-s3cr3t",
+        "deploy_release",
+        deploy_args(),
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("is not a URL"), "{run:#?}");
+    assert!(!leaked(&run.stdout) && !leaked(&run.stderr), "{run:#?}");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(!leaked(&text), "a credential reached the ledger: {text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `replay-guard --json call …` with stdout a pipe whose reader is gone: every print fails.
+async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let args = deploy_args().to_string();
+    let output = tokio::process::Command::new(BIN)
+        .args(["--json", "call", "--url", url, "--tool", "deploy_release"])
+        .args(["--args", &args])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::from(writer))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Issue 12, item 2, the kept result too. An answer that cannot be printed (stdout is gone) is
+/// not delivered: the exit is 3, and the repeat gets the kept result, whether the first answer
+/// came from the tool or was itself a kept result handed back; the tool ran once.
+#[tokio::test]
+async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
+    let dir = temp_dir("unprintable");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    let extra = ["--ledger", ledger.as_str(), "--protocol", "2025-11-25"];
+    for round in ["the tool's answer", "the kept result handed back"] {
+        let run = call_with_stdout_closed(&server.url, &extra).await;
+        assert_eq!(run.code, 3, "{round}: {run:#?}");
+        assert!(run.stderr.contains("cannot print"), "{round}: {run:#?}");
+        let records = ledger_records(&ledger).await;
+        assert_eq!(records.len(), 1, "{round}: {records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "{round}: {records:#?}"
+        );
+    }
+    let run = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["result"]["content"][0]["text"],
+        "deployed catalog 2026.07.22"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -151,3 +151,318 @@ async fn a_cut_stream_is_resumed_with_get_through_the_proxy() {
     assert!(verify.status.success(), "{verify:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+fn proxy_temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-cli-proxy-{name}-{}-{}",
+        std::process::id(),
+        mcp_replay_guard::ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The proxy ledger's records (`replay-guard --json ledger list`).
+fn ledger_records(ledger: &std::path::Path) -> Vec<Value> {
+    let list = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["--json", "ledger", "list", &ledger.to_string_lossy()])
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{list:?}");
+    serde_json::from_slice(&list.stdout).unwrap()
+}
+
+/// Polls the ledger (every 20 ms, up to 10 s) until `done` holds for its records.
+async fn wait_for_records(ledger: &std::path::Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let records = ledger_records(ledger);
+        if done(&records) || tokio::time::Instant::now() >= deadline {
+            return records;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn deploy_body(id: i64) -> Value {
+    stateless_tool_call_body(
+        id,
+        "deploy_release",
+        json!({"service": "catalog", "version": "2026.07.22"}),
+    )
+}
+
+/// Issue 12, item 6, JSON. A JSON answer the client read is recorded delivered once the client
+/// is done with it: its next request on the connection (recorded before that request is
+/// decided) or its clean close. A repeat after that is a new execution, as for any delivered
+/// call. (Before, a JSON answer was never delivered, and every repeat got the old result.)
+#[tokio::test]
+async fn a_json_answer_is_delivered_once_the_client_is_done_with_it() {
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let dir = proxy_temp_dir("json-delivered");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+
+    // The repeat comes on the same connection: the first answer was delivered before it.
+    let mut client = hyper_client();
+    for id in [1, 2] {
+        let request = post(
+            &proxy.url,
+            None,
+            STATELESS_PROTOCOL_VERSION,
+            deploy_body(id),
+        );
+        let response = send(&mut client, request).await.unwrap();
+        assert_eq!(
+            response.headers()[http::header::CONTENT_TYPE],
+            "application/json"
+        );
+        let message = read_jsonrpc_response(response, &json!(id)).await.unwrap();
+        assert_eq!(
+            message["result"]["structuredContent"]["deployment"],
+            json!(id),
+            "{message}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    // The client closes its connection: the second answer is delivered too.
+    drop(client);
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 2 && records.iter().all(|r| r["state"] == "delivered")
+    })
+    .await;
+    assert_eq!(records.len(), 2, "{records:#?}");
+    for record in &records {
+        assert_eq!(record["state"], "delivered", "{records:#?}");
+    }
+
+    // A client that asks the proxy to close the connection, reads the answer and closes too.
+    let authority = proxy
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let body = deploy_body(3).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: deploy_release\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer)
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).contains("\"deployment\":3"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop(stream);
+    assert_eq!(server.state.side_effects("deploy_release"), 3);
+
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 3 && records.iter().all(|r| r["state"] == "delivered")
+    })
+    .await;
+    assert_eq!(records.len(), 3, "{records:#?}");
+    for record in &records {
+        assert_eq!(record["state"], "delivered", "{records:#?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 6, SSE. The proxy wrote an SSE answer to the connection, and the client
+/// resets it without reading (what its TCP stack does when it closes a connection with unread
+/// data): not delivered, and the client's repeat gets the kept result; the tool ran once.
+/// (Before, the end of the body counted as delivered, and the repeat deployed again.)
+#[tokio::test]
+async fn an_sse_answer_the_client_resets_unread_is_not_delivered_and_the_repeat_gets_it() {
+    let server = TestServer::start_with(ServerOptions::stateless()).await;
+    let dir = proxy_temp_dir("sse-reset");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+
+    // Raw HTTP/1.1, so that the test owns the socket.
+    let authority = proxy
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let body = deploy_body(1).to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: deploy_release\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("deploy_release", 1, Duration::from_secs(10))
+            .await,
+        1
+    );
+    // The proxy recorded the answer and wrote it to the connection; none of it is read.
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 1 && records[0]["state"] != "dispatched"
+    })
+    .await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    drop(stream);
+
+    let mut client = hyper_client();
+    let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, deploy_body(7));
+    let response = send(&mut client, request).await.unwrap();
+    let message = read_jsonrpc_response(response, &json!(7)).await.unwrap();
+    assert_eq!(
+        message["result"]["content"][0]["text"], "deployed catalog 2026.07.22",
+        "{message}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let records = ledger_records(&ledger);
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 13, for the proxy: an upstream URL with credentials is never printed.
+#[tokio::test]
+async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let dir = proxy_temp_dir("upstream-secret");
+    let ledger = dir.join("ledger.jsonl");
+    let upstream = server.url.replace("http://", "http://agent:pw-s3cr3t@") + "?token=tok-s3cr3t";
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--ledger", &ledger.to_string_lossy()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(!line.contains("s3cr3t"), "{line}");
+    let address = line.split_whitespace().nth(2).unwrap().to_owned();
+    let mut client = hyper_client();
+    let request = post(
+        &format!("{address}/mcp"),
+        None,
+        STATELESS_PROTOCOL_VERSION,
+        deploy_body(1),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    read_jsonrpc_response(response, &json!(1)).await.unwrap();
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    drop(client);
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(!text.contains("s3cr3t"), "{text}");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
+        .arg("http://agent:pw-s3cr3t@bad host/mcp?token=tok-s3cr3t")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("is not a URL") && !stderr.contains("s3cr3t"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 12, for the proxy: Ctrl-C while the guard still drains a response its client
+/// abandoned. The proxy exits 0 (before: the cancelled drain respawned itself until the stack
+/// overflowed, exit 134), and the ledger says unknown.
+#[tokio::test]
+async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(120),
+        ..ServerOptions::default()
+    })
+    .await;
+    let dir = proxy_temp_dir("ctrl-c");
+    let ledger = dir.join("ledger.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &server.url,
+        ])
+        .args(["--ledger", &ledger.to_string_lossy()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let url = format!("{}/mcp", line.split_whitespace().nth(2).unwrap());
+
+    let mut client = hyper_client();
+    let session = initialize(&mut client, &url).await.unwrap();
+    let request = post(
+        &url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert!(response.status().is_success());
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(10))
+            .await,
+        1
+    );
+    // The client goes away; the proxy's guard keeps reading for the outcome.
+    drop(response);
+    drop(client);
+
+    let pid = child.id().unwrap().to_string();
+    let interrupt = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(interrupt.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("the proxy stops")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let records = ledger_records(&ledger);
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["state"], "unknown", "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1034,3 +1034,169 @@ async fn integers_past_2_pow_53_are_two_intents_and_past_64_bits_are_refused_uns
     assert_eq!(server.state.side_effects("deploy_release"), 2);
     assert_eq!(ledger.list().await.unwrap().len(), 2);
 }
+
+/// The child's task for [`dropping_the_runtime_with_an_abandoned_body_does_not_abort`].
+const ABANDONED_BODY: &str = "abandoned-body:";
+
+/// Issue 12, item 12. A library user drops a runtime while a guarded call's body is abandoned
+/// (its drain task still waiting for an answer that never comes): the process does not abort
+/// (before: every cancelled drain dropped a `Watch` that spawned a drain again, until the stack
+/// overflowed), and the ledger says unknown. Run in a child process, because a stack overflow
+/// aborts the whole process.
+#[test]
+fn dropping_the_runtime_with_an_abandoned_body_does_not_abort() {
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-guard-abandoned-{}-{}",
+        std::process::id(),
+        mcp_replay_guard::ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger.jsonl");
+    let output = child_process(&format!("{ABANDONED_BODY}{}", path.display()))
+        .output()
+        .expect("the child runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the child aborted: {output:?}");
+    assert!(stdout.contains("runtime dropped"), "{stdout}");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let records = runtime.block_on(async {
+        let ledger = mcp_replay_guard::ledger::FileLedger::open(&path).unwrap();
+        ledger.list().await.unwrap()
+    });
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0].state, ExecutionState::Unknown, "{records:#?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The child's task for [`dropping_the_runtime_with_an_abandoned_keyed_response_does_not_abort`].
+const ABANDONED_KEYED: &str = "abandoned-keyed";
+
+/// Issue 12, item 12, on the server side: the Idempotency-Key layer's drain of a response its
+/// client abandoned is cancelled by a runtime that is dropped; the process does not abort (its
+/// drained copy used to drain again on every drop, without end).
+#[test]
+fn dropping_the_runtime_with_an_abandoned_keyed_response_does_not_abort() {
+    let output = child_process(ABANDONED_KEYED)
+        .output()
+        .expect("the child runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "the child aborted: {output:?}");
+    assert!(stdout.contains("runtime dropped"), "{stdout}");
+}
+
+fn abandon_a_keyed_response() {
+    use mcp_replay_guard::integrations::server::IdempotencyLayer;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = TestServer::start_with(ServerOptions {
+            slow_tool_delay: std::time::Duration::from_secs(120),
+            idempotency: Some(IdempotencyLayer::new(
+                MemoryLedger::new(),
+                FingerprintKey::from_bytes(&[5; 32]).unwrap(),
+            )),
+            ..ServerOptions::default()
+        })
+        .await;
+        let session = session(&server).await;
+        let request = with_idempotency_key(
+            post(
+                &server.url,
+                session.as_deref(),
+                PROTOCOL_VERSION,
+                tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+            ),
+            "key-abandoned",
+        );
+        let mut client = hyper_client();
+        let response = send(&mut client, request).await.unwrap();
+        assert!(response.status().is_success());
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, std::time::Duration::from_secs(10))
+            .await;
+        drop(response);
+        drop(client);
+        std::mem::forget(server);
+    });
+    drop(runtime);
+    println!("runtime dropped");
+}
+
+/// Runs a child's task (see tests/support/child.rs); does nothing in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(task) = std::env::var(CHILD_TASK) else {
+        return;
+    };
+    if task == ABANDONED_KEYED {
+        return abandon_a_keyed_response();
+    }
+    let Some(path) = task.strip_prefix(ABANDONED_BODY) else {
+        panic!("unknown child task {task:?}");
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = TestServer::start_with(ServerOptions {
+            slow_tool_delay: std::time::Duration::from_secs(120),
+            ..ServerOptions::default()
+        })
+        .await;
+        let session = session(&server).await;
+        let ledger = mcp_replay_guard::ledger::FileLedger::open(path).unwrap();
+        let key = ledger.fingerprint_key().unwrap();
+        let mut client = GuardLayer::new(ledger, registry(), key)
+            .layer(hyper_client_with_body::<GuardRequestBody>());
+        let request = post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+        );
+        let response = send(&mut client, request).await.unwrap();
+        assert!(response.status().is_success());
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, std::time::Duration::from_secs(10))
+            .await;
+        // The body is abandoned: its drain task waits for the answer; the server lives on until
+        // the runtime goes.
+        drop(response);
+        std::mem::forget(server);
+    });
+    drop(runtime);
+    println!("runtime dropped");
+}
+
+/// Issue 12, item 12: a body dropped where no runtime runs (a plain thread) cannot drain, so it
+/// records `unknown` in place and stops; before, nothing was recorded and the execution stayed
+/// `dispatched`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: std::time::Duration::from_secs(120),
+        ..ServerOptions::default()
+    })
+    .await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let mut client = guarded(&layer(&ledger));
+    let request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(only_record(&ledger).await.state, ExecutionState::Dispatched);
+    std::thread::spawn(move || drop(response)).join().unwrap();
+    let record = only_record(&ledger).await;
+    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+}

@@ -15,7 +15,11 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::{BoxError, service::Observation};
-use crate::protocol::response::ResponseScanner;
+use crate::{
+    ExecutionId,
+    ledger::{EventKind, Ledger, LedgerError, LedgerEvent, Timestamp},
+    protocol::{RequestId, response::ResponseScanner},
+};
 
 /// The body the guard sends to the inner service: the buffered request bytes, plus a flag that
 /// tells whether the transport ever read them (a body never read proves the request was not
@@ -74,7 +78,8 @@ pin_project! {
     ///
     /// Observation never buffers a stream: SSE is parsed incrementally. The execution is
     /// recorded `completed` before the frame carrying its result is handed on, and `delivered`
-    /// when the caller reads the body to its end.
+    /// when the caller reads the body to its end, unless the caller records the delivery
+    /// itself ([`defer_delivery`](Self::defer_delivery)).
     pub struct GuardResponseBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -98,6 +103,13 @@ pin_project! {
         Answer {
             data: Option<Bytes>,
         },
+        // A kept result handed back: delivered once read to its end (or when the caller that
+        // deferred the delivery says so).
+        Kept {
+            data: Option<Bytes>,
+            delivery: Option<Delivery>,
+            recording: Option<LedgerWrite>,
+        },
     }
 }
 
@@ -115,8 +127,10 @@ impl<B> GuardResponseBody<B> {
             pending: None,
             held: None,
             held_error: None,
+            inner_ended: false,
             finished: false,
             caller_gone: false,
+            delivery: None,
         };
         Self {
             kind: Kind::Observed { watch },
@@ -134,6 +148,98 @@ impl<B> GuardResponseBody<B> {
             kind: Kind::Answer { data: Some(data) },
         }
     }
+
+    /// A kept result the guard hands back; `delivery` is recorded when the caller reads it to
+    /// its end, unless the caller takes the delivery over.
+    pub(super) fn kept(data: Bytes, delivery: Delivery) -> Self {
+        delivery.answered.store(true, Ordering::Release);
+        Self {
+            kind: Kind::Kept {
+                data: Some(data),
+                delivery: Some(delivery),
+                recording: None,
+            },
+        }
+    }
+
+    /// Hands the recording of `delivered` to the caller: the body still records the outcome
+    /// (before the frame that carries it is handed on), but never `delivered`; the caller calls
+    /// [`Delivery::record`] once it holds the answer (printed and flushed it, wrote it completely
+    /// to its own client). `None` when the body is not the target's answer to a guarded call
+    /// (a pass-through, or an answer the guard wrote itself); a kept result the guard hands
+    /// back is the target's answer and has a delivery too.
+    ///
+    /// Call it before reading the body.
+    pub fn defer_delivery(&mut self) -> Option<Delivery> {
+        if let Kind::Kept { delivery, .. } = &mut self.kind {
+            return delivery.take();
+        }
+        let Kind::Observed { watch } = &mut self.kind else {
+            return None;
+        };
+        let observation = watch.observation.as_ref()?;
+        let (ledger, execution_id, request_id) = observation.delivery_target();
+        let delivery = Delivery {
+            ledger,
+            execution_id,
+            request_id,
+            answered: Arc::new(AtomicBool::new(false)),
+        };
+        watch.delivery = Some(delivery.answered.clone());
+        Some(delivery)
+    }
+}
+
+/// The delivery of a guarded call's answer, recorded by the caller that holds it; see
+/// [`GuardResponseBody::defer_delivery`].
+#[derive(Clone)]
+pub struct Delivery {
+    pub(super) ledger: Arc<dyn Ledger>,
+    pub(super) execution_id: ExecutionId,
+    pub(super) request_id: RequestId,
+    /// Set once the body recorded the target's answer (`completed`, or `failed` for a JSON-RPC
+    /// error): only then is there something to deliver.
+    pub(super) answered: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("execution_id", &self.execution_id)
+            .field("answered", &self.answered.load(Ordering::Acquire))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    /// The execution the answer belongs to.
+    pub fn execution_id(&self) -> ExecutionId {
+        self.execution_id
+    }
+
+    /// Whether the body carried the target's answer, so that there is a delivery to record.
+    pub fn is_answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// Records `delivered`. Call it only once the caller holds the answer: nothing that can
+    /// fail (a log line, a session DELETE) belongs between the two. Records nothing and returns
+    /// `Ok(false)` when the body did not carry the target's answer (the record says why).
+    pub async fn record(&self) -> Result<bool, LedgerError> {
+        if !self.is_answered() {
+            return Ok(false);
+        }
+        self.ledger
+            .append(LedgerEvent {
+                execution_id: self.execution_id,
+                at: Timestamp::now(),
+                kind: EventKind::Delivered {
+                    jsonrpc_id: Some(self.request_id.clone()),
+                },
+            })
+            .await?;
+        Ok(true)
+    }
 }
 
 impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
@@ -141,7 +247,9 @@ impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
         match &self.kind {
             Kind::Observed { .. } => f.write_str("Observed"),
             Kind::Passthrough { inner } => f.debug_tuple("Passthrough").field(inner).finish(),
-            Kind::Answer { data } => f.debug_tuple("Answer").field(data).finish(),
+            Kind::Answer { data } | Kind::Kept { data, .. } => {
+                f.debug_tuple("Answer").field(data).finish()
+            }
         }
     }
 }
@@ -158,9 +266,15 @@ struct Watch {
     held: Option<Frame<Bytes>>,
     /// A body error held back until the break is recorded.
     held_error: Option<BoxError>,
+    /// The target's body said it ended (`is_end_stream`) with the last frame it gave.
+    inner_ended: bool,
     finished: bool,
-    /// The caller dropped the body: read on for the outcome, but never record a delivery.
+    /// The caller dropped the body: read on for the outcome, but never record a delivery. Also
+    /// marks the copy a drain task owns, which never drains again.
     caller_gone: bool,
+    /// The caller records the delivery itself ([`GuardResponseBody::defer_delivery`]); set
+    /// once the answer is recorded.
+    delivery: Option<Arc<AtomicBool>>,
 }
 
 impl Watch {
@@ -182,19 +296,69 @@ impl Watch {
             observation.oversize = true;
         }
         if let Some(message) = found {
-            self.pending = Some(observation.completed(message));
+            let write = observation.completed(message);
+            self.pending = Some(self.answered(write));
         }
+    }
+
+    /// `write` (the recording of the target's answer), then the mark that a deferred delivery
+    /// has something to deliver.
+    fn answered(&self, write: LedgerWrite) -> LedgerWrite {
+        let Some(flag) = self.delivery.clone() else {
+            return write;
+        };
+        Box::pin(async move {
+            write.await;
+            flag.store(true, Ordering::Release);
+        })
+    }
+
+    /// A JSON body whose last byte arrived: its outcome, recorded before the frame that ends it
+    /// is handed on (as for SSE).
+    fn json_outcome(&mut self) {
+        let Some(observation) = self.observation.as_mut() else {
+            return;
+        };
+        if observation.has_outcome() {
+            return;
+        }
+        let Some(answer) = self
+            .scanner
+            .json_body()
+            .and_then(|body| observation.match_response(body))
+        else {
+            return;
+        };
+        let write = observation.completed(answer);
+        self.pending = Some(self.answered(write));
+    }
+
+    /// Whether the end of the body records `delivered` (the caller reads it, and does not
+    /// record the delivery itself).
+    fn delivers_at_end(&self) -> bool {
+        !self.caller_gone && self.delivery.is_none()
+    }
+
+    /// Whether polling the end of the body would record nothing more.
+    fn end_is_silent(&self) -> bool {
+        self.observation
+            .as_ref()
+            .is_none_or(|o| o.has_outcome() && !self.delivers_at_end())
     }
 
     /// At the end of the body: the outcome if it is still open, then the delivery.
     fn finish(&mut self) -> Option<LedgerWrite> {
+        self.json_outcome();
+        let record = self.pending.take();
         let observation = self.observation.take()?;
-        if let Some(body) = self.scanner.json_body()
-            && !observation.has_outcome()
-        {
-            return Some(observation.finish_json(body, !self.caller_gone));
-        }
-        Some(observation.end_of_body(!self.caller_gone))
+        let end = observation.end_of_body(self.delivers_at_end());
+        Some(match record {
+            Some(record) => Box::pin(async move {
+                record.await;
+                end.await;
+            }),
+            None => end,
+        })
     }
 }
 
@@ -216,10 +380,22 @@ impl Watch {
             let Some(body) = self.body.as_mut().filter(|_| !self.finished) else {
                 return Poll::Ready(None);
             };
-            match ready!(body.as_mut().poll_frame(cx)) {
+            let next = if self.inner_ended {
+                None
+            } else {
+                ready!(body.as_mut().poll_frame(cx))
+            };
+            match next {
                 Some(Ok(frame)) => {
+                    let ended = body.is_end_stream();
                     if let Some(data) = frame.data_ref() {
                         self.feed(data.chunk());
+                    }
+                    if ended {
+                        self.inner_ended = true;
+                        if self.pending.is_none() {
+                            self.json_outcome();
+                        }
                     }
                     if self.pending.is_none() {
                         return Poll::Ready(Some(Ok(frame)));
@@ -245,12 +421,20 @@ impl Watch {
 impl Drop for Watch {
     /// A body dropped before its JSON-RPC response was seen: keep reading it in the background
     /// (bounded in time) so that a result the target sent is still recorded, undelivered.
+    ///
+    /// Never spawns from a drain that is itself being dropped (a runtime shutting down cancels
+    /// the drain task): that drain records `unknown` and stops.
     fn drop(&mut self) {
         let Some(observation) = self.observation.take() else {
             return;
         };
         if observation.has_outcome() {
             return; // completed, not delivered: already recorded
+        }
+        if self.caller_gone {
+            // The drain task's own copy, dropped before the outcome was known.
+            observation.dropped_early();
+            return;
         }
         let drain_for = observation.drain_timeout;
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -264,8 +448,10 @@ impl Drop for Watch {
             pending: self.pending.take(),
             held: None,
             held_error: None,
+            inner_ended: self.inner_ended,
             finished: self.finished,
             caller_gone: true,
+            delivery: None,
         };
         drop(handle.spawn(async move {
             let drain = async {
@@ -285,7 +471,7 @@ impl Drop for Watch {
                 observation.dropped_early();
             }
             // Whatever is left (an outcome recorded, not delivered) stays as it is; taking it
-            // keeps `rest`'s own drop from draining again.
+            // keeps `rest`'s own drop from recording again.
             rest.observation.take();
         }));
     }
@@ -305,6 +491,27 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Answer { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Kept {
+                data,
+                delivery,
+                recording,
+            } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(delivery) = delivery.take() {
+                    *recording = Some(Box::pin(async move {
+                        if let Err(error) = delivery.record().await {
+                            tracing::warn!(execution_id = %delivery.execution_id, %error, "could not record the delivery");
+                        }
+                    }));
+                }
+                if let Some(write) = recording.as_mut() {
+                    ready!(write.as_mut().poll(cx));
+                    *recording = None;
+                }
+                Poll::Ready(None)
+            }
             KindProj::Passthrough { inner } => inner.poll_frame(cx).map_err(Into::into),
             KindProj::Observed { watch } => watch.poll_next(cx),
         }
@@ -313,10 +520,15 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Answer { data } => data.is_none(),
+            Kind::Kept {
+                data,
+                delivery,
+                recording,
+            } => data.is_none() && delivery.is_none() && recording.is_none(),
             Kind::Passthrough { inner } => inner.is_end_stream(),
-            // The end must be polled so that the delivery is recorded.
+            // The end must be polled when it records something (the outcome, the delivery).
             Kind::Observed { watch, .. } => {
-                watch.finished
+                (watch.finished || (watch.inner_ended && watch.end_is_silent()))
                     && watch.pending.is_none()
                     && watch.held.is_none()
                     && watch.held_error.is_none()
@@ -326,7 +538,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Answer { data } => {
+            Kind::Answer { data } | Kind::Kept { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Passthrough { inner } => inner.size_hint(),

@@ -39,12 +39,12 @@ pub(crate) mod service;
 use std::fmt;
 
 pub use answer::STRUCTURED_KEY;
-pub use body::{GuardRequestBody, GuardResponseBody};
+pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use decision::{Decision, Facts, UncertainReason, decide};
 pub use hooks::{
     Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
 };
-pub use service::{DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, ResponseFuture, resolve};
+pub use service::{DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, ResponseFuture, redact_url, resolve};
 
 use crate::{ExecutionId, ledger::LedgerError};
 

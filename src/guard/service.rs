@@ -1063,7 +1063,8 @@ impl Config {
         }
     }
 
-    /// Answers with a kept result (recording its delivery), or honestly says it was not kept.
+    /// Answers with a kept result (delivered when the caller reads it), or honestly says it was
+    /// not kept.
     async fn hand_back<RB>(
         &self,
         record: &ExecutionRecord,
@@ -1078,12 +1079,17 @@ impl Config {
                 UncertainReason::ResultNotKept,
             ));
         };
-        let delivered = EventKind::Delivered {
-            jsonrpc_id: Some(reply_id.clone()),
+        // Delivered once the caller holds it: read to its end, or when a caller that took
+        // the delivery over records it.
+        let delivery = super::Delivery {
+            ledger: self.ledger.clone(),
+            execution_id: record.execution_id,
+            request_id: reply_id.clone(),
+            answered: Arc::default(),
         };
-        self.append(record.execution_id, delivered).await?;
         owner.settle(Settlement::Completed(Some(result.clone())));
-        answered(answer::stored_result(reply_id, &result))
+        Ok(answer::stored_result(reply_id, &result)
+            .map(|data| GuardResponseBody::kept(data, delivery)))
     }
 
     async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
@@ -1249,9 +1255,56 @@ fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The recorded target of a request: host, port and path, never the URI's userinfo or query
+/// (either may carry a credential).
 fn target_of(uri: &http::Uri) -> Target {
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    Target::new(format!("{authority}{}", uri.path()))
+    let host = uri.host().unwrap_or("");
+    let port = uri.port().map(|p| format!(":{p}")).unwrap_or_default();
+    Target::new(format!("{host}{port}{}", uri.path()))
+}
+
+/// A URL as it may be recorded, logged or printed: scheme, host, port and path, without the
+/// userinfo (`user:secret@`), the query (`?token=…`) and the fragment, any of which may carry a
+/// credential. Works on text that does not parse as a URL too (what a user typed), so an error
+/// about a bad URL never repeats its secret.
+///
+/// ```
+/// use mcp_replay_guard::guard::redact_url;
+///
+/// assert_eq!(
+///     redact_url("http://agent:s3cr3t@127.0.0.1:8000/mcp?token=t0k"),
+///     "http://…@127.0.0.1:8000/mcp?…"
+/// );
+/// assert_eq!(redact_url("http://127.0.0.1:8000/mcp"), "http://127.0.0.1:8000/mcp");
+/// assert_eq!(redact_url("agent:s3cr3t@bad host/mcp"), "…@bad host/mcp");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let url = url.trim();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let had_query = rest.contains(['?', '#']);
+    let rest = rest.split(['?', '#']).next().unwrap_or("");
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let host = authority.rsplit('@').next().unwrap_or("");
+    let mut out = String::new();
+    if let Some(scheme) = scheme {
+        out.push_str(scheme);
+        out.push_str("://");
+    }
+    if host.len() < authority.len() {
+        out.push_str("…@");
+    }
+    out.push_str(host);
+    out.push_str(path);
+    if had_query {
+        out.push_str("?…");
+    }
+    out
 }
 
 /// The outcome of an execution as its attached waiters need it.
@@ -1368,12 +1421,7 @@ impl Drop for Owner {
                     tracing::warn!(execution_id = %id, %error, "could not record an abandoned attempt");
                 }
             };
-            match tokio::runtime::Handle::try_current() {
-                Ok(handle) => drop(handle.spawn(record)),
-                Err(_) => {
-                    tracing::warn!(execution_id = %id, "attempt abandoned outside a tokio runtime; it stays `dispatched` and reads as unknown")
-                }
-            }
+            write_from_drop(Box::pin(record));
         }
         if self.sender.borrow().is_none() {
             self.sender.send_replace(Some(Settlement::Other));
@@ -1430,16 +1478,13 @@ impl Observation {
         })
     }
 
-    pub(super) fn finish_json(mut self, body: &[u8], deliver: bool) -> Write {
-        let Some(answer) = self.match_response(body) else {
-            return self.end_of_body(deliver);
-        };
-        let record = self.completed(answer);
-        let delivered = self.end_of_body(deliver);
-        Box::pin(async move {
-            record.await;
-            delivered.await;
-        })
+    /// What a deferred delivery records: into which ledger, for which execution and request.
+    pub(super) fn delivery_target(&self) -> (Arc<dyn Ledger>, ExecutionId, RequestId) {
+        (
+            self.ledger.clone(),
+            self.execution_id,
+            self.request_id.clone(),
+        )
     }
 
     pub(super) fn end_of_body(mut self, deliver: bool) -> Write {
@@ -1520,9 +1565,87 @@ impl Observation {
         }
         let write = self
             .unknown("the caller dropped the response before the JSON-RPC response arrived".into());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            drop(handle.spawn(write));
+        write_from_drop(write);
+    }
+}
+
+/// How long a ledger write from a `Drop` that no runtime can run is driven in place.
+const IN_PLACE_WRITE_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs a ledger write that a `Drop` must not lose, without ever letting a `Drop` spawn in a
+/// loop: on the current runtime when there is one; when its task is dropped before it finished
+/// (the runtime is shutting down, which drops every task), or there is no runtime, the write is
+/// driven in place on the dropping thread, bounded by [`IN_PLACE_WRITE_BOUND`]. The file and
+/// memory ledgers finish there; a ledger that needs the runtime's I/O cannot, and the record
+/// stays as it was (`dispatched` under an owner that is gone, which every later decision reads
+/// as unknown).
+pub(super) fn write_from_drop(write: Write) {
+    drop(spawn_finishing(write));
+}
+
+/// [`write_from_drop`], with the task's handle when there is a runtime.
+pub(crate) fn spawn_finishing(write: Write) -> Option<tokio::task::JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => Some(handle.spawn(FinishOnDrop(Some(write)))),
+        Err(_) => {
+            drive_in_place(write);
+            None
         }
+    }
+}
+
+/// A write that its task may drop unfinished; then it is driven in place.
+struct FinishOnDrop(Option<Write>);
+
+impl Future for FinishOnDrop {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(write) = self.0.as_mut() {
+            std::task::ready!(write.as_mut().poll(cx));
+            self.0 = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(write) = self.0.take() {
+            drive_in_place(write);
+        }
+    }
+}
+
+/// Polls `write` on this thread until it finishes or [`IN_PLACE_WRITE_BOUND`] passes. A write
+/// that panics here (it needed a runtime that is gone) is caught and logged: a `Drop` must not
+/// unwind into a runtime's shutdown.
+fn drive_in_place(mut write: Write) {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + IN_PLACE_WRITE_BOUND;
+    let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        loop {
+            if write.as_mut().poll(&mut cx).is_ready() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }));
+    if !matches!(finished, Ok(true)) {
+        tracing::warn!(
+            "a ledger write at shutdown could not finish; the execution stays `dispatched` and reads as unknown"
+        );
     }
 }
 

@@ -244,6 +244,7 @@ impl Middleware for ReplaySafeRetryMiddleware {
                             %method, attempt, status = %response.status(), ?delay, "re-sending"
                         ),
                         Err(error) => {
+                            let error = without_credentials(error, &url);
                             tracing::info!(%method, attempt, %error, ?delay, "re-sending")
                         }
                     }
@@ -302,11 +303,19 @@ impl AmbiguousOutcome {
         if replay_safe || outcome_of(&error) == Outcome::NotSent || is_ambiguous(&error) {
             return error;
         }
-        tracing::warn!(%method, %error, "outcome unknown; not re-sent");
+        tracing::warn!(method = %method, error = %without_credentials(&error, &url), "outcome unknown; not re-sent");
+        // reqwest's error prints its URL, credentials and query included: this error names
+        // the URL itself (without them), so its source does not.
+        let source = match error {
+            reqwest_middleware::Error::Reqwest(error) => {
+                reqwest_middleware::Error::Reqwest(error.without_url())
+            }
+            other => other,
+        };
         reqwest_middleware::Error::middleware(Self {
             method: method.clone(),
             url,
-            source: error,
+            source,
         })
     }
 
@@ -339,6 +348,14 @@ impl AmbiguousOutcome {
     pub fn into_inner(self) -> reqwest_middleware::Error {
         self.source
     }
+}
+
+/// `error` as text with `url` in its redacted form (reqwest prints the URL whole, userinfo and
+/// query included).
+fn without_credentials(error: &reqwest_middleware::Error, url: &Url) -> String {
+    error
+        .to_string()
+        .replace(url.as_str(), &crate::guard::redact_url(url.as_str()))
 }
 
 impl fmt::Display for AmbiguousOutcome {

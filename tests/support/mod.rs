@@ -30,6 +30,7 @@ mod client;
 mod era;
 mod event_store;
 mod faults;
+mod front;
 mod ledger;
 mod postgres;
 mod retry;
@@ -44,6 +45,7 @@ pub use event_store::InMemoryEventStore;
 pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
 };
+pub use front::{FrontOptions, FrontServer};
 pub use ledger::wait_for_state;
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;

@@ -5,9 +5,24 @@
 //! | 0 | completed, `isError` false |
 //! | 1 | completed with `isError` true, a JSON-RPC error, a refusal by HTTP status, or a denial |
 //! | 2 | usage, configuration or connection error before anything was sent |
-//! | 3 | outcome unknown, held for review, or still in progress (stdout carries the guard's answer with the execution ID) |
+//! | 3 | outcome unknown, held for review, or still in progress (stdout carries the guard's answer with the execution ID); also every error after the request may have been sent |
+//!
+//! # When the answer counts as delivered
+//!
+//! Once it is printed and stdout is flushed: only then is `delivered` recorded, and only then
+//! does the session DELETE go out. A `call` killed before that leaves the execution
+//! `completed_result_not_delivered`, and the next identical call prints the kept result
+//! instead of running the tool again.
 
-use std::{process::ExitCode, time::Duration};
+use std::{
+    io::Write as _,
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -17,12 +32,14 @@ use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     ExecutionId,
-    guard::{GuardError, GuardRequestBody, STRUCTURED_KEY},
-    ledger::Ledger,
+    guard::{
+        Delivery, GuardError, GuardRequestBody, GuardResponseBody, STRUCTURED_KEY, redact_url,
+    },
+    ledger::{ExecutionState, Ledger},
     resume::ResumeLayer,
 };
 use serde_json::{Value, json};
-use tower::{Service, ServiceBuilder, ServiceExt, timeout::TimeoutLayer};
+use tower::{Service, ServiceBuilder, ServiceExt, timeout::TimeoutLayer, util::MapRequestLayer};
 
 use crate::{
     mcp_http::{self, BoxError, Endpoint, ProtocolChoice, ReadError, Reply},
@@ -148,6 +165,33 @@ fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
     Ok(map)
 }
 
+/// A `call` that ended without an answer to print.
+#[derive(Debug)]
+struct Failure {
+    error: anyhow::Error,
+    /// The request may have left: the exit is 3 (outcome unknown), never 2.
+    sent: bool,
+}
+
+impl Failure {
+    fn before_sending(error: anyhow::Error) -> Self {
+        Self { error, sent: false }
+    }
+
+    fn after_sending(error: anyhow::Error) -> Self {
+        Self { error, sent: true }
+    }
+}
+
+/// What `call_tool` got: the outcome and, for the target's own answer, the delivery to record
+/// once it is printed.
+#[derive(Debug)]
+struct Called {
+    outcome: Outcome,
+    execution: Option<ExecutionId>,
+    delivery: Option<Delivery>,
+}
+
 pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> {
     let arguments: Value = serde_json::from_str(&args.args).with_context(|| {
         "--args is not JSON: give the tool's arguments as an object, e.g. '{\"service\":\"api\"}'"
@@ -155,10 +199,13 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     if !arguments.is_object() {
         bail!("--args must be a JSON object, e.g. '{{\"service\":\"api\"}}'");
     }
+    // The URL may carry a credential (`user:secret@`, `?token=`): only its redacted form is
+    // ever printed.
+    let shown_url = redact_url(&args.url);
     let url: Uri = args
         .url
         .parse()
-        .with_context(|| format!("--url {:?} is not a URL", args.url))?;
+        .with_context(|| format!("--url {shown_url:?} is not a URL"))?;
     if url.scheme_str() != Some("http") {
         bail!(
             "--url must be http://…: this build speaks plain HTTP (run `replay-guard proxy` beside a TLS terminator for https)"
@@ -168,12 +215,28 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     let contracts = args
         .guard
         .contracts(args.class.map(|class| (args.tool.as_str(), class)))?;
-    let layer = args.guard.layer(contracts, args.timeout)?;
+    // A body this command drops is never read again: the process ends.
+    let layer = args
+        .guard
+        .layer(contracts, args.timeout)?
+        .drain_timeout(Duration::ZERO);
     let ledger = layer.ledger().clone();
 
+    // Set whenever the guard hands a POST to the transport: after that, an error means the
+    // call may have been sent.
+    let handed_over = Arc::new(AtomicBool::new(false));
+    let flag = handed_over.clone();
     let connector = Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>();
     let mut client = ServiceBuilder::new()
         .layer(layer)
+        .layer(MapRequestLayer::new(
+            move |request: http::Request<GuardRequestBody>| {
+                if request.method() == http::Method::POST {
+                    flag.store(true, Ordering::Release);
+                }
+                request
+            },
+        ))
         .layer(ResumeLayer::new())
         .layer(TimeoutLayer::new(args.timeout))
         .service(connector);
@@ -181,26 +244,71 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     let mut endpoint = Endpoint::new(url, headers);
     if let Err(error) = endpoint.open(&mut client, args.protocol).await {
         bail!(
-            "cannot open an MCP connection to {}: {}. Nothing was sent. Check --url, that the server runs, and --protocol",
-            args.url,
+            "cannot open an MCP connection to {shown_url}: {}. Nothing was sent. Check --url, that the server runs, and --protocol",
             mcp_http::describe(&*error)
         );
     }
-    let outcome = call_tool(
+    handed_over.store(false, Ordering::Release);
+    let called = call_tool(
         &mut client,
         &endpoint,
         &args.tool,
         &arguments,
         args.timeout,
         &*ledger,
+        &handed_over,
     )
     .await;
+    let code = match called {
+        Ok(called) => finish(called, json_output).await,
+        Err(Failure { error, sent: false }) => Err(error),
+        Err(Failure { error, sent: true }) => {
+            eprintln!(
+                "error: {error:#}. The request may have been sent: the outcome is unknown (exit 3); `replay-guard ledger list` shows where the execution stands"
+            );
+            Ok(ExitCode::from(3))
+        }
+    };
+    // Teardown last: the answer is printed and its delivery recorded.
     if let Some(delete) = endpoint.delete() {
         let _ =
             tokio::time::timeout(Duration::from_secs(2), mcp_http::send(&mut client, delete)).await;
     }
-    let (outcome, execution) = outcome?;
-    print(&outcome, execution, json_output)?;
+    code
+}
+
+/// Prints the answer and flushes stdout; only then records the delivery; then the summary.
+async fn finish(called: Called, json_output: bool) -> anyhow::Result<ExitCode> {
+    let Called {
+        outcome,
+        execution,
+        delivery,
+    } = called;
+    let execution = execution
+        .map(|id| id.to_string())
+        .or_else(|| match &outcome {
+            Outcome::GuardAnswer(result) => {
+                result["structuredContent"][STRUCTURED_KEY]["execution_id"]
+                    .as_str()
+                    .map(str::to_owned)
+            }
+            _ => None,
+        });
+    if let Err(error) = print(&outcome, execution.as_deref(), json_output) {
+        // The caller does not hold the answer: it stays undelivered, and kept.
+        eprintln!(
+            "error: cannot print the answer: {error}. It is not recorded as delivered: the next identical call gets the kept result"
+        );
+        return Ok(ExitCode::from(3));
+    }
+    if let Some(delivery) = delivery
+        && let Err(error) = delivery.record().await
+    {
+        tracing::warn!(execution_id = %delivery.execution_id(), %error, "could not record the delivery");
+    }
+    if !json_output {
+        summarize(&outcome, execution.as_deref());
+    }
     Ok(ExitCode::from(outcome.exit_code()))
 }
 
@@ -211,14 +319,20 @@ async fn call_tool<S, RB>(
     arguments: &Value,
     timeout: Duration,
     ledger: &dyn Ledger,
-) -> anyhow::Result<(Outcome, Option<ExecutionId>)>
+    handed_over: &AtomicBool,
+) -> Result<Called, Failure>
 where
-    S: Service<http::Request<Full<Bytes>>, Response = http::Response<RB>, Error = GuardError>,
+    S: Service<
+            http::Request<Full<Bytes>>,
+            Response = http::Response<GuardResponseBody<RB>>,
+            Error = GuardError,
+        >,
     RB: http_body::Body<Data = Bytes>,
     RB::Error: Into<BoxError>,
 {
     let mut execution = None;
     let mut passthrough_error = None;
+    let shown_url = redact_url(&endpoint.url.to_string());
     for attempt in 1..=ATTEMPTS {
         let id = json!(attempt);
         let request = endpoint.post(json!({
@@ -229,16 +343,17 @@ where
             Ok(client) => client.call(request).await,
             Err(error) => Err(error),
         };
-        let response = match response {
+        let mut response = match response {
             Ok(response) => response,
-            Err(error) if error.is_not_sent() && execution.is_none() => bail!(
-                "cannot reach {}: {}. Nothing was sent (execution {} is recorded as not sent)",
-                endpoint.url,
-                mcp_http::describe(&error),
-                error
-                    .execution_id()
-                    .map_or_else(|| "-".to_owned(), |id| id.to_string()),
-            ),
+            Err(error) if error.is_not_sent() && execution.is_none() => {
+                return Err(Failure::before_sending(anyhow::anyhow!(
+                    "cannot reach {shown_url}: {}. Nothing was sent (execution {} is recorded as not sent)",
+                    mcp_http::describe(&error),
+                    error
+                        .execution_id()
+                        .map_or_else(|| "-".to_owned(), |id| id.to_string()),
+                )));
+            }
             Err(error) if error.is_unknown() || error.is_not_sent() => {
                 execution = error.execution_id().or(execution);
                 tracing::warn!(attempt, %error, "the outcome is unknown; asking the guard again");
@@ -250,29 +365,48 @@ where
                 passthrough_error = Some(error);
                 continue;
             }
-            Err(error) => bail!(
-                "the guard failed before sending: {}",
-                mcp_http::describe(&error)
-            ),
+            // The guard failed (its ledger, say): before sending, unless a request of this
+            // call already went to the transport.
+            Err(error) => {
+                let sent = handed_over.load(Ordering::Acquire) || execution.is_some();
+                let error = anyhow::anyhow!(
+                    "the guard failed {}: {}",
+                    if sent {
+                        "after the call may have been sent"
+                    } else {
+                        "before sending"
+                    },
+                    mcp_http::describe(&error)
+                );
+                return Err(Failure { error, sent });
+            }
         };
         execution = response
             .extensions()
             .get::<ExecutionId>()
             .copied()
             .or(execution);
+        let delivery = response.body_mut().defer_delivery();
         match tokio::time::timeout(timeout, mcp_http::read_reply(response, &id)).await {
-            Ok(Ok(Reply::Message(message))) => return Ok((from_message(message), execution)),
+            Ok(Ok(Reply::Message(message))) => {
+                return Ok(Called {
+                    outcome: from_message(message),
+                    execution,
+                    delivery,
+                });
+            }
             Ok(Ok(Reply::Http { status, .. })) if status.is_server_error() => {
                 tracing::warn!(attempt, %status, "HTTP {status} on tools/call: the outcome is unknown");
             }
             Ok(Ok(Reply::Http { status, body })) => {
-                return Ok((
-                    Outcome::Refused {
+                return Ok(Called {
+                    outcome: Outcome::Refused {
                         status: status.as_u16(),
                         body,
                     },
                     execution,
-                ));
+                    delivery: None,
+                });
             }
             Ok(Ok(Reply::Accepted)) => {
                 tracing::warn!(
@@ -284,21 +418,32 @@ where
                 tracing::warn!(attempt, %error, "the outcome is unknown; asking the guard again");
             }
             Ok(Err(error @ ReadError::TooLarge)) => {
-                bail!("{error}: the tool ran; its answer is too large to print")
+                return Err(Failure::after_sending(anyhow::anyhow!(
+                    "{error}: the tool ran; its answer is too large to print (execution {})",
+                    execution.map_or_else(|| "-".to_owned(), |id| id.to_string())
+                )));
             }
-            Err(_) => break,
+            Err(_) => {
+                // The body is gone with the read: the guard records the outcome as unknown.
+                if let Some(id) = execution {
+                    settled_record(ledger, id).await;
+                }
+                break;
+            }
         }
     }
     if let (None, Some(error)) = (execution, passthrough_error) {
-        bail!(
-            "cannot reach {}: {}. The call is read-only, so nothing can have changed",
-            endpoint.url,
+        return Err(Failure::before_sending(anyhow::anyhow!(
+            "cannot reach {shown_url}: {}. The call is read-only, so nothing can have changed",
             mcp_http::describe(&error)
-        );
+        )));
     }
     // No answer: say where the execution stands, from the ledger.
     let record = match execution {
-        Some(id) => ledger.get(id).await?,
+        Some(id) => ledger
+            .get(id)
+            .await
+            .map_err(|e| Failure::after_sending(e.into()))?,
         None => None,
     };
     let payload = json!({
@@ -307,24 +452,29 @@ where
         "record": record,
         "why": "no answer arrived within the timeout and the attempts the tool's class allows; the outcome is unknown",
     });
-    Ok((Outcome::Unknown(payload), execution))
+    Ok(Called {
+        outcome: Outcome::Unknown(payload),
+        execution,
+        delivery: None,
+    })
 }
 
-fn print(
-    outcome: &Outcome,
-    execution: Option<ExecutionId>,
-    json_output: bool,
-) -> anyhow::Result<()> {
-    let execution = execution
-        .map(|id| id.to_string())
-        .or_else(|| match outcome {
-            Outcome::GuardAnswer(result) => {
-                result["structuredContent"][STRUCTURED_KEY]["execution_id"]
-                    .as_str()
-                    .map(str::to_owned)
-            }
-            _ => None,
-        });
+/// Waits (bounded) until the guard has recorded what became of an execution whose answer
+/// this command stopped waiting for, so that what is printed is what the ledger says.
+async fn settled_record(ledger: &dyn Ledger, id: ExecutionId) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < deadline {
+        match ledger.get(id).await {
+            Ok(Some(record)) if record.state != ExecutionState::Dispatched => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(_) => return,
+        }
+    }
+}
+
+/// The answer on stdout, flushed.
+fn print(outcome: &Outcome, execution: Option<&str>, json_output: bool) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
     if json_output {
         let line = json!({
             "outcome": outcome.name(),
@@ -332,25 +482,30 @@ fn print(
             "execution_id": execution,
             "result": outcome.payload(),
         });
-        println!("{line}");
+        writeln!(stdout, "{line}")?;
     } else {
-        println!("{}", serde_json::to_string_pretty(&outcome.payload())?);
-        let what = match outcome {
-            Outcome::Completed(_) => "completed",
-            Outcome::ToolError(_) => "completed with isError: true",
-            Outcome::JsonRpcError(_) => "the server answered with a JSON-RPC error",
-            Outcome::Refused { .. } => "the server refused the call by HTTP status (not run)",
-            Outcome::GuardAnswer(_) if outcome.exit_code() == 1 => "denied (not run)",
-            Outcome::GuardAnswer(_) => {
-                "the guard answered: the outcome is not known to this caller (see the text)"
-            }
-            Outcome::Unknown(_) => "outcome unknown",
-        };
-        match execution {
-            Some(id) => eprintln!("{what}: execution {id}"),
-            // Read-only calls need no execution identity.
-            None => eprintln!("{what}"),
-        }
+        let text = serde_json::to_string_pretty(&outcome.payload())?;
+        writeln!(stdout, "{text}")?;
     }
-    Ok(())
+    stdout.flush()
+}
+
+/// The human summary on stderr (after the delivery is recorded).
+fn summarize(outcome: &Outcome, execution: Option<&str>) {
+    let what = match outcome {
+        Outcome::Completed(_) => "completed",
+        Outcome::ToolError(_) => "completed with isError: true",
+        Outcome::JsonRpcError(_) => "the server answered with a JSON-RPC error",
+        Outcome::Refused { .. } => "the server refused the call by HTTP status (not run)",
+        Outcome::GuardAnswer(_) if outcome.exit_code() == 1 => "denied (not run)",
+        Outcome::GuardAnswer(_) => {
+            "the guard answered: the outcome is not known to this caller (see the text)"
+        }
+        Outcome::Unknown(_) => "outcome unknown",
+    };
+    match execution {
+        Some(id) => eprintln!("{what}: execution {id}"),
+        // Read-only calls need no execution identity.
+        None => eprintln!("{what}"),
+    }
 }

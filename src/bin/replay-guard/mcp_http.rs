@@ -2,7 +2,7 @@
 //! eras, open the connection the server's era needs, and read one JSON-RPC answer out of a JSON
 //! or SSE body.
 
-use std::{error::Error as StdError, time::Duration};
+use std::error::Error as StdError;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
@@ -21,9 +21,6 @@ pub const STATELESS_VERSION: &str = "2026-07-28";
 
 /// Bound on one answer the CLI reads (the guard bounds what it keeps separately).
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
-/// How long the CLI keeps reading after the answer, so that the guard sees the stream end and
-/// records the delivery.
-const END_OF_STREAM_GRACE: Duration = Duration::from_secs(2);
 
 /// Which era to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -276,8 +273,8 @@ where
         .map_err(Into::into)
 }
 
-/// Reads the JSON-RPC response for `id` out of a JSON or SSE body, then reads on (briefly) to
-/// the end of the stream, so that whatever sits below sees the answer delivered.
+/// Reads the JSON-RPC response for `id` out of a JSON or SSE body. An SSE stream is left as soon
+/// as the answer is in: the delivery is the caller's to record, once it holds the answer.
 pub async fn read_reply<B>(response: Response<B>, id: &Value) -> Result<Reply, ReadError>
 where
     B: Body<Data = Bytes>,
@@ -328,7 +325,6 @@ where
             .filter(|message| is_answer_to(message, id))
             .ok_or(ReadError::NoAnswer)?
     };
-    let _ = tokio::time::timeout(END_OF_STREAM_GRACE, read_to_end(body.as_mut())).await;
     Ok(Reply::Message(answer))
 }
 

@@ -6,20 +6,47 @@
 //! `tools/call` POSTs are guarded: a repeat attaches to its execution instead of running again.
 //! Responses stream back as they come; a cut upstream stream is cut for the client too, so the
 //! client's own resume (GET + `Last-Event-ID`) comes back through the proxy.
+//!
+//! # When an answer counts as delivered
+//!
+//! A proxy cannot know that its client read a byte; it knows what its connection tells it. An
+//! answer (JSON or SSE, the same rule) is recorded `delivered` when
+//!
+//! 1. the whole response, to its last byte and the end of the message, was written to the
+//!    client connection (hyper took the end of the body and the connection flushed it), and
+//! 2. the client then showed it was done with it: it sent its next request on that connection
+//!    (recorded before that request is handled), or closed the connection cleanly (after a
+//!    `Connection: close` answer the proxy waits up to 10 s for that clean close).
+//!
+//! A connection that breaks or is reset first leaves the answer undelivered (a client's TCP
+//! stack resets a connection it closes with unread data), so the client's repeat gets the kept
+//! result instead of a second execution. An answer on a connection the client keeps open and
+//! idle is recorded once the client uses or closes that connection; until then a repeat gets
+//! the kept result. The proxy serves HTTP/1.1, where those signals are exact.
 
-use std::{convert::Infallible, net::SocketAddr, process::ExitCode, time::Duration};
+use std::{
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    task::{Context as TaskContext, Poll, ready},
+    time::Duration,
+};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
 };
-use mcp_replay_guard::guard::{Guard, GuardRequestBody};
+use mcp_replay_guard::guard::{Delivery, Guard, GuardRequestBody, redact_url};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::{
@@ -28,6 +55,7 @@ use crate::{
 };
 
 #[derive(Debug, Args)]
+#[command(after_long_help = DELIVERY_HELP)]
 pub struct ProxyArgs {
     /// Where to listen (`127.0.0.1:8080`; port 0 picks one and prints it).
     #[arg(long, value_name = "ADDR")]
@@ -42,14 +70,24 @@ pub struct ProxyArgs {
     guard: GuardOptions,
 }
 
+/// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
+const DELIVERY_HELP: &str = "\
+When an answer counts as delivered: a proxy cannot know that its client read a byte. An answer \
+(JSON or SSE alike) is recorded delivered once the whole response was written to the client \
+connection and the client then sent its next request on that connection or closed it cleanly. \
+A connection that breaks or is reset first leaves the answer undelivered, so the client's repeat \
+gets the kept result instead of running the tool again. Served over HTTP/1.1.";
+
 type Upstream = Guard<Client<HttpConnector, GuardRequestBody>>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    // The upstream URL may carry a credential: only its redacted form is printed.
+    let shown_upstream = redact_url(&args.upstream);
     let upstream: Uri = args
         .upstream
         .parse()
-        .with_context(|| format!("--upstream {:?} is not a URL", args.upstream))?;
+        .with_context(|| format!("--upstream {shown_upstream:?} is not a URL"))?;
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
         bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
     }
@@ -63,7 +101,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
     let local = listener.local_addr()?;
     // One line on stdout a script (or a test) can wait for.
-    println!("listening on http://{local} -> {upstream}");
+    println!("listening on http://{local} -> {shown_upstream}");
     let shutdown = tokio::signal::ctrl_c();
     tokio::pin!(shutdown);
     loop {
@@ -79,15 +117,24 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         };
         let guard = guard.clone();
         let upstream = upstream.clone();
+        let deliveries = Arc::new(Deliveries::default());
+        let io = TokioIo::new(Watched {
+            inner: stream,
+            deliveries: deliveries.clone(),
+            confirming: None,
+            stash: None,
+            shut_down: false,
+            linger: None,
+        });
         let handler = hyper::service::service_fn(move |request| {
-            forward(guard.clone(), upstream.clone(), request)
+            forward(guard.clone(), upstream.clone(), deliveries.clone(), request)
         });
         tokio::spawn(async move {
-            if let Err(error) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), handler)
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, handler)
                 .await
             {
-                tracing::debug!(error = %describe(&*error), "client connection ended");
+                tracing::debug!(error = %describe(&error), "client connection ended");
             }
         });
     }
@@ -98,6 +145,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
 async fn forward(
     guard: Upstream,
     upstream: Uri,
+    deliveries: Arc<Deliveries>,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let (mut parts, body) = request.into_parts();
@@ -115,12 +163,17 @@ async fn forward(
     parts.headers.remove(header::HOST);
     match guard.oneshot(Request::from_parts(parts, body)).await {
         Ok(response) => {
-            let (mut parts, body) = response.into_parts();
+            let (mut parts, mut body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            Ok(Response::from_parts(
-                parts,
-                body.map_err(Into::into).boxed_unsync(),
-            ))
+            let delivery = body.defer_delivery();
+            let body = Written {
+                inner: body.map_err(Into::into).boxed_unsync(),
+                delivery,
+                deliveries,
+                sent: 0,
+                length: None,
+            };
+            Ok(Response::from_parts(parts, body.boxed_unsync()))
         }
         Err(error) => {
             tracing::warn!(error = %describe(&error), "upstream exchange failed");
@@ -183,4 +236,250 @@ fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// The deliveries of one client connection, on their way to being recorded (see the module
+/// docs): handed to the connection whole, then flushed to it, then confirmed by the client.
+#[derive(Debug, Default)]
+struct Deliveries {
+    state: Mutex<Stages>,
+}
+
+#[derive(Debug, Default)]
+struct Stages {
+    /// The whole response was handed to the connection.
+    written: Vec<Delivery>,
+    /// ... and the connection flushed it.
+    flushed: Vec<Delivery>,
+}
+
+impl Deliveries {
+    fn stages(&self) -> std::sync::MutexGuard<'_, Stages> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn written(&self, delivery: Delivery) {
+        self.stages().written.push(delivery);
+    }
+
+    fn flushed(&self) {
+        let mut stages = self.stages();
+        let written = std::mem::take(&mut stages.written);
+        stages.flushed.extend(written);
+    }
+
+    fn awaiting_client(&self) -> bool {
+        !self.stages().flushed.is_empty()
+    }
+
+    /// The client showed it holds the flushed answers: record them.
+    fn confirm(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let confirmed = std::mem::take(&mut self.stages().flushed);
+        Box::pin(async move {
+            for delivery in confirmed {
+                if let Err(error) = delivery.record().await {
+                    tracing::warn!(execution_id = %delivery.execution_id(), %error, "could not record the delivery");
+                }
+            }
+        })
+    }
+
+    /// The connection broke: nothing that waited on it was delivered.
+    fn discard(&self) {
+        let mut stages = self.stages();
+        stages.written.clear();
+        stages.flushed.clear();
+    }
+}
+
+/// A response body on its way to the client: once its last byte was handed to the connection,
+/// its delivery waits for the connection's flush.
+struct Written {
+    inner: ProxyBody,
+    delivery: Option<Delivery>,
+    deliveries: Arc<Deliveries>,
+    sent: u64,
+    /// The exact length hyper announced (it stops polling a body at that length).
+    length: Option<u64>,
+}
+
+impl Written {
+    fn ended(&mut self) {
+        if let Some(delivery) = self.delivery.take() {
+            self.deliveries.written(delivery);
+        }
+    }
+}
+
+impl Body for Written {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.length.is_none() {
+            self.length = self.inner.size_hint().exact();
+        }
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match &frame {
+            None => self.ended(),
+            Some(Ok(frame)) => {
+                self.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+                if self.inner.is_end_stream() || self.length == Some(self.sent) {
+                    self.ended();
+                }
+            }
+            // A broken answer is not delivered.
+            Some(Err(_)) => self.delivery = None,
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The client connection, watched for what the delivery rule needs: a successful flush, and
+/// the client's next bytes (or clean close) after it.
+struct Watched<T> {
+    inner: T,
+    deliveries: Arc<Deliveries>,
+    /// Deliveries being recorded before the client's next bytes are handed on.
+    confirming: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// What the client sent meanwhile (empty: it closed the connection).
+    stash: Option<Bytes>,
+    /// The proxy closed its side of the connection.
+    shut_down: bool,
+    /// How long, after closing, the proxy waits for the client's clean close.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// The longest wait for a client's clean close after the proxy closed a connection whose last
+/// answer waits for it.
+const LINGER: Duration = Duration::from_secs(10);
+
+impl<T> Drop for Watched<T> {
+    fn drop(&mut self) {
+        self.deliveries.discard();
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if let Some(confirming) = self.confirming.as_mut() {
+                ready!(confirming.as_mut().poll(cx));
+                self.confirming = None;
+            }
+            if let Some(mut stash) = self.stash.take() {
+                let n = stash.len().min(buf.remaining());
+                buf.put_slice(&stash.split_to(n));
+                if !stash.is_empty() {
+                    self.stash = Some(stash);
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if !self.deliveries.awaiting_client() {
+                return Pin::new(&mut self.inner).poll_read(cx, buf);
+            }
+            let mut scratch = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut scratch);
+            match ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read)) {
+                Ok(()) => {
+                    // Next bytes, or a clean close: the client is done with what it got.
+                    self.stash = Some(Bytes::copy_from_slice(read.filled()));
+                    self.confirming = Some(self.deliveries.confirm());
+                }
+                Err(error) => {
+                    self.deliveries.discard();
+                    return Poll::Ready(Err(error));
+                }
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    /// hyper flushes only once everything it buffered was written: what was handed to it
+    /// before is now on the connection.
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        let flushed = ready!(Pin::new(&mut self.inner).poll_flush(cx));
+        match &flushed {
+            Ok(()) => self.deliveries.flushed(),
+            Err(_) => self.deliveries.discard(),
+        }
+        Poll::Ready(flushed)
+    }
+
+    /// After a `Connection: close` answer: close, then wait (bounded) for the client's clean
+    /// close, which says it read the answer; a reset says it did not.
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.shut_down {
+            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.shut_down = true;
+        }
+        loop {
+            if let Some(confirming) = this.confirming.as_mut() {
+                ready!(confirming.as_mut().poll(cx));
+                this.confirming = None;
+            }
+            if !this.deliveries.awaiting_client() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut scratch = [0u8; 1024];
+            let mut read = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                    this.confirming = Some(this.deliveries.confirm());
+                }
+                Poll::Ready(Ok(())) => {} // bytes after the close: not an answer to anything
+                Poll::Ready(Err(_)) => {
+                    this.deliveries.discard();
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Pending => {
+                    let linger = this
+                        .linger
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER)));
+                    ready!(linger.as_mut().poll(cx));
+                    this.deliveries.discard();
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
+    }
 }

@@ -102,14 +102,11 @@ impl<B: Body<Data = Bytes>> Body for IdempotencyRequestBody<B> {
 /// meanwhile, and a task handle keeps the body `Sync` (a boxed ledger future is not).
 pub(super) type Write = Option<tokio::task::JoinHandle<()>>;
 
+/// Spawned so that it finishes even when its task is dropped first (a runtime shutting down
+/// drops every task), or, outside a runtime, run in place (bounded): a `Drop` that records
+/// through it never loses the write nor spawns in a loop.
 fn spawn_write(write: impl Future<Output = ()> + Send + 'static) -> Write {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => Some(handle.spawn(write)),
-        Err(_) => {
-            tracing::warn!("a keyed call's outcome cannot be recorded outside a tokio runtime");
-            None
-        }
-    }
+    crate::guard::service::spawn_finishing(Box::pin(write))
 }
 
 /// Waits for a ledger write.
@@ -406,6 +403,9 @@ where
     /// Reads the rest of a body the caller dropped (bounded in time), so that an answer the
     /// tool still sends is recorded and a repeat of the key replays it.
     fn drain(mut rest: Watch<B>) {
+        // The drain's own copy never drains again: dropped unfinished (its task cancelled at
+        // shutdown), it records `unknown` and stops.
+        rest.drain = Watch::<B>::stop;
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return; // the recorder's drop records `unknown`
         };
@@ -428,6 +428,14 @@ where
             // own drop from draining again).
             drop(rest.recorder.take());
         }));
+    }
+}
+
+impl<B: Body> Watch<B> {
+    /// What a drain's own copy does when it is dropped unfinished: the recorder's drop records
+    /// `unknown`; nothing is spawned.
+    fn stop(mut rest: Watch<B>) {
+        drop(rest.recorder.take());
     }
 }
 
