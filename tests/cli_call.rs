@@ -516,7 +516,13 @@ async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
         .state
         .faults()
         .schedule("deploy_release", Fault::DropResponseAfterTool);
-    let first = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let first = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(first.code, 3, "{first:#?}");
     assert_eq!(
         first.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
@@ -527,7 +533,13 @@ async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
     // The key file is moved away (a copy of the ledger without it, a cleanup, a bad backup).
     let moved = dir.join("moved.key");
     std::fs::rename(&key, &moved).unwrap();
-    let repeat = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let repeat = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(repeat.code, 2, "{repeat:#?}");
     assert!(
         repeat.stderr.contains("missing")
@@ -541,14 +553,26 @@ async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
 
     // Another key in its place is refused the same way.
     std::fs::write(&key, "ab".repeat(32)).unwrap();
-    let repeat = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let repeat = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(repeat.code, 2, "{repeat:#?}");
     assert!(repeat.stderr.contains("not the key"), "{repeat:#?}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
     // The key restored: the repeat finds the held execution again.
     std::fs::rename(&moved, &key).unwrap();
-    let restored = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let restored = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(restored.code, 3, "{restored:#?}");
     assert_eq!(restored.execution_id(), first.execution_id());
     assert_eq!(server.state.side_effects("deploy_release"), 1);
@@ -564,10 +588,24 @@ async fn a_foreign_file_given_as_the_ledger_is_refused_untouched() {
     std::fs::write(&notes, &bytes).unwrap();
     let p = notes.to_string_lossy().into_owned();
     let runs = [
-        call(&server.url, "deploy_release", deploy_args(), &["--ledger", &p]).await,
+        call(
+            &server.url,
+            "deploy_release",
+            deploy_args(),
+            &["--ledger", &p],
+        )
+        .await,
         replay_guard(&["ledger", "list", &p]).await,
         replay_guard(&["audit", "show", &p]).await,
-        replay_guard(&["resolve", &p, &mcp_replay_guard::ExecutionId::new().to_string(), "--applied", "--note", "x"]).await,
+        replay_guard(&[
+            "resolve",
+            &p,
+            &mcp_replay_guard::ExecutionId::new().to_string(),
+            "--applied",
+            "--note",
+            "x",
+        ])
+        .await,
     ];
     for run in &runs {
         assert_eq!(run.code, 2, "{run:#?}");
@@ -587,7 +625,11 @@ async fn a_foreign_file_given_as_the_ledger_is_refused_untouched() {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names, ["notes.txt"], "no key, no owners directory beside it");
+    assert_eq!(
+        names,
+        ["notes.txt"],
+        "no key, no owners directory beside it"
+    );
     assert_eq!(server.state.total_side_effects(), 0);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -637,7 +679,13 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
         .state
         .faults()
         .schedule("deploy_release", Fault::DropResponseAfterTool);
-    let held = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let held = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(held.code, 3, "{held:#?}");
     // Everything a writing open would change: a dispatch whose owner is gone (it would append
     // `unknown`), the lock file of a dead owner (it would prune it), and a torn tail (it would
@@ -686,7 +734,10 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
     bytes.extend_from_slice(br#"{"seq":99,"prev":"sha256:"#);
     std::fs::write(&path, &bytes).unwrap();
     let before = snapshot(&path);
-    assert!(before.owners.contains(&"guard_dead.lock".to_owned()), "{before:?}");
+    assert!(
+        before.owners.contains(&"guard_dead.lock".to_owned()),
+        "{before:?}"
+    );
 
     let orphan_id = orphan.to_string();
     let commands: [&[&str]; 5] = [
@@ -712,7 +763,12 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
     // A file and a directory it cannot write: root ignores permission bits, so the command
     // runs as another user who owns them read-only.
     use std::os::unix::{fs::PermissionsExt, process::CommandExt};
-    let root = std::process::Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        == b"0\n";
     let nobody = 65534;
     let set = |p: &Path, mode: u32| {
         if root {
@@ -767,8 +823,18 @@ async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
 
     let (run, took) = replay_guard_within(
         &[
-            "--json", "call", "--url", &server.url, "--tool", "deploy_release", "--args",
-            &deploy_args().to_string(), "--ledger", &ledger, "--timeout", "2s",
+            "--json",
+            "call",
+            "--url",
+            &server.url,
+            "--tool",
+            "deploy_release",
+            "--args",
+            &deploy_args().to_string(),
+            "--ledger",
+            &ledger,
+            "--timeout",
+            "2s",
         ],
         Duration::from_secs(30),
     )
@@ -779,7 +845,10 @@ async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
         run.stderr.contains("locked") && run.stderr.contains(&format!("pid {holder_pid}")),
         "{run:#?}"
     );
-    assert!(took < Duration::from_secs(10), "bounded by --timeout: {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "bounded by --timeout: {took:?}"
+    );
     assert_eq!(server.state.side_effects("deploy_release"), 0);
 
     // Reading needs no lock: `ledger list` answers at once.
@@ -792,7 +861,13 @@ async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
     // The holder lets go: the call goes through.
     drop(holder.stdin.take());
     assert!(holder.wait().await.unwrap().success());
-    let run = call(&server.url, "deploy_release", deploy_args(), &["--ledger", &ledger]).await;
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
     assert_eq!(run.code, 0, "{run:#?}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let _ = std::fs::remove_dir_all(dir);

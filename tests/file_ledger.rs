@@ -640,7 +640,9 @@ async fn a_garbled_complete_last_line_makes_open_fail_and_nothing_is_cut() {
     let (id, good) = ledger_ending_in_dispatched(&path).await;
     // Unreadable (the JSON is broken) and edited (the JSON reads, the hash does not match).
     let unreadable = garble_last_line(&good, |line| line.replacen("{", "[", 1));
-    let edited = garble_last_line(&good, |line| line.replacen("\"attempt\":1", "\"attempt\":2", 1));
+    let edited = garble_last_line(&good, |line| {
+        line.replacen("\"attempt\":1", "\"attempt\":2", 1)
+    });
     for (what, bytes, problem) in [
         ("unreadable", unreadable, "cannot be read"),
         ("edited", edited, "does not match its hash"),
@@ -689,7 +691,11 @@ fn foreign_files() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "text",
         ),
         ("json", b"{\"a\":1}\n{\"b\":2}\n".to_vec(), "JSON"),
-        ("binary", vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0xff, 0xfe], "binary"),
+        (
+            "binary",
+            vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0xff, 0xfe],
+            "binary",
+        ),
     ]
 }
 
@@ -711,7 +717,10 @@ async fn a_foreign_file_is_refused_untouched() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|name| name.starts_with(&format!("{}.txt.", what.replace(' ', "-"))))
             .collect();
-        assert!(siblings.is_empty(), "{what}: nothing beside it: {siblings:?}");
+        assert!(
+            siblings.is_empty(),
+            "{what}: nothing beside it: {siblings:?}"
+        );
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -756,10 +765,16 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), newer, "untouched");
     // As the first line of a file, too: still a ledger, of a newer format.
-    let first = format!("{}\n", newer_format_line(1, &format!("sha256:{}", "0".repeat(64))));
+    let first = format!(
+        "{}\n",
+        newer_format_line(1, &format!("sha256:{}", "0".repeat(64)))
+    );
     std::fs::write(&path, &first).unwrap();
     let error = FileLedger::open(&path).unwrap_err().to_string();
-    assert!(error.contains("newer") && error.contains("teleported"), "{error}");
+    assert!(
+        error.contains("newer") && error.contains("teleported"),
+        "{error}"
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), first, "untouched");
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -792,7 +807,10 @@ async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_re
     // The guard keeps the result, then records `completed`: a compaction (by any process)
     // may fall between the two.
     let reference = ledger
-        .store_result(id, Bytes::from_static(br#"{"content":[{"type":"text","text":"kept"}]}"#))
+        .store_result(
+            id,
+            Bytes::from_static(br#"{"content":[{"type":"text","text":"kept"}]}"#),
+        )
         .await
         .unwrap();
     ledger.compact(Timestamp::now()).await.unwrap();
@@ -834,7 +852,10 @@ async fn a_ledger_with_records_never_gets_a_new_key() {
     let key_text = std::fs::read_to_string(&key_path).unwrap();
     // The ledger names its key (an id, never the key).
     let ledger_text = std::fs::read_to_string(&path).unwrap();
-    assert!(!ledger_text.contains(key_text.trim()), "the key itself is not in the ledger");
+    assert!(
+        !ledger_text.contains(key_text.trim()),
+        "the key itself is not in the ledger"
+    );
 
     // The key file moved away: refused, and no new key is made.
     std::fs::rename(&key_path, dir.join("elsewhere.key")).unwrap();
@@ -845,7 +866,10 @@ async fn a_ledger_with_records_never_gets_a_new_key() {
         "{error}"
     );
     assert!(!key_path.exists(), "no key was generated");
-    assert!(!error.contains(key_text.trim()), "no key material in the error");
+    assert!(
+        !error.contains(key_text.trim()),
+        "no key material in the error"
+    );
 
     // Another key in its place: refused too.
     let other = mcp_replay_guard::fingerprint::FingerprintKey::generate().unwrap();
@@ -867,7 +891,10 @@ async fn a_ledger_with_records_never_gets_a_new_key() {
     std::fs::rename(&key_path, dir.join("elsewhere.key")).unwrap();
     let ledger = FileLedger::open(&path).unwrap();
     assert!(ledger.fingerprint_key().is_err());
-    assert!(!key_path.exists(), "no key was generated after a compaction");
+    assert!(
+        !key_path.exists(),
+        "no key was generated after a compaction"
+    );
     drop(ledger);
 
     // A new, empty ledger still makes its key.
@@ -911,7 +938,10 @@ async fn a_garbled_dispatched_line_is_refused_and_the_call_is_not_sent_again() {
     let good = std::fs::read(&path).unwrap();
     let text = String::from_utf8(good.clone()).unwrap();
     assert!(
-        text.lines().last().unwrap().contains("\"event\":\"dispatched\""),
+        text.lines()
+            .last()
+            .unwrap()
+            .contains("\"event\":\"dispatched\""),
         "the last line is the dispatch: {text}"
     );
     let seq = text.lines().count();

@@ -19,8 +19,8 @@ use super::{
     Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
     Timestamp,
     chain::{
-        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody,
-        StoredResult, VerifyReport,
+        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
+        VerifyReport,
     },
     result_reference,
 };
@@ -62,11 +62,14 @@ const LINE_START: &[u8] = br#"{"seq":"#;
 
 /// Whether bytes after the last newline can be an append torn by a crash: a prefix of a
 /// chain line (every one starts with [`LINE_START`]), possibly followed by the zeros a file
-/// system leaves in blocks it had not written.
+/// system leaves in blocks it had not written, or blank space.
 fn could_be_torn(tail: &[u8]) -> bool {
     let end = tail.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let tail = &tail[..end];
-    tail.starts_with(LINE_START) || LINE_START.starts_with(tail)
+    // Blank space is skipped by every reader (`str::trim`), and loses nothing when cut.
+    let blank = std::str::from_utf8(tail).is_ok_and(|t| t.trim().is_empty());
+    let tail = tail.trim_ascii_start();
+    blank || tail.starts_with(LINE_START) || LINE_START.starts_with(tail)
 }
 
 /// What a file that is not a ledger looks like, for the error that refuses it (never its
@@ -415,7 +418,12 @@ impl FileLedger {
             None if bound.is_some() || holds_lines => {
                 let named = bound.as_deref().map_or_else(
                     || "this ledger already holds lines fingerprinted with a key".to_owned(),
-                    |id| format!("this ledger's records were fingerprinted with key {}", short_id(id)),
+                    |id| {
+                        format!(
+                            "this ledger's records were fingerprinted with key {}",
+                            short_id(id)
+                        )
+                    },
                 );
                 return Err(LedgerError::Storage(format!(
                     "the fingerprint key file {} is missing, and {named}: restore that file (it \
@@ -426,13 +434,14 @@ impl FileLedger {
             }
             None => create_key(&self.path, &key_path)?,
         };
-        self.bind_fingerprint_key(&key).map_err(|error| match error {
-            LedgerError::Storage(message) => LedgerError::Storage(format!(
-                "{message} (the key file is {})",
-                key_path.display()
-            )),
-            other => other,
-        })?;
+        self.bind_fingerprint_key(&key)
+            .map_err(|error| match error {
+                LedgerError::Storage(message) => LedgerError::Storage(format!(
+                    "{message} (the key file is {})",
+                    key_path.display()
+                )),
+                other => other,
+            })?;
         Ok(key)
     }
 
@@ -514,9 +523,8 @@ fn read_key(p: &Path) -> Result<Option<FingerprintKey>, LedgerError> {
         Err(e) => return Err(storage(&format!("cannot read the key {}", p.display()), e)),
     };
     // The errors never carry the file's content.
-    let bytes = hex::decode(text.trim()).map_err(|_| {
-        LedgerError::Storage(format!("the key file {} is not hex", p.display()))
-    })?;
+    let bytes = hex::decode(text.trim())
+        .map_err(|_| LedgerError::Storage(format!("the key file {} is not hex", p.display())))?;
     FingerprintKey::from_bytes(&bytes)
         .map(Some)
         .map_err(|e| storage(&format!("the key file {}", p.display()), e))
@@ -542,8 +550,14 @@ fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerErro
     let _ = fs::remove_file(&tmp);
     match linked {
         Ok(()) => Ok(key),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read_key(key_path)?
-            .ok_or_else(|| storage(&format!("cannot read {}", key_path.display()), "it vanished")),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            read_key(key_path)?.ok_or_else(|| {
+                storage(
+                    &format!("cannot read {}", key_path.display()),
+                    "it vanished",
+                )
+            })
+        }
         Err(e) => Err(storage(&format!("cannot create {}", key_path.display()), e)),
     }
 }
@@ -937,7 +951,10 @@ impl Writer {
                 None => self.index.key_id = Some(fingerprint_key.id),
                 Some(bound) if *bound == fingerprint_key.id => {}
                 Some(_) => {
-                    tracing::warn!(seq = line.seq, "a ledger line names a second fingerprint key; the first one stays")
+                    tracing::warn!(
+                        seq = line.seq,
+                        "a ledger line names a second fingerprint key; the first one stays"
+                    )
                 }
             },
             LineBody::Result(stored) => {
@@ -1105,7 +1122,9 @@ impl Writer {
                         }
                         replies.push(Box::new(move |failed| {
                             let _ = reply.send(match failed {
-                                Some(error) => Err(storage("the key binding was not recorded", error)),
+                                Some(error) => {
+                                    Err(storage("the key binding was not recorded", error))
+                                }
                                 None => bound,
                             });
                         }));
@@ -1169,7 +1188,10 @@ impl Writer {
                 });
             }
             Op::BindKey(_, reply) => {
-                let _ = reply.send(Err(storage("internal", "a key binding was answered as a read")));
+                let _ = reply.send(Err(storage(
+                    "internal",
+                    "a key binding was answered as a read",
+                )));
             }
             Op::Claim(_, reply) => send(
                 reply,

@@ -87,10 +87,11 @@ impl GuardOptions {
             Some(path) => {
                 // The cause says what went wrong (a full disk, a foreign file, a held lock, a
                 // missing key): no guess about permissions on top of it.
-                let context = || format!("cannot use the ledger {}; nothing was sent", path.display());
+                let context =
+                    || format!("cannot use the ledger {}; nothing was sent", path.display());
                 // Waiting for another process's lock is bounded by the call's own timeout.
-                let ledger =
-                    FileLedger::open_with_lock_timeout(path, attach_timeout).with_context(context)?;
+                let ledger = FileLedger::open_with_lock_timeout(path, attach_timeout)
+                    .with_context(context)?;
                 let key = ledger.fingerprint_key().with_context(context)?;
                 GuardLayer::new(ledger, contracts, key)
             }
