@@ -447,6 +447,33 @@ fn child_entry() {
                 .await;
                 println!("SAW THE OUTCOME");
             }
+            ["results", path, worker, n] => {
+                let ledger = FileLedger::open(path).unwrap();
+                let worker: u8 = worker.parse().unwrap();
+                for i in 0..n.parse::<u8>().unwrap() {
+                    let mut c = claim(0, &format!("guard:results-{worker}"));
+                    c.fingerprint =
+                        format!("hmac-sha256:{}", format!("{worker:02x}{i:02x}").repeat(16))
+                            .parse()
+                            .unwrap();
+                    let claimed = ledger.claim(c).await.unwrap();
+                    if let Claimed::New(_) = claimed {
+                        run_to_completion(&ledger, &claimed).await;
+                    }
+                    println!("DONE {i}");
+                }
+            }
+            ["compact", path] => {
+                let ledger = FileLedger::open(path).unwrap();
+                loop {
+                    match ledger.compact(Timestamp::now()).await {
+                        Ok(_) => println!("COMPACTED"),
+                        Err(error) => eprintln!("compaction failed: {error}"),
+                    }
+                    // Pacing, not waiting for a state: every compaction leaves an archive.
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            }
             _ => panic!("unknown child task {task}"),
         }
     });
@@ -984,5 +1011,102 @@ async fn a_garbled_dispatched_line_is_refused_and_the_call_is_not_sent_again() {
     let out = String::from_utf8_lossy(&verify.stdout);
     assert_eq!(verify.status.code(), Some(1), "{out}");
     assert!(out.starts_with(&format!("seq {seq}: ")), "{out}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A child of this test binary, with its stdout read line by line.
+struct Watched {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Watched {
+    fn spawn(task: &str) -> Self {
+        let mut child = tokio::process::Command::from(child(task))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Self {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        }
+    }
+
+    /// Reads until `n` lines containing `word` were printed (or the child ended).
+    async fn until(&mut self, word: &str, n: usize) {
+        let mut seen = 0;
+        while seen < n {
+            match self.lines.next_line().await.unwrap() {
+                Some(line) if line.contains(word) => seen += 1,
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+
+    async fn kill(mut self) {
+        self.child.kill().await.unwrap(); // SIGKILL
+    }
+}
+
+/// Item 11 under kill -9: appenders and a compactor killed and restarted, then every
+/// completed execution's kept result still loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed() {
+    // Measured without the fix: 16 of 165 completed executions lost their result at this
+    // size (39 of 423 at 120 per appender, in 130 s); this size keeps the test under 20 s
+    // (every compaction makes each process re-read the whole file).
+    const PER_APPENDER: u8 = 40;
+    const KILL_AFTER: u8 = 15;
+    let dir = temp_dir("compact-kill");
+    let path = dir.join("ledger.jsonl");
+    let p = path.display().to_string();
+    FileLedger::open(&path).unwrap();
+    let mut worker = 0;
+    for round in 0..3 {
+        let compactor = Watched::spawn(&format!("compact|{p}"));
+        let mut appenders: Vec<Watched> = (0..2)
+            .map(|_| {
+                worker += 1;
+                Watched::spawn(&format!("results|{p}|{worker}|{PER_APPENDER}"))
+            })
+            .collect();
+        // Kill them mid-run in the first rounds; let the last one finish.
+        let until = if round < 2 { KILL_AFTER } else { PER_APPENDER };
+        for appender in &mut appenders {
+            appender.until("DONE", until.into()).await;
+        }
+        for appender in appenders {
+            appender.kill().await;
+        }
+        compactor.kill().await;
+    }
+    let ledger = FileLedger::open(&path).unwrap();
+    let records = ledger.list().await.unwrap();
+    let completed: Vec<_> = records
+        .iter()
+        .filter(|r| r.state == ExecutionState::Completed)
+        .collect();
+    let mut lost = Vec::new();
+    for record in &completed {
+        let reference = record.result_reference.as_deref().unwrap();
+        if ledger.load_result(reference).await.unwrap().is_none() {
+            lost.push(record.execution_id);
+        }
+    }
+    assert!(
+        completed.len() >= (2 * KILL_AFTER * 2 + 2 * PER_APPENDER) as usize,
+        "{}",
+        completed.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {} completed executions lost their result",
+        lost.len(),
+        completed.len()
+    );
+    assert!(ledger.verify().unwrap().is_ok());
+    drop(ledger);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -432,6 +432,12 @@ impl FileLedger {
                     key_path.display()
                 )));
             }
+            None if self.read_only => {
+                return Err(LedgerError::Storage(format!(
+                    "the fingerprint key file {} is missing (a read-only ledger makes none)",
+                    key_path.display()
+                )));
+            }
             None => create_key(&self.path, &key_path)?,
         };
         self.bind_fingerprint_key(&key)
