@@ -1359,3 +1359,105 @@ impl Ledger for FileLedger {
         self.owners.is_alive(owner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_can_start_a_line_is_torn() {
+        for torn in [
+            &b""[..],
+            b"{",
+            b"{\"se",
+            b"{\"seq\":12,\"prev\":\"sha256:ab",
+            b"{\"seq\":3\0\0\0\0",
+            b"\0\0\0",
+            b"  \t",
+            "\u{3000}".as_bytes(),
+        ] {
+            assert!(could_be_torn(torn), "{:?}", String::from_utf8_lossy(torn));
+        }
+        for foreign in [
+            &b"just a note"[..],
+            b"root:x:0:0",
+            b"{\"a\":1}",
+            b"[1,2]",
+            b"\x7fELF\x02",
+            b"\0\0x",
+        ] {
+            assert!(
+                !could_be_torn(foreign),
+                "{:?}",
+                String::from_utf8_lossy(foreign)
+            );
+        }
+    }
+
+    #[test]
+    fn a_foreign_file_is_described_never_quoted() {
+        assert_eq!(looks_like(b"\xff\xfe\x00"), "binary data (not UTF-8 text)");
+        assert_eq!(looks_like(b"a\0b"), "binary data");
+        assert!(looks_like(b"password = hunter2\n").starts_with("text"));
+        assert!(looks_like(b"\n{\"a\":1}\n").starts_with("JSON"));
+        assert!(!looks_like(b"password = hunter2\n").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_newer_line_is_told_from_a_garbled_one() {
+        let newer = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","execution_id":"act_01J4K8J7DX7VQ9ZB3N5M2P6R8T","at":"2026-12-01T00:00:00.000Z","event":"teleported"}"#;
+        assert_eq!(
+            newer_format(newer).as_deref(),
+            Some("event `teleported`, unknown to this build")
+        );
+        let body = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","sealed_by":"hsm"}"#;
+        assert!(newer_format(body).unwrap().contains("sealed_by"));
+        // A known kind with a bad field, a line without its chain fields, text: not newer.
+        let known = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","execution_id":"act_01J4K8J7DX7VQ9ZB3N5M2P6R8T","at":"2026-12-01T00:00:00.000Z","event":"dispatched"}"#;
+        assert_eq!(newer_format(known), None);
+        assert_eq!(newer_format(br#"{"event":"teleported"}"#), None);
+        assert_eq!(newer_format(b"hello"), None);
+    }
+
+    #[test]
+    fn the_lock_holder_is_named_and_the_wait_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("mrg-lock-unit-{}", ExecutionId::new().ulid()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.jsonl");
+        let holder = File::create(&path).unwrap();
+        holder.lock().unwrap();
+        let waiter = File::open(&path).unwrap();
+        let started = Instant::now();
+        let error = lock_within(&waiter, &path, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2));
+        if Path::new("/proc/locks").exists() {
+            assert_eq!(lock_holder(&waiter), Some(std::process::id()));
+            assert!(
+                error.contains(&format!("pid {}", std::process::id())),
+                "{error}"
+            );
+        }
+        assert!(error.contains("200ms"), "{error}");
+        holder.unlock().unwrap();
+        lock_within(&waiter, &path, Duration::from_millis(200)).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_key_id_names_the_key_without_revealing_it() {
+        let key = FingerprintKey::from_bytes(&[7; 32]).unwrap();
+        let id = key_id(&key);
+        assert!(
+            id.starts_with("hmac-sha256:") && id.len() == 12 + 64,
+            "{id}"
+        );
+        assert!(!id.contains(&hex::encode(key.expose_bytes())));
+        assert_ne!(id, key_id(&FingerprintKey::from_bytes(&[8; 32]).unwrap()));
+        assert_eq!(short_id(&id).len(), 12 + 16);
+        assert!(check_key(None, &id).is_ok() && check_key(Some(&id), &id).is_ok());
+        assert!(check_key(Some("hmac-sha256:00"), &id).is_err());
+    }
+}
