@@ -759,6 +759,10 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
         list.stdout.contains(&orphan_id) && list.stdout.contains(&held.execution_id()),
         "{list:#?}"
     );
+    assert!(
+        list.stdout.contains("dispatched (owner gone)"),
+        "the orphan is not hidden: {list:#?}"
+    );
 
     // A file and a directory it cannot write: root ignores permission bits, so the command
     // runs as another user who owns them read-only.

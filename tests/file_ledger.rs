@@ -791,6 +791,27 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
         "{error}"
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), newer, "untouched");
+    // The built binary says the same, read-only or not, and leaves it as it is.
+    let bin = env!("CARGO_BIN_EXE_replay-guard");
+    let p = path.to_string_lossy().into_owned();
+    for argv in [
+        vec!["ledger", "list", &p],
+        vec![
+            "call",
+            "--url",
+            "http://127.0.0.1:9/mcp",
+            "--tool",
+            "t",
+            "--ledger",
+            &p,
+        ],
+    ] {
+        let output = Command::new(bin).args(&argv).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{argv:?}: {stderr}");
+        assert!(stderr.contains("newer format"), "{argv:?}: {stderr}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), newer, "untouched");
+    }
     // As the first line of a file, too: still a ledger, of a newer format.
     let first = format!(
         "{}\n",

@@ -174,7 +174,10 @@ fn lock_holder(file: &File) -> Option<u32> {
         // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5875183 0 EOF`; waiters' lines have `->`.
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields[..] {
-            [_, "FLOCK", _, _, pid, inode, ..] if inode == wanted => pid.parse().ok(),
+            // A holder in another pid namespace shows as pid 0: not a pid to name.
+            [_, "FLOCK", _, _, pid, inode, ..] if inode == wanted => {
+                pid.parse().ok().filter(|&pid| pid != 0)
+            }
             _ => None,
         }
     })

@@ -36,7 +36,7 @@ use clap::{Args, Parser, Subcommand};
 use mcp_replay_guard::{
     ExecutionId,
     guard::resolve,
-    ledger::{FileLedger, Ledger, audit, verify_file},
+    ledger::{ExecutionState, FileLedger, Ledger, audit, verify_file},
 };
 
 #[derive(Debug, Parser)]
@@ -234,13 +234,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&records)?);
             } else {
                 for r in &records {
+                    // Read-only: an orphaned dispatch is not marked `unknown` here (the next
+                    // process that writes does it); say so rather than hide it.
+                    let label = if r.state == ExecutionState::Dispatched
+                        && !ledger.is_owner_alive(&r.owner).await
+                    {
+                        "dispatched (owner gone)".to_owned()
+                    } else {
+                        r.state_label().to_string()
+                    };
                     println!(
                         "{}  {:<32} {:<14} {:<20} accepted {}",
-                        r.execution_id,
-                        r.state_label(),
-                        r.retry_class,
-                        r.tool,
-                        r.accepted_at
+                        r.execution_id, label, r.retry_class, r.tool, r.accepted_at
                     );
                 }
             }
