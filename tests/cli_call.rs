@@ -757,3 +757,426 @@ async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
     assert_eq!(records[0]["state"], "delivered", "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+// ---- issue 12: the ledger file (keys, foreign files, read-only commands, a held lock) -------
+
+/// Runs the binary, killing it if it has not ended within `limit` (a hang is a failure, not a
+/// stuck test run).
+async fn replay_guard_within(args: &[&str], limit: Duration) -> Option<(Run, Duration)> {
+    let started = std::time::Instant::now();
+    let child = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the binary runs");
+    let output = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .ok()?
+        .expect("the binary ends");
+    Some((
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        },
+        started.elapsed(),
+    ))
+}
+
+#[tokio::test]
+async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
+    let dir = temp_dir("key-gone");
+    let ledger = ledger_path(&dir);
+    let key = format!("{ledger}.key");
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let first = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(first.code, 3, "{first:#?}");
+    assert_eq!(
+        first.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    // The key file is moved away (a copy of the ledger without it, a cleanup, a bad backup).
+    let moved = dir.join("moved.key");
+    std::fs::rename(&key, &moved).unwrap();
+    let repeat = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(repeat.code, 2, "{repeat:#?}");
+    assert!(
+        repeat.stderr.contains("missing")
+            && repeat.stderr.contains(&key)
+            && repeat.stderr.contains("nothing was sent"),
+        "{repeat:#?}"
+    );
+    assert!(!std::path::Path::new(&key).exists(), "no key was generated");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+
+    // Another key in its place is refused the same way.
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let repeat = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(repeat.code, 2, "{repeat:#?}");
+    assert!(repeat.stderr.contains("not the key"), "{repeat:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    // The key restored: the repeat finds the held execution again.
+    std::fs::rename(&moved, &key).unwrap();
+    let restored = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(restored.code, 3, "{restored:#?}");
+    assert_eq!(restored.execution_id(), first.execution_id());
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_foreign_file_given_as_the_ledger_is_refused_untouched() {
+    let dir = temp_dir("foreign");
+    let server = TestServer::start().await;
+    let notes = dir.join("notes.txt");
+    let bytes = b"Release checklist\n- tag\n- deploy catalog\n".to_vec();
+    std::fs::write(&notes, &bytes).unwrap();
+    let p = notes.to_string_lossy().into_owned();
+    let runs = [
+        call(
+            &server.url,
+            "deploy_release",
+            deploy_args(),
+            &["--ledger", &p],
+        )
+        .await,
+        replay_guard(&["ledger", "list", &p]).await,
+        replay_guard(&["audit", "show", &p]).await,
+        replay_guard(&[
+            "resolve",
+            &p,
+            &mcp_replay_guard::ExecutionId::new().to_string(),
+            "--applied",
+            "--note",
+            "x",
+        ])
+        .await,
+    ];
+    for run in &runs {
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(
+            run.stderr.contains("not a replay-guard ledger") && run.stderr.contains("text"),
+            "{run:#?}"
+        );
+        assert_eq!(std::fs::read(&notes).unwrap(), bytes, "untouched: {run:#?}");
+    }
+    assert!(
+        runs[0].stderr.contains("nothing was sent"),
+        "{:#?}",
+        runs[0]
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["notes.txt"],
+        "no key, no owners directory beside it"
+    );
+    assert_eq!(server.state.total_side_effects(), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What a read-only command must leave as it is.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    bytes: Vec<u8>,
+    modified: std::time::SystemTime,
+    owners: Vec<String>,
+    siblings: Vec<String>,
+}
+
+fn snapshot(ledger: &Path) -> Snapshot {
+    let owners = ledger.with_file_name(format!(
+        "{}.owners",
+        ledger.file_name().unwrap().to_string_lossy()
+    ));
+    let names = |dir: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    Snapshot {
+        bytes: std::fs::read(ledger).unwrap(),
+        modified: std::fs::metadata(ledger).unwrap().modified().unwrap(),
+        owners: names(&owners),
+        siblings: names(ledger.parent().unwrap()),
+    }
+}
+
+#[tokio::test]
+async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write() {
+    use mcp_replay_guard::ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp};
+    let dir = temp_dir("read-only");
+    let ledger = ledger_path(&dir);
+    let path = std::path::PathBuf::from(&ledger);
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let held = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(held.code, 3, "{held:#?}");
+    // Everything a writing open would change: a dispatch whose owner is gone (it would append
+    // `unknown`), the lock file of a dead owner (it would prune it), and a torn tail (it would
+    // cut it).
+    let orphan = {
+        let file = FileLedger::open(&path).unwrap();
+        let key = file.fingerprint_key().unwrap();
+        drop(key);
+        let claimed = file
+            .claim(mcp_replay_guard::ledger::Claim {
+                fingerprint: format!("hmac-sha256:{}", "ab".repeat(32)).parse().unwrap(),
+                tool: "deploy_release".into(),
+                actor: "replay-guard".into(),
+                intent_scope: "cli".into(),
+                target: "127.0.0.1/mcp".into(),
+                credential_ref: None,
+                retry_class: mcp_replay_guard::contract::RetryClass::Irreversible,
+                link_window: Duration::from_secs(600),
+                retention: Duration::from_secs(3600),
+                owner: "guard:gone".into(),
+                at: Timestamp::now(),
+            })
+            .await
+            .unwrap();
+        let id = claimed.record().execution_id;
+        let event = |kind| LedgerEvent {
+            execution_id: id,
+            at: Timestamp::now(),
+            kind,
+        };
+        file.append(event(EventKind::Authorized)).await.unwrap();
+        file.append(event(EventKind::Dispatched {
+            attempt: 1,
+            idempotency_key: mcp_replay_guard::IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: None,
+        }))
+        .await
+        .unwrap();
+        id
+    };
+    std::fs::write(dir.join("ledger.jsonl.owners/guard_dead.lock"), b"").unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(br#"{"seq":99,"prev":"sha256:"#);
+    std::fs::write(&path, &bytes).unwrap();
+    let before = snapshot(&path);
+    assert!(
+        before.owners.contains(&"guard_dead.lock".to_owned()),
+        "{before:?}"
+    );
+
+    let orphan_id = orphan.to_string();
+    let commands: [&[&str]; 5] = [
+        &["ledger", "list", &ledger],
+        &["--json", "ledger", "list", &ledger, "--state", "dispatched"],
+        &["audit", "show", &ledger],
+        &["audit", "show", &ledger, &orphan_id],
+        &["audit", "verify", &ledger],
+    ];
+    for argv in commands {
+        let run = replay_guard(argv).await;
+        if argv[0] != "audit" || argv[1] != "verify" {
+            assert_eq!(run.code, 0, "{argv:?}: {run:#?}");
+        }
+        assert_eq!(snapshot(&path), before, "{argv:?} wrote: {run:#?}");
+    }
+    let list = replay_guard(&["ledger", "list", &ledger]).await;
+    assert!(
+        list.stdout.contains(&orphan_id) && list.stdout.contains(&held.execution_id()),
+        "{list:#?}"
+    );
+    assert!(
+        list.stdout.contains("dispatched (owner gone)"),
+        "the orphan is not hidden: {list:#?}"
+    );
+
+    // A file and a directory it cannot write: root ignores permission bits, so the command
+    // runs as another user who owns them read-only.
+    use std::os::unix::{fs::PermissionsExt, process::CommandExt};
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        == b"0\n";
+    let nobody = 65534;
+    let set = |p: &Path, mode: u32| {
+        if root {
+            std::os::unix::fs::chown(p, Some(nobody), Some(nobody)).unwrap();
+        }
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set(&path, 0o400);
+    set(&dir, 0o500);
+    let mut list = std::process::Command::new(BIN);
+    list.args(["ledger", "list", &ledger]);
+    if root {
+        list.uid(nobody).gid(nobody);
+    }
+    let output = list.output().unwrap();
+    set(&dir, 0o700);
+    set(&path, 0o600);
+    assert!(
+        output.status.success(),
+        "ledger list on a read-only file: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains(&orphan_id));
+    assert_eq!(std::fs::read(&path).unwrap(), before.bytes);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = temp_dir("lock");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start().await;
+    // A ledger that exists, with its key, and a process that holds its lock and never lets go.
+    mcp_replay_guard::ledger::FileLedger::open(&ledger)
+        .unwrap()
+        .fingerprint_key()
+        .unwrap();
+    let mut holder = tokio::process::Command::from(child_process(&format!("hold_lock|{ledger}")));
+    let mut holder = holder
+        .stdin(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let holder_pid = holder.id().unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line.contains("LOCKED") {
+            break;
+        }
+    }
+
+    let (run, took) = replay_guard_within(
+        &[
+            "--json",
+            "call",
+            "--url",
+            &server.url,
+            "--tool",
+            "deploy_release",
+            "--args",
+            &deploy_args().to_string(),
+            "--ledger",
+            &ledger,
+            "--timeout",
+            "2s",
+        ],
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("`call` ends although the ledger lock is held");
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains("locked") && run.stderr.contains(&format!("pid {holder_pid}")),
+        "{run:#?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "bounded by --timeout: {took:?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+
+    // Reading needs no lock: `ledger list` answers at once.
+    let (run, took) = replay_guard_within(&["ledger", "list", &ledger], Duration::from_secs(30))
+        .await
+        .expect("`ledger list` ends although the ledger lock is held");
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // The holder lets go: the call goes through.
+    drop(holder.stdin.take());
+    assert!(holder.wait().await.unwrap().success());
+    let run = call(
+        &server.url,
+        "deploy_release",
+        deploy_args(),
+        &["--ledger", &ledger],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The child side: does nothing unless `MRG_CHILD` names a task.
+#[test]
+fn child_entry() {
+    let Ok(task) = std::env::var(CHILD_TASK) else {
+        return;
+    };
+    let parts: Vec<&str> = task.split('|').collect();
+    match parts[..] {
+        ["hold_lock", path] => {
+            use std::io::Read;
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(path)
+                .unwrap();
+            file.lock().unwrap();
+            println!("LOCKED {}", std::process::id());
+            let mut rest = Vec::new();
+            std::io::stdin().read_to_end(&mut rest).unwrap();
+        }
+        _ => panic!("unknown child task {task}"),
+    }
+}

@@ -169,6 +169,13 @@ pub enum LineBody {
         /// The checkpoint itself.
         checkpoint: Checkpoint,
     },
+    /// The fingerprint key the ledger's records are fingerprinted with, named by its id (a
+    /// keyed digest of the key, never the key). Recorded once, when a key is first bound to
+    /// the ledger, and carried over by compaction right after its checkpoint.
+    FingerprintKey {
+        /// The binding.
+        fingerprint_key: KeyBinding,
+    },
     /// A kept result, chained like the events so that it cannot be altered unnoticed either.
     Result(StoredResult),
     /// An execution's event.
@@ -184,6 +191,14 @@ pub struct StoredResult {
     pub reference: String,
     /// The JSON-RPC `result`, as the target sent it.
     pub result: Value,
+}
+
+/// The key a ledger is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyBinding {
+    /// `hmac-sha256:<64 hex>`: HMAC-SHA256 under the key of a fixed label, so that it names the
+    /// key without revealing it.
+    pub id: String,
 }
 
 /// A compaction checkpoint: the first line of a compacted file. The lines before it are in
@@ -249,7 +264,9 @@ impl ChainedLine {
     pub fn event(&self) -> Option<&LedgerEvent> {
         match &self.body {
             LineBody::Event(event) => Some(event),
-            LineBody::Checkpoint { .. } | LineBody::Result(_) => None,
+            LineBody::Checkpoint { .. } | LineBody::FingerprintKey { .. } | LineBody::Result(_) => {
+                None
+            }
         }
     }
 

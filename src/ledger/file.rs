@@ -8,6 +8,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     thread,
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -18,7 +19,7 @@ use super::{
     Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
     Timestamp,
     chain::{
-        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, LineBody, StoredResult,
+        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
         VerifyReport,
     },
     result_reference,
@@ -56,9 +57,146 @@ fn read_line(bytes: &[u8], head: (u64, ChainHash)) -> Result<Option<ChainedLine>
     Ok(Some(line))
 }
 
-/// Whether the bytes are a chain line at all, wherever it belongs.
-fn is_chain_line(bytes: &[u8]) -> bool {
-    std::str::from_utf8(bytes).is_ok_and(|text| chain::parse_line(text).is_ok())
+/// How every line of the chain starts (`seq` is its first field).
+const LINE_START: &[u8] = br#"{"seq":"#;
+
+/// Whether bytes after the last newline can be an append torn by a crash: a prefix of a
+/// chain line (every one starts with [`LINE_START`]), possibly followed by the zeros a file
+/// system leaves in blocks it had not written, or blank space.
+fn could_be_torn(tail: &[u8]) -> bool {
+    let end = tail.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let tail = &tail[..end];
+    // Blank space is skipped by every reader (`str::trim`), and loses nothing when cut.
+    let blank = std::str::from_utf8(tail).is_ok_and(|t| t.trim().is_empty());
+    let tail = tail.trim_ascii_start();
+    blank || tail.starts_with(LINE_START) || LINE_START.starts_with(tail)
+}
+
+/// What a file that is not a ledger looks like, for the error that refuses it (never its
+/// content: it may be anything, secrets included).
+fn looks_like(bytes: &[u8]) -> &'static str {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return "binary data (not UTF-8 text)";
+    };
+    if text.contains('\0') {
+        return "binary data";
+    }
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    match serde_json::from_str::<serde_json::Value>(first) {
+        Ok(_) => "JSON, but not ledger lines (no `seq`, `prev` and `hash`)",
+        Err(_) => "text, not JSON lines",
+    }
+}
+
+/// Whether a line is a chain line this build cannot read because a newer one wrote it: it
+/// has `seq`, `prev` and `hash`, and an event kind (or a body) this build does not know.
+/// Returns what is new about it.
+fn newer_format(bytes: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let serde_json::Value::Object(mut map) = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    let chained = map.get("seq").is_some_and(serde_json::Value::is_u64)
+        && map.get("prev").is_some_and(serde_json::Value::is_string)
+        && map.get("hash").is_some_and(serde_json::Value::is_string);
+    if !chained {
+        return None;
+    }
+    for field in ["seq", "prev", "hash"] {
+        map.remove(field);
+    }
+    if let Some(kind) = map.get("event").and_then(serde_json::Value::as_str) {
+        let kind = kind.to_owned();
+        return match serde_json::from_value::<LedgerEvent>(serde_json::Value::Object(map)) {
+            Err(e) if e.to_string().contains("unknown variant") => {
+                Some(format!("event `{kind}`, unknown to this build"))
+            }
+            _ => None,
+        };
+    }
+    let known = ["checkpoint", "fingerprint_key", "result_of", "execution_id"];
+    if map.keys().any(|k| known.contains(&k.as_str())) {
+        return None;
+    }
+    let mut fields: Vec<&str> = map.keys().map(String::as_str).collect();
+    fields.truncate(5);
+    Some(format!("fields {fields:?}, unknown to this build"))
+}
+
+/// How a ledger was opened; the writer thread keeps it across reopens.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    read_only: bool,
+    lock_timeout: Duration,
+}
+
+/// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
+/// release it. `flock(2)` has no timed wait, so this polls with a short backoff.
+fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), LedgerError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(fs::TryLockError::WouldBlock) => {}
+            Err(fs::TryLockError::Error(e)) => return Err(storage("cannot lock the ledger", e)),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let holder = lock_holder(file).map_or_else(
+                || "another process".to_owned(),
+                |pid| format!("another process (pid {pid})"),
+            );
+            return Err(LedgerError::Storage(format!(
+                "the ledger {} is locked by {holder}, which did not release it within {}: \
+                 nothing was recorded; wait for that process to finish, or stop it",
+                path.display(),
+                humantime::format_duration(timeout)
+            )));
+        }
+        thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// The pid of the process that holds the `flock(2)` lock on `file`, from `/proc/locks`
+/// (Linux; `None` elsewhere). The kernel knows the holder, so nothing has to be written
+/// beside the ledger to name it, and the answer is never stale.
+fn lock_holder(file: &File) -> Option<u32> {
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    // The encoding of `dev_t` glibc and the kernel use.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let wanted = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5875183 0 EOF`; waiters' lines have `->`.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            // A holder in another pid namespace shows as pid 0: not a pid to name.
+            [_, "FLOCK", _, _, pid, inode, ..] if inode == wanted => {
+                pid.parse().ok().filter(|&pid| pid != 0)
+            }
+            _ => None,
+        }
+    })
+}
+
+/// The id a ledger records for its fingerprint key: HMAC-SHA256 under the key of a fixed
+/// label. It names the key without revealing it.
+fn key_id(key: &FingerprintKey) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.expose_bytes())
+        .expect("HMAC takes keys of any length");
+    mac.update(b"mcp-replay-guard key id");
+    format!("hmac-sha256:{}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// The first 16 hex digits of a key id, enough to tell two keys apart in a message.
+fn short_id(id: &str) -> &str {
+    let end = id.len().min("hmac-sha256:".len() + 16);
+    &id[..end]
 }
 
 /// The embedded durable ledger: one append-only, hash-chained JSON Lines file.
@@ -72,14 +210,27 @@ fn is_chain_line(bytes: &[u8]) -> bool {
 ///   reading what other processes appended since (so the chain never forks and a claim is
 ///   atomic across processes). A file replaced by compaction is noticed and reopened.
 /// - **Crash recovery.** Reopening rebuilds the index from the file, checking every line
-///   against the chain (`seq`, `prev`, `hash`). A torn tail (a crash mid-write: an incomplete
-///   last line, or unreadable lines with no readable line after them) is cut away with a
-///   warning, never taken as valid. Any other bad line (edited, reordered, unreadable in the
-///   middle) makes opening fail and leaves the file as it is, for an operator to inspect. An execution left
-///   `dispatched` by a process that is gone becomes `unknown`: never re-sent blindly, never
-///   lost. Liveness comes from lock files in `<ledger>.owners/`, held by each live process
-///   for the guard owners it serves (the operating system releases them when a process dies,
-///   even by SIGKILL).
+///   against the chain (`seq`, `prev`, `hash`). A torn tail (a crash mid-write) can only be
+///   bytes after the last newline: those, when they can be the start of a line, are cut
+///   away with a warning, never taken as valid. A complete line (one that ends in a newline)
+///   that does not read or does not verify makes opening fail with its `seq` and the reason,
+///   and nothing is written: it may be an acknowledged `dispatched`, and cutting it would
+///   send the call again. An execution left `dispatched` by a process that is gone becomes
+///   `unknown`: never re-sent blindly, never lost. Liveness comes from lock files in
+///   `<ledger>.owners/`, held by each live process for the guard owners it serves (the
+///   operating system releases them when a process dies, even by SIGKILL).
+/// - **Not a ledger, or a newer one.** A file that is not empty and does not start with a
+///   ledger line (notes, a policy file, anything) is refused untouched, with what it looks
+///   like; so is a line of a newer format (an event kind this build does not know).
+/// - **A bounded wait.** Writes wait at most the lock timeout
+///   ([`FileLedger::DEFAULT_LOCK_TIMEOUT`], or [`FileLedger::open_with_lock_timeout`]) for a process that
+///   holds the file's lock, then fail naming its pid (from `/proc/locks` on Linux).
+/// - **Read-only.** [`FileLedger::open_read_only`] reads without writing anything: no
+///   recovery line, no cut tail, no pruned owner file, no lock; it works on a file it cannot
+///   write.
+/// - **Its key.** [`FileLedger::fingerprint_key`] keeps the fingerprint key beside the file
+///   and records the key's id in the chain; a ledger that names a key (or holds lines) is
+///   never given another one.
 /// - **Tamper evidence.** Every line is chained (see [`chain`](super::chain)); [`FileLedger::verify`]
 ///   names the first bad `seq`.
 /// - **Compaction.** [`FileLedger::compact`] archives the file and starts a new one with a
@@ -94,6 +245,7 @@ fn is_chain_line(bytes: &[u8]) -> bool {
 #[derive(Clone)]
 pub struct FileLedger {
     path: Arc<PathBuf>,
+    read_only: bool,
     ops: mpsc::Sender<Op>,
     owners: Arc<Owners>,
     // Declared last: dropped after `ops`, so the writer has no sender left and stops.
@@ -122,6 +274,9 @@ impl std::fmt::Debug for FileLedger {
 
 type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
 
+/// A reply waited for by a thread that is not async ([`FileLedger::fingerprint_key`]).
+type SyncReply<T> = mpsc::Sender<Result<T, LedgerError>>;
+
 /// An answer held until the batch it belongs to is on disk (or failed).
 type PendingReply = Box<dyn FnOnce(Option<&LedgerError>) + Send>;
 
@@ -134,6 +289,10 @@ enum Op {
     List(Reply<Vec<ExecutionRecord>>),
     LoadResult(String, Reply<Option<Bytes>>),
     Compact(Timestamp, Reply<CompactReport>),
+    /// The key id the ledger names, and whether the chain holds any line.
+    KeyState(SyncReply<(Option<String>, bool)>),
+    /// Binds the ledger to a key id (records it if it names none), or refuses another one.
+    BindKey(String, SyncReply<()>),
 }
 
 /// What [`FileLedger::compact`] did.
@@ -152,13 +311,56 @@ fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
 }
 
 impl FileLedger {
+    /// How long [`open`](Self::open) (and every write through it) waits for another process
+    /// to release the ledger's lock.
+    pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
     /// Opens (or creates) the ledger at `path`, rebuilding the index and recovering from a
-    /// crash as the [`FileLedger`] docs say.
+    /// crash as the [`FileLedger`] docs say. Writes wait at most [`Self::DEFAULT_LOCK_TIMEOUT`] for
+    /// another process's lock.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
-        let path = path.as_ref().to_path_buf();
-        let owners = Arc::new(Owners::new(&path)?);
-        let mut writer = Writer::open(&path, owners.clone())?;
-        writer.recover()?;
+        Self::open_with_lock_timeout(path, Self::DEFAULT_LOCK_TIMEOUT)
+    }
+
+    /// [`open`](Self::open), waiting at most `lock_timeout` (on open, and on every write) for
+    /// another process that holds the ledger's lock; past it the operation fails, naming that
+    /// process, and nothing is recorded.
+    pub fn open_with_lock_timeout(
+        path: impl AsRef<Path>,
+        lock_timeout: Duration,
+    ) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: false,
+                lock_timeout,
+            },
+        )
+    }
+
+    /// Opens an existing ledger to read it, writing nothing: no recovery line (an execution
+    /// left `dispatched` by a process that is gone reads as `dispatched`), no cut tail (a
+    /// torn last line is not read), no pruned owner file, and no lock is taken. It works on
+    /// a file (and a directory) it cannot write. Writes through it fail.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: true,
+                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
+            },
+        )
+    }
+
+    fn start(path: &Path, mode: Mode) -> Result<Self, LedgerError> {
+        let path = path.to_path_buf();
+        let owners = Arc::new(Owners::new(&path));
+        let mut writer = Writer::open(&path, owners.clone(), mode)?;
+        if mode.read_only {
+            writer.catch_up(false)?;
+        } else {
+            writer.recover()?;
+        }
         let (ops, receiver) = mpsc::channel();
         let handle = thread::Builder::new()
             .name("mcp-replay-guard-file-ledger".into())
@@ -166,10 +368,26 @@ impl FileLedger {
             .map_err(|e| storage("cannot start the ledger writer thread", e))?;
         Ok(Self {
             path: Arc::new(path),
+            read_only: mode.read_only,
             ops,
             owners,
             _writer: Arc::new(WriterThread(Some(handle))),
         })
+    }
+
+    /// Whether the ledger was opened with [`open_read_only`](Self::open_read_only).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn writable(&self) -> Result<(), LedgerError> {
+        if self.read_only {
+            return Err(storage(
+                &format!("the ledger {} was opened read-only", self.path.display()),
+                "open it with FileLedger::open to write",
+            ));
+        }
+        Ok(())
     }
 
     /// The ledger file.
@@ -177,10 +395,88 @@ impl FileLedger {
         &self.path
     }
 
-    /// The fingerprint key kept beside the ledger (`<ledger>.key`, mode 0600), created on first
-    /// use. Every process that opens the ledger gets the same key, so their fingerprints match.
+    /// The fingerprint key kept beside the ledger (`<ledger>.key`, mode 0600). Every process
+    /// that opens the ledger gets the same key, so their fingerprints match.
+    ///
+    /// # Which key
+    ///
+    /// The ledger records the id of its key (a keyed digest, never the key) in its chain the
+    /// first time a key is bound to it, and compaction carries the id over. The key file is
+    /// created only for a ledger that holds no line yet. A ledger that names a key, or holds
+    /// lines, whose key file is missing is refused with an error that says so: a new key
+    /// would recognise none of its intents, and a call held for review would be sent again.
+    /// A key file whose key is not the one the ledger names is refused the same way. A ledger
+    /// that holds lines but names no key (written before key ids, or through a key of the
+    /// caller's own) is bound to the key file it has.
+    ///
+    /// Blocks the calling thread until the ledger's writer answers (under contention, up to
+    /// the lock timeout): call it once, at startup.
     pub fn fingerprint_key(&self) -> Result<FingerprintKey, LedgerError> {
-        key_beside(&self.path)
+        let key_path = sibling(&self.path, "key");
+        // The state first, then the file: a key file is always in place before its id is
+        // recorded, so a racing process's binding is never taken for a missing key.
+        let (bound, holds_lines) = self.ask_blocking(Op::KeyState)?;
+        let key = match read_key(&key_path)? {
+            Some(key) => key,
+            None if bound.is_some() || holds_lines => {
+                let named = bound.as_deref().map_or_else(
+                    || "this ledger already holds lines fingerprinted with a key".to_owned(),
+                    |id| {
+                        format!(
+                            "this ledger's records were fingerprinted with key {}",
+                            short_id(id)
+                        )
+                    },
+                );
+                return Err(LedgerError::Storage(format!(
+                    "the fingerprint key file {} is missing, and {named}: restore that file (it \
+                     was beside the ledger, mode 0600); a new key would recognise none of the \
+                     ledger's intents, so none is made",
+                    key_path.display()
+                )));
+            }
+            None if self.read_only => {
+                return Err(LedgerError::Storage(format!(
+                    "the fingerprint key file {} is missing (a read-only ledger makes none)",
+                    key_path.display()
+                )));
+            }
+            None => create_key(&self.path, &key_path)?,
+        };
+        self.bind_fingerprint_key(&key)
+            .map_err(|error| match error {
+                LedgerError::Storage(message) => LedgerError::Storage(format!(
+                    "{message} (the key file is {})",
+                    key_path.display()
+                )),
+                other => other,
+            })?;
+        Ok(key)
+    }
+
+    /// Binds the ledger to `key`: records the key's id in the chain if the ledger names none
+    /// yet, and fails if it names another key. A library user who passes a
+    /// [`FingerprintKey`] of their own to the guard (instead of
+    /// [`fingerprint_key`](Self::fingerprint_key)) calls this once after opening to have the
+    /// same protection: without it the ledger cannot tell which key its records were made
+    /// with. On a read-only ledger it only checks.
+    pub fn bind_fingerprint_key(&self, key: &FingerprintKey) -> Result<(), LedgerError> {
+        let id = key_id(key);
+        if self.read_only {
+            let (bound, _) = self.ask_blocking(Op::KeyState)?;
+            return check_key(bound.as_deref(), &id);
+        }
+        self.ask_blocking(|reply| Op::BindKey(id, reply))
+    }
+
+    fn ask_blocking<T>(&self, op: impl FnOnce(SyncReply<T>) -> Op) -> Result<T, LedgerError> {
+        let (reply, answer) = mpsc::channel();
+        self.ops
+            .send(op(reply))
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?;
+        answer
+            .recv()
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?
     }
 
     /// Verifies the whole chain of the file.
@@ -191,6 +487,7 @@ impl FileLedger {
     /// Archives the file and starts a new one that keeps only the executions still inside
     /// their retention at `now` (see the [`FileLedger`] docs).
     pub async fn compact(&self, now: Timestamp) -> Result<CompactReport, LedgerError> {
+        self.writable()?;
         self.ask(|reply| Op::Compact(now, reply)).await
     }
 
@@ -211,20 +508,37 @@ pub fn verify_file(path: &Path) -> Result<VerifyReport, LedgerError> {
     super::verify::verify_file_anchored(path, None)
 }
 
-/// Reads or creates the 0600 key file beside a ledger.
-fn key_beside(path: &Path) -> Result<FingerprintKey, LedgerError> {
-    let key_path = sibling(path, "key");
-    let read = |p: &Path| -> Result<FingerprintKey, LedgerError> {
-        let text = fs::read_to_string(p)
-            .map_err(|e| storage(&format!("cannot read the key {}", p.display()), e))?;
-        let bytes = hex::decode(text.trim())
-            .map_err(|e| storage(&format!("the key file {} is not hex", p.display()), e))?;
-        FingerprintKey::from_bytes(&bytes)
-            .map_err(|e| storage(&format!("the key file {}", p.display()), e))
-    };
-    if key_path.exists() {
-        return read(&key_path);
+/// Whether a ledger that names `bound` (if any) may be used with the key of id `id`.
+fn check_key(bound: Option<&str>, id: &str) -> Result<(), LedgerError> {
+    match bound {
+        Some(bound) if bound != id => Err(LedgerError::Storage(format!(
+            "the fingerprint key is not the key this ledger was written with (the ledger names \
+             key {}, this one is {}): restore the ledger's own key file; another key would \
+             recognise none of its intents",
+            short_id(bound),
+            short_id(id)
+        ))),
+        _ => Ok(()),
     }
+}
+
+/// Reads the key file, `None` when there is none.
+fn read_key(p: &Path) -> Result<Option<FingerprintKey>, LedgerError> {
+    let text = match fs::read_to_string(p) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(storage(&format!("cannot read the key {}", p.display()), e)),
+    };
+    // The errors never carry the file's content.
+    let bytes = hex::decode(text.trim())
+        .map_err(|_| LedgerError::Storage(format!("the key file {} is not hex", p.display())))?;
+    FingerprintKey::from_bytes(&bytes)
+        .map(Some)
+        .map_err(|e| storage(&format!("the key file {}", p.display()), e))
+}
+
+/// Creates the 0600 key file beside a ledger (or reads the one a racing process created).
+fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerError> {
     let key =
         FingerprintKey::generate().map_err(|e| storage("cannot make a fingerprint key", e))?;
     // Write a private temporary file, then link it into place: if another process won the
@@ -239,11 +553,18 @@ fn key_beside(path: &Path) -> Result<FingerprintKey, LedgerError> {
     file.write_all(hex::encode(key.expose_bytes()).as_bytes())
         .and_then(|()| file.sync_all())
         .map_err(|e| storage(&format!("cannot write {}", tmp.display()), e))?;
-    let linked = fs::hard_link(&tmp, &key_path);
+    let linked = fs::hard_link(&tmp, key_path);
     let _ = fs::remove_file(&tmp);
     match linked {
         Ok(()) => Ok(key),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read(&key_path),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            read_key(key_path)?.ok_or_else(|| {
+                storage(
+                    &format!("cannot read {}", key_path.display()),
+                    "it vanished",
+                )
+            })
+        }
         Err(e) => Err(storage(&format!("cannot create {}", key_path.display()), e)),
     }
 }
@@ -265,14 +586,13 @@ struct Owners {
 }
 
 impl Owners {
-    fn new(ledger: &Path) -> Result<Self, LedgerError> {
-        let dir = sibling(ledger, "owners");
-        fs::create_dir_all(&dir)
-            .map_err(|e| storage(&format!("cannot create {}", dir.display()), e))?;
-        Ok(Self {
-            dir,
+    /// The directory is created by the first [`hold`](Self::hold): opening a ledger (or a
+    /// file that turns out not to be one) creates nothing beside it.
+    fn new(ledger: &Path) -> Self {
+        Self {
+            dir: sibling(ledger, "owners"),
             held: Mutex::default(),
-        })
+        }
     }
 
     fn file(&self, owner: &str) -> PathBuf {
@@ -300,6 +620,8 @@ impl Owners {
             return Ok(());
         }
         let path = self.file(owner);
+        fs::create_dir_all(&self.dir)
+            .map_err(|e| storage(&format!("cannot create {}", self.dir.display()), e))?;
         loop {
             let file = OpenOptions::new()
                 .create(true)
@@ -364,6 +686,8 @@ struct Index {
     executions: HashMap<ExecutionId, Stored>,
     intents: HashMap<(Actor, IntentScope, Fingerprint), ExecutionId>,
     results: HashMap<String, Bytes>,
+    /// The id of the fingerprint key the chain names.
+    key_id: Option<String>,
 }
 
 struct Stored {
@@ -423,6 +747,8 @@ impl Index {
             .collect();
         for id in expired {
             if let Some(stored) = self.executions.remove(&id) {
+                // A result is kept under its execution's reference, referenced yet or not.
+                self.results.remove(&result_reference(id));
                 if let Some(reference) = &stored.record.result_reference {
                     self.results.remove(reference);
                 }
@@ -446,20 +772,29 @@ struct Writer {
     index: Index,
     owners: Arc<Owners>,
     claims: u64,
+    mode: Mode,
+    /// The last [`locked`](Self::locked) failed to take the lock (so `f` never ran and the
+    /// index holds nothing unwritten).
+    lock_failed: bool,
 }
 
 /// How many claims pass between two purges of expired executions from the index.
 const PURGE_EVERY: u64 = 1024;
 
 impl Writer {
-    fn open(path: &Path, owners: Arc<Owners>) -> Result<Self, LedgerError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| storage(&format!("cannot open the ledger {}", path.display()), e))?;
+    fn open(path: &Path, owners: Arc<Owners>, mode: Mode) -> Result<Self, LedgerError> {
+        let mut options = OpenOptions::new();
+        options.read(true);
+        if !mode.read_only {
+            options.append(true).create(true).mode(0o600);
+        }
+        let file = options.open(path).map_err(|e| {
+            if mode.read_only && e.kind() == io::ErrorKind::NotFound {
+                LedgerError::Storage(format!("no ledger at {}", path.display()))
+            } else {
+                storage(&format!("cannot open the ledger {}", path.display()), e)
+            }
+        })?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -468,6 +803,8 @@ impl Writer {
             index: Index::default(),
             owners,
             claims: 0,
+            mode,
+            lock_failed: false,
         })
     }
 
@@ -476,11 +813,17 @@ impl Writer {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, LedgerError>,
     ) -> Result<T, LedgerError> {
+        if self.mode.read_only {
+            return Err(storage("internal", "a write on a read-only ledger"));
+        }
+        let deadline = Instant::now() + self.mode.lock_timeout;
         loop {
             self.reopen_if_replaced()?;
-            self.file
-                .lock()
-                .map_err(|e| storage("cannot lock the ledger", e))?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(error) = lock_within(&self.file, &self.path, left) {
+                self.lock_failed = true;
+                return Err(error);
+            }
             // Compaction may have replaced the file while this process waited for the lock.
             if !self.is_replaced()? {
                 break;
@@ -496,7 +839,7 @@ impl Writer {
     fn reopen_if_replaced(&mut self) -> Result<(), LedgerError> {
         if self.is_replaced()? {
             let owners = self.owners.clone();
-            *self = Self::open(&self.path.clone(), owners)?;
+            *self = Self::open(&self.path.clone(), owners, self.mode)?;
         }
         Ok(())
     }
@@ -515,12 +858,13 @@ impl Writer {
 
     /// Reads the lines other processes appended, checking that each one follows the chain.
     ///
-    /// Holding the exclusive lock, a torn tail (a writer died mid-line) is cut away: an
-    /// incomplete last line, or unreadable lines that no readable line follows. Without the
-    /// lock, an incomplete tail is just not read yet. Any other bad line (unreadable with
-    /// readable lines after it, edited, out of order, not linked) is an error and the file is
-    /// left as it is: cutting there would throw away acknowledged lines, and reading past it
-    /// would build on a line nobody wrote.
+    /// A torn append (a writer died mid-line) can only leave bytes after the last newline.
+    /// Holding the exclusive lock, those are cut away when they can be the start of a line;
+    /// without the lock they are just not read yet. Any complete line that does not read or
+    /// does not verify is an error and the file is left as it is: it may be an acknowledged
+    /// line (a `dispatched` whose request left), and cutting it would send the call again;
+    /// reading past it would build on a line nobody wrote. So are bytes after the last
+    /// newline that cannot be part of a line, and a file that does not start with a line.
     fn catch_up(&mut self, locked: bool) -> Result<(), LedgerError> {
         let len = self
             .file
@@ -538,37 +882,63 @@ impl Writer {
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let mut consumed = 0;
         for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
-            match read_line(&piece[..piece.len() - 1], self.head) {
+            let line = &piece[..piece.len() - 1];
+            match read_line(line, self.head) {
                 Ok(None) => {}
                 Ok(Some(line)) => self.take_line(line),
                 Err(problem) => {
-                    let at = self.offset + consumed as u64;
-                    let after = &bytes[consumed + piece.len()..];
-                    let torn = matches!(problem, ChainProblem::Unreadable { .. })
-                        && !after.split(|&b| b == b'\n').any(is_chain_line);
-                    if locked && torn {
-                        tracing::warn!(path = %self.path.display(), offset = at, %problem, "cutting an unreadable ledger tail (a write torn by a crash)");
-                        return self.truncate_at(at);
-                    }
                     // The lines before it are in the index: do not read them again.
-                    self.offset = at;
-                    return Err(storage(
-                        &format!(
-                            "the ledger line at byte {at} (seq {}) {problem}",
-                            self.head.0 + 1
-                        ),
-                        "the file is left as it is; `replay-guard audit verify` names the line",
-                    ));
+                    self.offset += consumed as u64;
+                    return Err(self.refusal(line, &bytes[consumed..], problem));
                 }
             }
             consumed += piece.len();
         }
         self.offset += consumed as u64;
-        if locked && complete < bytes.len() {
-            tracing::warn!(path = %self.path.display(), bytes = bytes.len() - complete, "cutting a torn last ledger line (a crash mid-write)");
+        let tail = &bytes[complete..];
+        if tail.is_empty() {
+            return Ok(());
+        }
+        if !could_be_torn(tail) {
+            let problem = ChainProblem::Unreadable {
+                detail: "the file ends with bytes that cannot start a ledger line".into(),
+            };
+            return Err(self.refusal(tail, tail, problem));
+        }
+        if locked {
+            tracing::warn!(path = %self.path.display(), bytes = tail.len(), "cutting a torn last ledger line (a crash mid-write)");
             return self.truncate_at(self.offset);
         }
         Ok(())
+    }
+
+    /// The error for a line at `self.offset` that cannot be taken (`rest` is the file from
+    /// there on). Nothing of the line is quoted: the file may not be a ledger at all.
+    fn refusal(&self, line: &[u8], rest: &[u8], problem: ChainProblem) -> LedgerError {
+        let at = self.offset;
+        let seq = self.head.0 + 1;
+        let path = self.path.display();
+        if let Some(what) = newer_format(line) {
+            return LedgerError::Storage(format!(
+                "the ledger line at byte {at} (seq {seq}) of {path} is of a newer format than \
+                 this build reads ({what}), or garbled: the file is left as it is; use the \
+                 replay-guard that wrote it"
+            ));
+        }
+        let chain_like = line.trim_ascii_start().starts_with(LINE_START);
+        if self.head.0 == 0 && !chain_like && matches!(problem, ChainProblem::Unreadable { .. }) {
+            return LedgerError::Storage(format!(
+                "{path} is not a replay-guard ledger: it looks like {}, and does not start \
+                 with a ledger line. It was left untouched: give the path of a ledger the guard \
+                 wrote, or of a new file",
+                looks_like(rest)
+            ));
+        }
+        LedgerError::Storage(format!(
+            "the ledger line at byte {at} (seq {seq}) of {path}: {problem}; the file is left as \
+             it is (nothing was cut or written): `replay-guard audit verify {path}` names the \
+             line, and an operator decides what to do with it"
+        ))
     }
 
     fn truncate_at(&mut self, offset: u64) -> Result<(), LedgerError> {
@@ -584,6 +954,16 @@ impl Writer {
         self.head = (line.seq, line.hash);
         match line.body {
             LineBody::Checkpoint { .. } => {}
+            LineBody::FingerprintKey { fingerprint_key } => match &self.index.key_id {
+                None => self.index.key_id = Some(fingerprint_key.id),
+                Some(bound) if *bound == fingerprint_key.id => {}
+                Some(_) => {
+                    tracing::warn!(
+                        seq = line.seq,
+                        "a ledger line names a second fingerprint key; the first one stays"
+                    )
+                }
+            },
             LineBody::Result(stored) => {
                 let bytes = Bytes::from(stored.result.to_string());
                 self.index.results.insert(stored.reference, bytes);
@@ -674,7 +1054,11 @@ impl Writer {
         let writes = batch.iter().any(|op| {
             matches!(
                 op,
-                Op::Claim(..) | Op::Append(..) | Op::StoreResult(..) | Op::Compact(..)
+                Op::Claim(..)
+                    | Op::Append(..)
+                    | Op::StoreResult(..)
+                    | Op::Compact(..)
+                    | Op::BindKey(..)
             )
         });
         if !writes {
@@ -738,15 +1122,33 @@ impl Writer {
                         let report = written.and_then(|()| w.compact(now));
                         replies.push(Box::new(move |failed| send(reply, report, failed)));
                     }
+                    Op::BindKey(id, reply) => {
+                        let bound = check_key(w.index.key_id.as_deref(), &id);
+                        if bound.is_ok() && w.index.key_id.is_none() {
+                            w.index.key_id = Some(id.clone());
+                            bodies.push(LineBody::FingerprintKey {
+                                fingerprint_key: KeyBinding { id },
+                            });
+                        }
+                        replies.push(Box::new(move |failed| {
+                            let _ = reply.send(match failed {
+                                Some(error) => {
+                                    Err(storage("the key binding was not recorded", error))
+                                }
+                                None => bound,
+                            });
+                        }));
+                    }
                     read => w.answer_read(read, None),
                 }
             }
             w.write(bodies)
         });
-        if outcome.is_err() {
+        // A lock that was not had: nothing ran, nothing to rebuild (and no second wait).
+        if outcome.is_err() && !std::mem::take(&mut self.lock_failed) {
             // The index may hold what was not written: rebuild it from the file.
             let owners = self.owners.clone();
-            match Self::open(&self.path.clone(), owners) {
+            match Self::open(&self.path.clone(), owners, self.mode) {
                 Ok(fresh) => *self = fresh,
                 Err(error) => {
                     tracing::error!(%error, "cannot reopen the ledger after a failed write")
@@ -788,6 +1190,19 @@ impl Writer {
             Op::LoadResult(reference, reply) => {
                 send(reply, Ok(index.results.get(&reference).cloned()), failed)
             }
+            Op::KeyState(reply) => {
+                let state = (index.key_id.clone(), self.head.0 > 0);
+                let _ = reply.send(match failed {
+                    Some(error) => Err(storage("cannot read the ledger", error)),
+                    None => Ok(state),
+                });
+            }
+            Op::BindKey(_, reply) => {
+                let _ = reply.send(Err(storage(
+                    "internal",
+                    "a key binding was answered as a read",
+                )));
+            }
             Op::Claim(_, reply) => send(
                 reply,
                 Err(storage("internal", "a claim was answered as a read")),
@@ -822,21 +1237,37 @@ impl Writer {
                 removed: self.head.0,
             },
         }];
+        if let Some(id) = &self.index.key_id {
+            bodies.push(LineBody::FingerprintKey {
+                fingerprint_key: KeyBinding { id: id.clone() },
+            });
+        }
         let mut executions: Vec<&Stored> = self.index.executions.values().collect();
         executions.sort_by_key(|s| s.record.execution_id);
         for stored in executions {
             for event in &stored.events {
                 bodies.push(LineBody::Event(event.clone()));
             }
+            // Every result of a retained execution, referenced yet or not: the guard keeps a
+            // result before it records the `completed` that references it, and a compaction
+            // (by any process) may fall between the two.
+            let id = stored.record.execution_id;
+            let mut references = vec![result_reference(id)];
             if let Some(reference) = &stored.record.result_reference
-                && let Some(bytes) = self.index.results.get(reference)
-                && let Ok(result) = serde_json::from_slice(bytes)
+                && *reference != references[0]
             {
-                bodies.push(LineBody::Result(StoredResult {
-                    result_of: stored.record.execution_id,
-                    reference: reference.clone(),
-                    result,
-                }));
+                references.push(reference.clone());
+            }
+            for reference in references {
+                if let Some(bytes) = self.index.results.get(&reference)
+                    && let Ok(result) = serde_json::from_slice(bytes)
+                {
+                    bodies.push(LineBody::Result(StoredResult {
+                        result_of: id,
+                        reference,
+                        result,
+                    }));
+                }
             }
         }
         let archived_to = sibling(&self.path, &format!("{}.archive", self.head.0));
@@ -867,10 +1298,8 @@ impl Writer {
             .map_err(|e| storage("cannot swap in the compacted ledger", e))?;
         let owners = self.owners.clone();
         let _ = self.file.unlock();
-        *self = Self::open(&self.path.clone(), owners)?;
-        self.file
-            .lock()
-            .map_err(|e| storage("cannot lock the ledger", e))?;
+        *self = Self::open(&self.path.clone(), owners, self.mode)?;
+        lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
         self.catch_up(true)?;
         Ok(CompactReport {
             archived_to,
@@ -894,10 +1323,12 @@ fn send<T>(reply: Reply<T>, value: Result<T, LedgerError>, failed: Option<&Ledge
 #[async_trait]
 impl Ledger for FileLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        self.writable()?;
         self.ask(|reply| Op::Claim(Box::new(claim), reply)).await
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.writable()?;
         self.ask(|reply| Op::Append(event, reply)).await
     }
 
@@ -918,6 +1349,7 @@ impl Ledger for FileLedger {
         execution_id: ExecutionId,
         result: Bytes,
     ) -> Result<String, LedgerError> {
+        self.writable()?;
         self.ask(|reply| Op::StoreResult(execution_id, result, reply))
             .await
     }
@@ -929,5 +1361,107 @@ impl Ledger for FileLedger {
 
     async fn is_owner_alive(&self, owner: &str) -> bool {
         self.owners.is_alive(owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_can_start_a_line_is_torn() {
+        for torn in [
+            &b""[..],
+            b"{",
+            b"{\"se",
+            b"{\"seq\":12,\"prev\":\"sha256:ab",
+            b"{\"seq\":3\0\0\0\0",
+            b"\0\0\0",
+            b"  \t",
+            "\u{3000}".as_bytes(),
+        ] {
+            assert!(could_be_torn(torn), "{:?}", String::from_utf8_lossy(torn));
+        }
+        for foreign in [
+            &b"just a note"[..],
+            b"root:x:0:0",
+            b"{\"a\":1}",
+            b"[1,2]",
+            b"\x7fELF\x02",
+            b"\0\0x",
+        ] {
+            assert!(
+                !could_be_torn(foreign),
+                "{:?}",
+                String::from_utf8_lossy(foreign)
+            );
+        }
+    }
+
+    #[test]
+    fn a_foreign_file_is_described_never_quoted() {
+        assert_eq!(looks_like(b"\xff\xfe\x00"), "binary data (not UTF-8 text)");
+        assert_eq!(looks_like(b"a\0b"), "binary data");
+        assert!(looks_like(b"password = hunter2\n").starts_with("text"));
+        assert!(looks_like(b"\n{\"a\":1}\n").starts_with("JSON"));
+        assert!(!looks_like(b"password = hunter2\n").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_newer_line_is_told_from_a_garbled_one() {
+        let newer = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","execution_id":"act_01J4K8J7DX7VQ9ZB3N5M2P6R8T","at":"2026-12-01T00:00:00.000Z","event":"teleported"}"#;
+        assert_eq!(
+            newer_format(newer).as_deref(),
+            Some("event `teleported`, unknown to this build")
+        );
+        let body = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","sealed_by":"hsm"}"#;
+        assert!(newer_format(body).unwrap().contains("sealed_by"));
+        // A known kind with a bad field, a line without its chain fields, text: not newer.
+        let known = br#"{"seq":4,"prev":"sha256:00","hash":"sha256:00","execution_id":"act_01J4K8J7DX7VQ9ZB3N5M2P6R8T","at":"2026-12-01T00:00:00.000Z","event":"dispatched"}"#;
+        assert_eq!(newer_format(known), None);
+        assert_eq!(newer_format(br#"{"event":"teleported"}"#), None);
+        assert_eq!(newer_format(b"hello"), None);
+    }
+
+    #[test]
+    fn the_lock_holder_is_named_and_the_wait_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("mrg-lock-unit-{}", ExecutionId::new().ulid()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.jsonl");
+        let holder = File::create(&path).unwrap();
+        holder.lock().unwrap();
+        let waiter = File::open(&path).unwrap();
+        let started = Instant::now();
+        let error = lock_within(&waiter, &path, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2));
+        if Path::new("/proc/locks").exists() {
+            assert_eq!(lock_holder(&waiter), Some(std::process::id()));
+            assert!(
+                error.contains(&format!("pid {}", std::process::id())),
+                "{error}"
+            );
+        }
+        assert!(error.contains("200ms"), "{error}");
+        holder.unlock().unwrap();
+        lock_within(&waiter, &path, Duration::from_millis(200)).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_key_id_names_the_key_without_revealing_it() {
+        let key = FingerprintKey::from_bytes(&[7; 32]).unwrap();
+        let id = key_id(&key);
+        assert!(
+            id.starts_with("hmac-sha256:") && id.len() == 12 + 64,
+            "{id}"
+        );
+        assert!(!id.contains(&hex::encode(key.expose_bytes())));
+        assert_ne!(id, key_id(&FingerprintKey::from_bytes(&[8; 32]).unwrap()));
+        assert_eq!(short_id(&id).len(), 12 + 16);
+        assert!(check_key(None, &id).is_ok() && check_key(Some(&id), &id).is_ok());
+        assert!(check_key(Some("hmac-sha256:00"), &id).is_err());
     }
 }

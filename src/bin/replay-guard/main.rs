@@ -12,6 +12,9 @@
 //! replay-guard resolve PATH EXECUTION (--applied | --not-applied) --note TEXT
 //! ```
 //!
+//! `audit verify`, `audit show` and `ledger list` only read: they write nothing (no recovery
+//! line, no cut tail) and work on a file they cannot write.
+//!
 //! Every command takes `--json` for scripts. Exit codes: 0 done, 1 the call failed or the
 //! ledger does not verify, 2 usage or an error before anything was sent (the message says what
 //! to do next), 3 (`call`) the outcome is unknown, held for review, or still in progress.
@@ -34,7 +37,10 @@ use clap::{Args, Parser, Subcommand};
 use mcp_replay_guard::{
     ExecutionId,
     guard::resolve,
-    ledger::{FileLedger, Ledger, audit, chain::ChainHead, verify_file, verify_file_anchored},
+    ledger::{
+        ExecutionState, FileLedger, Ledger, audit, chain::ChainHead, verify_file,
+        verify_file_anchored,
+    },
 };
 
 #[derive(Debug, Parser)]
@@ -188,6 +194,10 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long `resolve` waits for another process that holds the ledger's lock. The read-only
+/// commands (`audit show`, `audit verify`, `ledger list`) take no lock and write nothing.
+const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn existing(path: &Path) -> anyhow::Result<()> {
     if !path.exists() {
         bail!(
@@ -247,7 +257,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Audit(AuditCommand::Show { path, execution }) => {
             existing(&path)?;
-            let ledger = FileLedger::open(&path)?;
+            let ledger = FileLedger::open_read_only(&path)?;
             let ids = match execution {
                 Some(id) => vec![id],
                 None => ledger
@@ -277,7 +287,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Ledger(LedgerCommand::List { path, state }) => {
             existing(&path)?;
-            let ledger = FileLedger::open(&path)?;
+            let ledger = FileLedger::open_read_only(&path)?;
             let records = ledger.list().await?;
             let records: Vec<_> = records
                 .into_iter()
@@ -291,13 +301,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&records)?);
             } else {
                 for r in &records {
+                    // Read-only: an orphaned dispatch is not marked `unknown` here (the next
+                    // process that writes does it); say so rather than hide it.
+                    let label = if r.state == ExecutionState::Dispatched
+                        && !ledger.is_owner_alive(&r.owner).await
+                    {
+                        "dispatched (owner gone)".to_owned()
+                    } else {
+                        r.state_label().to_string()
+                    };
                     println!(
                         "{}  {:<32} {:<14} {:<20} accepted {}",
-                        r.execution_id,
-                        r.state_label(),
-                        r.retry_class,
-                        r.tool,
-                        r.accepted_at
+                        r.execution_id, label, r.retry_class, r.tool, r.accepted_at
                     );
                 }
             }
@@ -305,7 +320,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resolve(args) => {
             existing(&args.path)?;
-            let ledger = FileLedger::open(&args.path)?;
+            let ledger = FileLedger::open_with_lock_timeout(&args.path, LOCK_TIMEOUT)?;
             let record = resolve(&ledger, args.execution, args.applied, &format!("operator:{}", args.operator), &args.note)
                 .await
                 .with_context(|| format!("resolving {} (only an execution that is unknown or needs review can be resolved; `replay-guard audit show` tells where it stands)", args.execution))?;

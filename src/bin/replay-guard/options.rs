@@ -76,7 +76,8 @@ impl GuardOptions {
     }
 
     /// The guard layer over the chosen ledger. With a file ledger the fingerprint key is the one
-    /// kept beside it, so every process that shares the ledger recognises the same intents.
+    /// kept beside it, so every process that shares the ledger recognises the same intents, and
+    /// a wait for another process's lock on it is bounded by `attach_timeout`.
     pub fn layer(
         &self,
         contracts: ContractRegistry,
@@ -84,13 +85,14 @@ impl GuardOptions {
     ) -> anyhow::Result<GuardLayer> {
         let layer = match &self.ledger {
             Some(path) => {
-                let ledger = FileLedger::open(path).with_context(|| {
-                    format!(
-                        "cannot open the ledger {}: check the path and its permissions",
-                        path.display()
-                    )
-                })?;
-                let key = ledger.fingerprint_key()?;
+                // The cause says what went wrong (a full disk, a foreign file, a held lock, a
+                // missing key): no guess about permissions on top of it.
+                let context =
+                    || format!("cannot use the ledger {}; nothing was sent", path.display());
+                // Waiting for another process's lock is bounded by the call's own timeout.
+                let ledger = FileLedger::open_with_lock_timeout(path, attach_timeout)
+                    .with_context(context)?;
+                let key = ledger.fingerprint_key().with_context(context)?;
                 GuardLayer::new(ledger, contracts, key)
             }
             None => GuardLayer::new(MemoryLedger::new(), contracts, FingerprintKey::generate()?),
