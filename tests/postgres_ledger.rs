@@ -399,6 +399,7 @@ async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
             3,
             EventKind::Unknown {
                 target_status: None,
+                attempt: None,
                 reason: "connection reset".into(),
             },
         ),

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
-    Claim, Claimed, Correlation, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
+    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
     Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     result_reference,
@@ -840,6 +840,16 @@ impl Core {
                             done.push(Done::Append(Err(refused.into())));
                             continue;
                         }
+                        // Ownership moves with a dispatch: the dispatching owner's lease is
+                        // taken (or renewed) in this same transaction, so no replica that
+                        // reads the record can take its owner for gone.
+                        if let EventKind::Dispatched {
+                            owner: Some(owner), ..
+                        } = &event.kind
+                            && !new_owners.contains(owner)
+                        {
+                            new_owners.push(owner.clone());
+                        }
                         let record = record.clone();
                         seal(event.clone());
                         done.push(Done::Append(Ok(record)));
@@ -1055,7 +1065,8 @@ impl Sql {
                      $17::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
                      owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
-                     last_seq = EXCLUDED.last_seq, record = EXCLUDED.record, updated_at = now()"
+                     owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
+                     record = EXCLUDED.record, updated_at = now()"
             ),
             renew_owners: format!(
                 "INSERT INTO {s}.mrg_owners (owner, lease_until) \

@@ -134,11 +134,15 @@ impl ExecutionState {
         }
     }
 
-    /// Whether a repeat of the same intent links to an execution in this state (and then the
-    /// decision table says what to do). Settled, delivered or refused-before-running states are
-    /// not linkable once their result reached the caller; see [`ExecutionRecord::is_linkable`].
-    fn may_link(self) -> bool {
-        !matches!(self, Self::Failed | Self::ResolvedNotApplied)
+    /// Whether the outcome is not settled: the execution is in flight (accepted, authorized,
+    /// dispatched), its outcome is unknown, or it waits for review. An unsettled execution
+    /// blocks every new execution of its intent until it is settled or leaves retention,
+    /// whatever its link window says (see [`ExecutionRecord::is_linkable`]).
+    pub fn is_unsettled(self) -> bool {
+        matches!(
+            self,
+            Self::Accepted | Self::Authorized | Self::Dispatched | Self::Unknown | Self::NeedsReview
+        )
     }
 }
 
@@ -262,6 +266,12 @@ pub enum EventKind {
         target_status: Option<u16>,
         /// Why.
         reason: String,
+        /// The attempt whose outcome is unknown, when the writer is not that attempt's owner
+        /// (a repeat that found it dispatched by a process that is gone). The event is then
+        /// refused unless that attempt is still the latest: a newer attempt, dispatched
+        /// meanwhile by a live owner, is never marked unknown by someone who saw the older one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
     },
     /// Provably never sent.
     NotSent {
@@ -480,17 +490,26 @@ impl ExecutionRecord {
                 idempotency_key,
                 jsonrpc_id,
                 session_id,
+                owner,
                 ..
             } => {
                 // A dispatch starts an execution, continues one that never left, re-sends an
                 // idempotent or read-only one, or re-sends after a probe said "not applied".
+                // Its attempt number must be new: of two processes that both saw attempt n
+                // and both try attempt n + 1, only the first is recorded (and may send).
                 if !matches!(
                     self.state,
                     S::Accepted | S::Authorized | S::NotSent | S::Unknown | S::ResolvedNotApplied
-                ) {
+                ) || *attempt <= self.attempts
+                {
                     return Err(refuse());
                 }
                 self.state = S::Dispatched;
+                // Ownership moves with every dispatch: the dispatching guard owns the attempt
+                // in flight, and its liveness is what a repeat asks about.
+                if let Some(owner) = owner {
+                    self.owner = owner.clone();
+                }
                 self.dispatched_at.get_or_insert(at);
                 self.attempts = (*attempt).max(self.attempts + 1);
                 self.idempotency_key = Some(idempotency_key.clone());
@@ -535,8 +554,9 @@ impl ExecutionRecord {
             EventKind::Unknown {
                 target_status,
                 reason,
+                attempt,
             } => {
-                if self.state != S::Dispatched {
+                if self.state != S::Dispatched || attempt.is_some_and(|a| a != self.attempts) {
                     return Err(refuse());
                 }
                 self.state = S::Unknown;
@@ -590,17 +610,30 @@ impl ExecutionRecord {
         Ok(())
     }
 
-    /// Whether a repeat of the same intent at `now` links to this execution. Not linkable:
-    /// past its link window; failed (the target refused it); settled as not applied; or
-    /// completed and delivered (a repeat after the caller got the answer is a new intent).
+    /// Whether a repeat of the same intent at `now` links to this execution (DESIGN §4, two
+    /// clocks).
+    ///
+    /// - Nothing links once the record's retention ended.
+    /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
+    ///   owner that is gone, unknown, needs review) links whatever its link window says: no
+    ///   window may turn an unknown outcome into a second dispatch.
+    /// - The link window limits only how long a settled result is handed back (completed or
+    ///   resolved as applied and not yet delivered, a repeated denial) and how long a never-sent
+    ///   (`not_sent`) execution is continued.
+    /// - Never linkable: failed (the target refused it), settled as not applied, and a result
+    ///   that reached the caller (a repeat after that is a new intent).
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        now <= self.link_until
-            && self.state.may_link()
-            && !(self.delivered_at.is_some()
-                && matches!(
-                    self.state,
-                    ExecutionState::Completed | ExecutionState::ResolvedApplied
-                ))
+        use ExecutionState as S;
+        if now > self.retain_until {
+            return false;
+        }
+        let inside_window = now <= self.link_until;
+        match self.state {
+            state if state.is_unsettled() => true,
+            S::Completed | S::ResolvedApplied => self.delivered_at.is_none() && inside_window,
+            S::Denied | S::NotSent => inside_window,
+            _ => false,
+        }
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
