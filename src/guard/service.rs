@@ -548,7 +548,18 @@ where
         bytes: Bytes,
         last_event_id: &str,
     ) -> Answer<RB> {
-        let Some((_, link)) = self.inflight.resume_links.remove(last_event_id) else {
+        // A broken stream belongs to the actor whose call it answered: another actor's GET
+        // with the same event id is passed through and neither takes nor completes it.
+        let actor = parts
+            .extensions
+            .get::<Actor>()
+            .unwrap_or(&self.config.actor)
+            .clone();
+        let Some((_, link)) = self
+            .inflight
+            .resume_links
+            .remove_if(last_event_id, |_, link| link.actor == actor)
+        else {
             return self.pass_through(parts, bytes).await;
         };
         tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
@@ -561,6 +572,7 @@ where
             return Ok(response.map(GuardResponseBody::passthrough));
         }
         let observation = Observation {
+            actor: link.actor,
             ledger: self.config.ledger.clone(),
             execution_id: link.execution_id,
             request_id: link.request_id,
@@ -645,7 +657,7 @@ where
                     }
                     // Gone from the index (or not this caller's): decide again.
                 }
-                Ok(Ok(_)) => {} // any other outcome: decide again from the ledger
+                Ok(Ok(_)) => {}  // any other outcome: decide again from the ledger
                 Ok(Err(_)) => {} // the owner went away without settling: decide again
                 Err(_) => {
                     let claimed = self.config.claim(&intent).await?;
@@ -722,8 +734,7 @@ where
             let id = record.execution_id;
             // A dispatched execution whose attempt is gone has an unknown outcome: record it
             // so (only if that attempt is still the latest).
-            if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start)
-            {
+            if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start) {
                 match self
                     .config
                     .mark_unknown(&record, "the attempt ended before its outcome was observed")
@@ -1007,6 +1018,7 @@ where
         if status.is_success() {
             let sse = ResponseScanner::is_sse(response.headers());
             let observation = Observation {
+                actor: intent.actor.clone(),
                 ledger: self.config.ledger.clone(),
                 execution_id: id,
                 request_id: intent.call.id,
@@ -1416,6 +1428,7 @@ const MAX_RESUME_LINKS: usize = 10_000;
 /// to the execution, and a result that arrives on it completes the execution.
 #[derive(Debug, Clone)]
 struct ResumeLink {
+    actor: Actor,
     execution_id: ExecutionId,
     request_id: RequestId,
     keep_results: bool,
@@ -1519,6 +1532,8 @@ impl Drop for Owner {
 
 /// What the response body watcher records.
 pub(super) struct Observation {
+    /// Whose call it answers.
+    actor: Actor,
     ledger: Arc<dyn Ledger>,
     execution_id: ExecutionId,
     request_id: RequestId,
@@ -1624,6 +1639,7 @@ impl Observation {
         let last_event_id = self.last_event_id.clone();
         if let Some(last_event_id) = &last_event_id {
             let link = ResumeLink {
+                actor: self.actor.clone(),
                 execution_id: id,
                 request_id: self.request_id.clone(),
                 keep_results: self.keep_results,

@@ -26,8 +26,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
-    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
-    Timestamp,
+    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
+    LedgerEvent, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     result_reference,
 };

@@ -141,7 +141,11 @@ impl ExecutionState {
     pub fn is_unsettled(self) -> bool {
         matches!(
             self,
-            Self::Accepted | Self::Authorized | Self::Dispatched | Self::Unknown | Self::NeedsReview
+            Self::Accepted
+                | Self::Authorized
+                | Self::Dispatched
+                | Self::Unknown
+                | Self::NeedsReview
         )
     }
 }
@@ -695,5 +699,108 @@ impl Serialize for ExecutionRecord {
             map.serialize_entry("reason", r)?;
         }
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::Claim;
+
+    fn accepted(owner: &str) -> ExecutionRecord {
+        let claim = Claim {
+            fingerprint:
+                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
+                    .parse()
+                    .unwrap(),
+            tool: "t".into(),
+            actor: "a".into(),
+            intent_scope: "s".into(),
+            target: "srv".into(),
+            credential_ref: None,
+            retry_class: RetryClass::Idempotent,
+            link_window: Duration::from_secs(60),
+            retention: Duration::from_secs(60),
+            owner: owner.into(),
+            at: Timestamp::from_millis(0),
+        };
+        ExecutionRecord::from_accepted(&claim.accepted_event(ExecutionId::new())).unwrap()
+    }
+
+    fn apply(record: &mut ExecutionRecord, kind: EventKind) -> Result<(), InvalidTransition> {
+        let event = LedgerEvent {
+            execution_id: record.execution_id,
+            at: Timestamp::from_millis(1),
+            kind,
+        };
+        record.apply(&event)
+    }
+
+    fn dispatched(id: ExecutionId, attempt: u32, owner: &str) -> EventKind {
+        EventKind::Dispatched {
+            attempt,
+            idempotency_key: IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: Some(owner.into()),
+        }
+    }
+
+    fn unknown(attempt: Option<u32>) -> EventKind {
+        EventKind::Unknown {
+            target_status: None,
+            reason: "gone".into(),
+            attempt,
+        }
+    }
+
+    /// Issue 12, item 4: the dispatching guard owns the attempt in flight, whoever accepted the
+    /// execution.
+    #[test]
+    fn ownership_moves_with_every_dispatch() {
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut r, unknown(None)).unwrap();
+        apply(&mut r, dispatched(id, 2, "guard:two")).unwrap();
+        assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // A dispatch that names no owner (an older writer) leaves the owner as it was.
+        apply(&mut r, unknown(None)).unwrap();
+        let mut anonymous = dispatched(id, 3, "x");
+        if let EventKind::Dispatched { owner, .. } = &mut anonymous {
+            *owner = None;
+        }
+        apply(&mut r, anonymous).unwrap();
+        assert_eq!(r.owner, "guard:two");
+    }
+
+    /// Two processes that both saw attempt 1 end with a dead owner: the first to record
+    /// attempt 2 wins; the second's `unknown` for attempt 1 and its own attempt 2 are refused,
+    /// and the record is left as the winner wrote it.
+    #[test]
+    fn only_one_of_two_continuations_of_one_attempt_is_recorded() {
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        let seen = r.clone();
+        // The winner: attempt 1 is unknown, attempt 2 is its own.
+        apply(&mut r, unknown(Some(seen.attempts))).unwrap();
+        apply(&mut r, dispatched(id, seen.attempts + 1, "guard:two")).unwrap();
+        let won = r.clone();
+        // The loser, from what it saw: both refused.
+        let error = apply(&mut r, unknown(Some(seen.attempts))).unwrap_err();
+        assert_eq!(error.event, "unknown");
+        assert_eq!(r, won);
+        apply(&mut r, unknown(None)).unwrap();
+        let error = apply(&mut r, dispatched(id, seen.attempts + 1, "guard:three")).unwrap_err();
+        assert_eq!(error.event, "dispatched");
+        assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // An `unknown` for the latest attempt applies.
+        let mut fresh = won.clone();
+        apply(&mut fresh, unknown(Some(2))).unwrap();
+        assert_eq!(fresh.state, ExecutionState::Unknown);
     }
 }
