@@ -1169,11 +1169,9 @@ impl Config {
             if let Some(owner) = owner {
                 owner.settle(settled);
             }
-            return Ok(Some(answer::uncertain(
-                reply_id,
-                record,
-                UncertainReason::ResultNotKept,
-            )));
+            let mut response = answer::uncertain(reply_id, record, UncertainReason::ResultNotKept);
+            response.extensions_mut().insert(record.execution_id);
+            return Ok(Some(response));
         };
         let delivered = EventKind::Delivered {
             jsonrpc_id: Some(reply_id.clone()),
@@ -1182,7 +1180,10 @@ impl Config {
         if let Some(owner) = owner {
             owner.settle(settled);
         }
-        Ok(Some(answer::stored_result(reply_id, &result)))
+        // As on a target's answer: the caller can tell which execution it belongs to.
+        let mut response = answer::stored_result(reply_id, &result);
+        response.extensions_mut().insert(record.execution_id);
+        Ok(Some(response))
     }
 
     /// Records `dispatched` for the next attempt of `record`, before anything is sent, with
