@@ -376,6 +376,9 @@ fn kill_victims(
             victim.kill().expect("SIGKILL a victim");
             victim.wait().expect("reap a victim");
             killed += 1;
+            // A pause before the next one, so that the agents, not the victims, do most of the
+            // work (and the soak takes about as long as without them).
+            std::thread::sleep(Duration::from_millis(rng.random_range(200..1200)));
         }
         killed
     })
