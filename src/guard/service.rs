@@ -250,6 +250,7 @@ pub async fn resolve(
                 by: by.to_owned(),
                 note: note.to_owned(),
                 result_reference: None,
+                attempt: None,
             },
         })
         .await
@@ -885,6 +886,7 @@ where
                     by: "probe".into(),
                     note: "the status probe found the action applied".into(),
                     result_reference: stored.as_ref().map(|(r, _)| r.clone()),
+                    attempt: Some(record.attempts),
                 };
                 Ok(match self.config.append_moved(id, resolved).await? {
                     Some(record) => Probed::Applied(record, stored.map(|(_, result)| result)),
@@ -897,6 +899,7 @@ where
                     by: "probe".into(),
                     note: "the status probe found the action not applied; sent again under the same key".into(),
                     result_reference: None,
+                    attempt: Some(record.attempts),
                 };
                 Ok(match self.config.append_moved(id, resolved).await? {
                     Some(record) => Probed::NotApplied(record),

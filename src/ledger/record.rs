@@ -304,6 +304,11 @@ pub enum EventKind {
         /// The result, when the probe returned one and it was kept.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result_reference: Option<String>,
+        /// The attempt a status probe was asked about. The event is then refused unless that
+        /// attempt is still the latest and nothing is in flight: a probe's verdict on an
+        /// older attempt never settles (or re-opens for a re-send) one dispatched meanwhile.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
     },
 }
 
@@ -594,9 +599,12 @@ impl ExecutionRecord {
                 applied,
                 note,
                 result_reference,
+                attempt,
                 ..
             } => {
-                if !matches!(self.state, S::Unknown | S::NeedsReview | S::Dispatched) {
+                if !matches!(self.state, S::Unknown | S::NeedsReview | S::Dispatched)
+                    || attempt.is_some_and(|a| a != self.attempts || self.state == S::Dispatched)
+                {
                     return Err(refuse());
                 }
                 self.state = if *applied {
@@ -798,6 +806,18 @@ mod tests {
         let error = apply(&mut r, dispatched(id, seen.attempts + 1, "guard:three")).unwrap_err();
         assert_eq!(error.event, "dispatched");
         assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // A status probe's verdict on attempt 1, asked before attempt 2 left, settles nothing.
+        for applied in [true, false] {
+            let verdict = EventKind::Resolved {
+                applied,
+                by: "probe".into(),
+                note: "asked about attempt 1".into(),
+                result_reference: None,
+                attempt: Some(1),
+            };
+            let error = apply(&mut r, verdict).unwrap_err();
+            assert_eq!(error.event, "resolved");
+        }
         // An `unknown` for the latest attempt applies.
         let mut fresh = won.clone();
         apply(&mut fresh, unknown(Some(2))).unwrap();
