@@ -178,8 +178,10 @@ const WRITE_SETTINGS: &str = "SET LOCAL lock_timeout = '30s'; \
 ///
 /// # Owner liveness
 ///
-/// An execution's `owner` is the guard that claimed it. Owners hold a lease in `mrg_owners`,
-/// taken in the claim's own transaction and renewed every
+/// An execution's `owner` is the guard that claimed it, then the guard that dispatched its
+/// latest attempt (ownership moves with every `dispatched`, so a continuation in another
+/// replica belongs to that replica's guard). Owners hold a lease in `mrg_owners`, taken (or
+/// renewed) in the claim's or the dispatch's own transaction and renewed every
 /// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
 /// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
 /// leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's

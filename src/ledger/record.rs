@@ -397,7 +397,8 @@ pub struct ExecutionRecord {
     pub link_until: Timestamp,
     /// Until when it stays in the index.
     pub retain_until: Timestamp,
-    /// The process that accepted it.
+    /// The guard that owns it: the one that accepted it, then the one that dispatched its
+    /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
 }
 
