@@ -680,3 +680,64 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
     assert_eq!(server.state.side_effects("slow_deploy"), sent);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 12, item 1, the long deploy: an irreversible call still running when its link window
+/// ends is not started again by a repeat from another process; the repeat attaches and gets
+/// the running call's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_again() {
+    let dir = temp_dir("long");
+    let ledger = ledger_path(&dir);
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(4),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = [
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--ledger",
+        &ledger,
+        "--policy",
+        &policy,
+    ]
+    .map(str::to_owned);
+    let first = tokio::spawn({
+        let argv = argv.clone();
+        async move {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            replay_guard(&argv).await
+        }
+    });
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    // Nothing to poll for: the wall clock has to pass the 1 s window while the tool runs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
+    let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let second = replay_guard(&argv2).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(second.code, 0, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(second.json()["result"], first.json()["result"]);
+    assert_eq!(server.state.started("slow_deploy"), 1);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -574,6 +574,7 @@ where
         }
         let observation = Observation {
             actor: link.actor,
+            attempt: None,
             ledger: self.config.ledger.clone(),
             execution_id: link.execution_id,
             request_id: link.request_id,
@@ -1003,7 +1004,7 @@ where
     ) -> Answer<RB> {
         let id = record.execution_id;
         let key_from_caller = intent.caller_key.is_some();
-        owner.dispatched(self.config.ledger.clone(), id);
+        owner.dispatched(self.config.ledger.clone(), id, record.attempts);
         if !key_from_caller {
             parts
                 .headers
@@ -1013,7 +1014,9 @@ where
         let (body, polled) = GuardRequestBody::new(bytes);
         let mut response = match self.send(Request::from_parts(parts, body)).await {
             Ok(response) => response,
-            Err(error) => return send_failed(&self.config, id, &polled, error, owner).await,
+            Err(error) => {
+                return send_failed(&self.config, &record, &polled, error, owner).await;
+            }
         };
         // The caller can tell which execution a target's answer belongs to.
         response.extensions_mut().insert(id);
@@ -1022,6 +1025,7 @@ where
             let sse = ResponseScanner::is_sse(response.headers());
             let observation = Observation {
                 actor: intent.actor.clone(),
+                attempt: Some(record.attempts),
                 ledger: self.config.ledger.clone(),
                 execution_id: id,
                 request_id: intent.call.id,
@@ -1047,7 +1051,7 @@ where
         } else {
             EventKind::Unknown {
                 target_status: Some(status.as_u16()),
-                attempt: None,
+                attempt: Some(record.attempts),
                 reason: format!("HTTP {status} on tools/call: the tool may have run"),
             }
         };
@@ -1059,18 +1063,19 @@ where
 
 async fn send_failed<RB>(
     config: &Config,
-    id: ExecutionId,
+    record: &ExecutionRecord,
     polled: &AtomicBool,
     error: BoxError,
     owner: Owner,
 ) -> Answer<RB> {
+    let id = record.execution_id;
     {
         let sent = polled.load(Ordering::Acquire) && !is_connect_error(&*error);
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
                     target_status: None,
-                    attempt: None,
+                    attempt: Some(record.attempts),
                     reason: format!(
                         "transport error after the request may have been sent: {error}"
                     ),
@@ -1477,12 +1482,12 @@ pub(super) struct Owner {
     inflight: Arc<Inflight>,
     key: IntentKey,
     sender: watch::Sender<Option<Settlement>>,
-    abandoned: Option<(Arc<dyn Ledger>, ExecutionId)>,
+    abandoned: Option<(Arc<dyn Ledger>, ExecutionId, u32)>,
 }
 
 impl Owner {
-    fn dispatched(&mut self, ledger: Arc<dyn Ledger>, id: ExecutionId) {
-        self.abandoned = Some((ledger, id));
+    fn dispatched(&mut self, ledger: Arc<dyn Ledger>, id: ExecutionId, attempt: u32) {
+        self.abandoned = Some((ledger, id, attempt));
     }
 
     /// Publishes the outcome to attached waiters; the intent is released first, so a waiter
@@ -1503,7 +1508,7 @@ impl Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.release();
-        if let Some((ledger, id)) = self.abandoned.take() {
+        if let Some((ledger, id, attempt)) = self.abandoned.take() {
             // Dropped between dispatch and outcome (the caller cancelled, or dropped the body
             // before the response arrived): the target may have run it.
             let record = async move {
@@ -1512,7 +1517,8 @@ impl Drop for Owner {
                     at: Timestamp::now(),
                     kind: EventKind::Unknown {
                         target_status: None,
-                        attempt: None,
+                        // Only this attempt: a later one (re-sent meanwhile) is not marked.
+                        attempt: Some(attempt),
                         reason: "the caller dropped the call before its outcome was observed"
                             .into(),
                     },
@@ -1538,6 +1544,8 @@ impl Drop for Owner {
 pub(super) struct Observation {
     /// Whose call it answers.
     actor: Actor,
+    /// The attempt it observes (none for a resume stream, which records no `unknown`).
+    attempt: Option<u32>,
     ledger: Arc<dyn Ledger>,
     execution_id: ExecutionId,
     request_id: RequestId,
@@ -1636,6 +1644,8 @@ impl Observation {
 
     fn unknown(&mut self, reason: String) -> Write {
         self.outcome_recorded = true;
+        // Only the observed attempt: one another process dispatched meanwhile is not marked.
+        let attempt = self.attempt;
         let ledger = self.ledger.clone();
         let id = self.execution_id;
         let status = self.status;
@@ -1660,7 +1670,7 @@ impl Observation {
             if !resume {
                 let unknown = EventKind::Unknown {
                     target_status: Some(status),
-                    attempt: None,
+                    attempt,
                     reason,
                 };
                 append_logged(&*ledger, id, unknown).await;
