@@ -680,6 +680,9 @@ where
     /// new, an `unknown` for an attempt that is no longer the latest). When one is refused,
     /// another attempt (in another process) moved the execution on meanwhile: nothing was
     /// sent, and the call decides again from the ledger, which then attaches to that attempt.
+    ///
+    /// Longer than most functions here: it is the decision table's `match`, kept in one piece
+    /// so that the path from a claim to a send reads top to bottom.
     async fn own(
         mut self,
         parts: http::request::Parts,
