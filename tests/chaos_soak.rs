@@ -5,6 +5,12 @@
 //! started over an undelivered one, every completed result loads, the hash chain verifies, and
 //! each child's peak resident memory stays under a stated bound.
 //!
+//! Meanwhile a third agent process, a victim, works on the intents the two agents are at and
+//! is SIGKILLed at a random moment, again and again; every second victim starts on the same
+//! intents as the one before it, so it continues the executions its predecessor left
+//! dispatched (re-sends, probes, continuations of never-sent ones) and is killed in the middle
+//! of those. The two agents continue whatever the victims leave behind.
+//!
 //! `MRG_SOAK_CALLS` sets the number of planned calls (default 2,000; 100,000 for a long run),
 //! `MRG_SOAK_SEED` replays a run: the seed is printed first. The seed fixes every child's plan
 //! (which intent, which era, which duplicates) and the sequence of faults; which call a fault
@@ -151,6 +157,24 @@ fn child_entry() {
         return;
     };
     let parts: Vec<&str> = task.split('|').collect();
+    if let [
+        "victim",
+        index,
+        path,
+        sessions_url,
+        stateless_url,
+        seed,
+        start,
+    ] = parts[..]
+    {
+        return victim_entry(
+            index.parse().expect("index"),
+            Path::new(path),
+            [sessions_url.to_owned(), stateless_url.to_owned()],
+            seed.parse().expect("seed"),
+            start.parse().expect("start"),
+        );
+    }
     let [index, path, sessions_url, stateless_url, seed, calls] = parts[..] else {
         panic!("bad child task {task}");
     };
@@ -159,12 +183,14 @@ fn child_entry() {
         .enable_all()
         .build()
         .expect("runtime");
+    let (index, seed) = (index.parse().expect("index"), seed.parse().expect("seed"));
+    let plan = plan(seed, index, calls.parse().expect("calls"));
     let stats = runtime.block_on(soak_child(
-        index.parse().expect("index"),
+        index,
         Path::new(path),
         [sessions_url.to_owned(), stateless_url.to_owned()],
-        seed.parse().expect("seed"),
-        calls.parse().expect("calls"),
+        seed,
+        plan,
     ));
     drop(runtime);
     println!("\nSOAK_CHILD {stats} vmhwm_kib={}", peak_rss_kib());
@@ -209,8 +235,9 @@ async fn soak_child(
     path: &Path,
     urls: [String; 2],
     seed: u64,
-    calls: usize,
+    plan: Vec<usize>,
 ) -> ChildStats {
+    let calls = plan.len();
     let ledger = FileLedger::open(path).expect("open the shared ledger");
     let probes = Era::ALL
         .iter()
@@ -235,7 +262,7 @@ async fn soak_child(
         )
         .service(hyper_client_with_body::<GuardRequestBody>());
     let session = Arc::new(Mutex::new(Era::Sessions.open_session(&urls[0]).await));
-    let plan = Arc::new(plan(seed, index, calls));
+    let plan = Arc::new(plan);
     let next = Arc::new(AtomicUsize::new(0));
     let stats = Arc::new(ChildStats::default());
     let workers: Vec<_> = (0..CONCURRENCY)
@@ -292,6 +319,69 @@ async fn soak_child(
         worker.await.expect("a soak worker panicked");
     }
     Arc::into_inner(stats).expect("the workers are done")
+}
+
+/// Intents a victim calls: from a little behind `start` (where the agents were when it was
+/// spawned) to well ahead of it, each one once.
+const VICTIM_BEHIND: usize = 8;
+const VICTIM_AHEAD: usize = 64;
+
+/// A victim agent process: the agents' client on intents around `start`, until it is killed.
+fn victim_entry(index: usize, path: &Path, urls: [String; 2], seed: u64, start: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let plan = (start.saturating_sub(VICTIM_BEHIND)..start + VICTIM_AHEAD).collect();
+    runtime.block_on(soak_child(index, path, urls, seed, plan));
+}
+
+/// How far the agents got: the executions accepted in the ledger so far.
+fn progress(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|text| text.matches("\"event\":\"accepted\"").count())
+        .unwrap_or(0)
+}
+
+/// Until `stop`, keeps one victim process running and SIGKILLs it after a random while (the
+/// moment is the chaos; nothing waits for a state); returns how many were killed.
+fn kill_victims(
+    path: PathBuf,
+    urls: [String; 2],
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::task::spawn_blocking(move || {
+        let mut rng = StdRng::seed_from_u64(seed.rotate_left(17));
+        let (mut killed, mut start) = (0, 0);
+        while !stop.load(Ordering::SeqCst) {
+            // Every second victim starts where the one before it did: it continues what that
+            // one left dispatched, and is killed in the middle of it.
+            if killed % 2 == 0 {
+                start = progress(&path);
+            }
+            let mut victim = child_process(&format!(
+                "victim|{}|{}|{}|{}|{seed}|{start}",
+                2 + killed,
+                path.display(),
+                urls[0],
+                urls[1]
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn a victim");
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..600)));
+            victim.kill().expect("SIGKILL a victim");
+            victim.wait().expect("reap a victim");
+            killed += 1;
+            // A pause before the next one, so that the agents, not the victims, do most of the
+            // work (and the soak takes about as long as without them).
+            std::thread::sleep(Duration::from_millis(rng.random_range(200..1200)));
+        }
+        killed
+    })
 }
 
 // ---- the parent: servers, faults, and the checks -------------------------------------------
@@ -505,6 +595,7 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         seed,
         stop.clone(),
     );
+    let victims = kill_victims(path.clone(), urls.clone(), seed, stop.clone());
     let per_child = [calls - calls / 2, calls / 2];
     let children: Vec<_> = (0..2)
         .map(|i| {
@@ -523,6 +614,11 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
     .expect("join");
     stop.store(true, Ordering::SeqCst);
     scheduler.await.expect("the fault scheduler");
+    let killed = victims.await.expect("the victim killer");
+    assert!(
+        killed > 0,
+        "no victim was killed: the soak tested no continuation"
+    );
 
     let mut planned = 0;
     for (i, output) in outputs.iter().enumerate() {
@@ -565,8 +661,9 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         .map(|s| s.state.total_side_effects())
         .sum();
     println!(
-        "faults fired: {fired}; side effects: {side_effects}; executions: {}; completed \
-         results (all load): {completed}; chain: {} lines verified\n\
+        "faults fired: {fired}; victims killed: {killed}; side effects: {side_effects}; \
+         executions: {}; completed results (all load): {completed}; chain: {} lines \
+         verified\n\
          irreversible: {} intents, {} runs, {} executions, 0 ran twice, {} deliberate repeats \
          after delivery, {} held for review",
         records.len(),

@@ -83,6 +83,7 @@ async fn ledger(path: &Path) -> (ExecutionId, ExecutionId) {
             ledger
                 .append(event(EventKind::Unknown {
                     target_status: None,
+                    attempt: None,
                     reason: "stream cut".into(),
                 }))
                 .await

@@ -1180,3 +1180,267 @@ fn child_entry() {
         _ => panic!("unknown child task {task}"),
     }
 }
+
+/// Issue 12, item 1: an irreversible call held for review stays held when it is repeated after
+/// its link window. The window limits how long a settled result is handed back, never how long
+/// an unknown outcome blocks a second dispatch.
+#[tokio::test]
+async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_again() {
+    let dir = temp_dir("window");
+    let ledger = ledger_path(&dir);
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[tools.deploy_release]\nclass = \"irreversible\"\nlink_window = \"3s\"\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let server = TestServer::start().await;
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let extra = ["--ledger", ledger.as_str(), "--policy", policy.as_str()];
+    let first = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(first.code, 3, "{first:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    // Nothing to poll for: the wall clock has to pass the 3 s window.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let second = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(second.code, 3, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(
+        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review",
+        "{second:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The `--json call` argv of the slow tool as an idempotent call over `ledger`.
+fn slow_idempotent_argv(url: &str, ledger: &str) -> Vec<String> {
+    [
+        "--json",
+        "call",
+        "--url",
+        url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--ledger",
+        ledger,
+        "--class",
+        "idempotent",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// How many `event` lines of `kind` the ledger file holds.
+fn events_of_kind(ledger: &str, kind: &str) -> usize {
+    std::fs::read_to_string(ledger)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["event"] == kind)
+        .count()
+}
+
+/// Issue 12, item 4: process 1 dispatches and is SIGKILLed; process 2 continues the execution
+/// (an idempotent re-send under the same key); while process 2's request is in flight, process
+/// 3 opens the ledger. Ownership moved with the continuation: process 3 neither marks the
+/// record unknown nor re-sends, it attaches and gets process 2's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_attaches() {
+    let dir = temp_dir("continue");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(3),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = slow_idempotent_argv(&server.url, &ledger);
+    let mut first = tokio::process::Command::new(BIN)
+        .args(&argv)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    first.kill().await.unwrap(); // SIGKILL, with the execution `dispatched`
+    // Its request still runs on the server; let it finish, so that one run at a time is what
+    // the guard answers for.
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, wait)
+            .await,
+        1
+    );
+
+    let second = tokio::spawn({
+        let argv = argv.clone();
+        async move {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            replay_guard(&argv).await
+        }
+    });
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 2, wait).await,
+        2
+    );
+    assert_eq!(
+        server.state.side_effects("slow_deploy"),
+        1,
+        "process 2 is in flight"
+    );
+    let argv3: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let third = replay_guard(&argv3).await;
+    let second = second.await.unwrap();
+
+    assert_eq!(second.code, 0, "{second:#?}");
+    assert!(matches!(third.code, 0 | 3), "{third:#?}");
+    assert_eq!(third.execution_id(), second.execution_id());
+    if third.code == 0 {
+        assert_eq!(
+            third.json()["result"],
+            second.json()["result"],
+            "{third:#?}"
+        );
+    }
+    // Process 3 sent nothing: one run per process that owned an attempt, never two at once.
+    assert_eq!(server.state.started("slow_deploy"), 2, "{third:#?}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 2);
+    let keys = server.state.idempotency_keys("slow_deploy");
+    assert_eq!(keys[0], keys[1], "the re-send carried the same key");
+    // Only process 1's attempt was ever recorded unknown.
+    assert_eq!(events_of_kind(&ledger, "unknown"), 1);
+    assert_eq!(events_of_kind(&ledger, "dispatched"), 2);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 4, under load: thirty processes make the same idempotent call at once over
+/// one ledger, and the first response is lost. Exactly one of them re-sends it; the others
+/// attach. None fails with a refused `dispatched` (which used to surface, exit 2, as "nothing
+/// was sent" after a request had been sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail() {
+    let dir = temp_dir("thirty");
+    let ledger = ledger_path(&dir);
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(1),
+        ..ServerOptions::default()
+    })
+    .await;
+    server
+        .state
+        .faults()
+        .schedule("slow_deploy", Fault::DropResponseAfterTool);
+    let argv = slow_idempotent_argv(&server.url, &ledger);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let runs = concurrently(30, &argv).await;
+    for run in &runs {
+        assert!(
+            !run.stderr.contains("is not allowed there"),
+            "a refused transition reached the caller: {run:#?}"
+        );
+        assert!(matches!(run.code, 0 | 3), "{run:#?}");
+    }
+    // Dispatches per execution, from the ledger file.
+    let mut dispatches = std::collections::BTreeMap::<String, usize>::new();
+    for line in std::fs::read_to_string(&ledger).unwrap().lines() {
+        let line: Value = serde_json::from_str(line).unwrap();
+        if line["event"] == "dispatched" {
+            *dispatches
+                .entry(line["execution_id"].as_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    let ids: std::collections::BTreeSet<String> = runs.iter().map(Run::execution_id).collect();
+    assert_eq!(ids, dispatches.keys().cloned().collect(), "{dispatches:?}");
+    // The execution whose response was lost was sent twice (the lost attempt, then exactly one
+    // re-send under its key); a process that started after its answer was delivered made a
+    // deliberate repeat, a new execution sent once.
+    let first = &server.state.tool_runs("slow_deploy")[0];
+    let first = first.idempotency_key.clone().unwrap();
+    assert_eq!(dispatches[&first], 2, "{dispatches:?}");
+    assert!(
+        dispatches.iter().all(|(id, n)| *id == first || *n == 1),
+        "{dispatches:?}"
+    );
+    let sent: usize = dispatches.values().sum();
+    assert_eq!(server.state.tool_call_requests("slow_deploy").len(), sent);
+    assert_eq!(server.state.side_effects("slow_deploy"), sent);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Issue 12, item 1, the long deploy: an irreversible call still running when its link window
+/// ends is not started again by a repeat from another process; the repeat attaches and gets
+/// the running call's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_again() {
+    let dir = temp_dir("long");
+    let ledger = ledger_path(&dir);
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(4),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = [
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--ledger",
+        &ledger,
+        "--policy",
+        &policy,
+    ]
+    .map(str::to_owned);
+    let first = tokio::spawn({
+        let argv = argv.clone();
+        async move {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            replay_guard(&argv).await
+        }
+    });
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    // Nothing to poll for: the wall clock has to pass the 1 s window while the tool runs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
+    let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let second = replay_guard(&argv2).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(second.code, 0, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(second.json()["result"], first.json()["result"]);
+    assert_eq!(server.state.started("slow_deploy"), 1);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}

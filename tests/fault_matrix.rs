@@ -49,10 +49,11 @@ enum Point {
     SessionLost,
     ServerError,
     ProcessKilled,
+    UnknownPastWindow,
 }
 
 impl Point {
-    const ALL: [Point; 7] = [
+    const ALL: [Point; 8] = [
         Point::BeforeAnyByte,
         Point::AfterRequestReached,
         Point::MidSse,
@@ -60,6 +61,7 @@ impl Point {
         Point::SessionLost,
         Point::ServerError,
         Point::ProcessKilled,
+        Point::UnknownPastWindow,
     ];
 
     fn label(self) -> &'static str {
@@ -71,6 +73,9 @@ impl Point {
             Point::SessionLost => "404 session loss (server forgot the session)",
             Point::ServerError => "HTTP 500, answered before the tool ran",
             Point::ProcessKilled => "client process SIGKILLed after dispatch (tool ran)",
+            Point::UnknownPastWindow => {
+                "outcome unknown (no response, tool ran), repeated after the link window"
+            }
         }
     }
 }
@@ -122,13 +127,60 @@ fn registry() -> ContractRegistry {
     one_contract_per_class()
 }
 
+/// The link window of the cells that repeat a call after it: short, so that the wall clock
+/// passes it within the cell.
+const SHORT_WINDOW: Duration = Duration::from_millis(300);
+
+/// [`registry`], with every tool's link window [`SHORT_WINDOW`].
+fn short_window_registry() -> ContractRegistry {
+    use mcp_replay_guard::contract::ToolContract;
+    ContractRegistry::builder()
+        .tool("list_branches", ToolContract::read_only())
+        .tool(
+            "create_payment",
+            ToolContract::idempotent().link_window(SHORT_WINDOW),
+        )
+        .tool(
+            "rotate_credential",
+            ToolContract::recoverable().link_window(SHORT_WINDOW),
+        )
+        .tool(
+            "deploy_release",
+            ToolContract::irreversible().link_window(SHORT_WINDOW),
+        )
+        .build()
+        .expect("valid contracts")
+}
+
+/// Waits (polling the wall clock, with a deadline) until every recorded execution is past
+/// its link window.
+async fn wait_past_link_windows(ledger: &FileLedger) {
+    use mcp_replay_guard::ledger::Timestamp;
+    let records = ledger.list().await.expect("list");
+    let Some(until) = records.iter().map(|r| r.link_until).max() else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + SHORT_WINDOW * 10;
+    while Timestamp::now() <= until {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the window never passed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The guard every process of a cell runs: same contracts, actor and scope, and the
 /// fingerprint key kept beside the ledger file, so a process that reopens the ledger finds the
 /// executions of the one that died.
 fn guard_layer(ledger: &FileLedger) -> GuardLayer {
+    guard_layer_with(ledger, registry())
+}
+
+fn guard_layer_with(ledger: &FileLedger, registry: ContractRegistry) -> GuardLayer {
     GuardLayer::new(
         ledger.clone(),
-        registry(),
+        registry,
         ledger.fingerprint_key().expect("fingerprint key"),
     )
     .actor(Actor::from("signed-process:com.example.agent"))
@@ -160,8 +212,10 @@ fn expected(point: Point, era: Era, class: Class) -> Option<Row> {
         return None;
     }
     // The tool ran and the outcome reached nobody: the class decides what the repeat does.
-    let lost_after_run = matches!(point, Point::AfterRequestReached | Point::ProcessKilled)
-        || (point == Point::MidSse && era == Era::Stateless);
+    let lost_after_run = matches!(
+        point,
+        Point::AfterRequestReached | Point::ProcessKilled | Point::UnknownPastWindow
+    ) || (point == Point::MidSse && era == Era::Stateless);
     let guarded_error = |text: &'static str| {
         if class == ReadOnly {
             "transport error"
@@ -171,7 +225,9 @@ fn expected(point: Point, era: Era, class: Class) -> Option<Row> {
     };
     let first = match point {
         Point::BeforeAnyByte => guarded_error("error: not sent"),
-        Point::AfterRequestReached => guarded_error("error: outcome unknown"),
+        Point::AfterRequestReached | Point::UnknownPastWindow => {
+            guarded_error("error: outcome unknown")
+        }
         Point::MidSse if era == Era::Sessions => RESULT,
         Point::MidSse => "stream broke before the result",
         Point::ResultUnread => "nothing (body dropped unread)",
@@ -401,7 +457,12 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
     // This process's guard: for a killed client, the fresh one that reopens its ledger.
     let ledger = FileLedger::open(&path).expect("open the ledger");
     let probe = CredentialStatusProbe::new(&url, era);
-    let layer = guard_layer(&ledger).status_probe("rotate_credential", probe.clone());
+    let layer = if point == Point::UnknownPastWindow {
+        guard_layer_with(&ledger, short_window_registry())
+    } else {
+        guard_layer(&ledger)
+    }
+    .status_probe("rotate_credential", probe.clone());
     let refuse = Arc::new(AtomicUsize::new(0));
     let mut client = stack(&layer, &refuse);
     let mut session = era.open_session(&url).await;
@@ -411,11 +472,16 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
             refuse.store(1, Ordering::SeqCst);
             call(&mut client, era, &url, session.as_deref(), 1, class).await
         }
-        Point::AfterRequestReached | Point::MidSse | Point::ServerError => {
+        Point::AfterRequestReached
+        | Point::UnknownPastWindow
+        | Point::MidSse
+        | Point::ServerError => {
             faults.schedule(
                 tool,
                 match point {
-                    Point::AfterRequestReached => Fault::DropResponseAfterTool,
+                    Point::AfterRequestReached | Point::UnknownPastWindow => {
+                        Fault::DropResponseAfterTool
+                    }
                     Point::MidSse => Fault::CutStreamAfterFirstEvent,
                     _ => Fault::Status(500),
                 },
@@ -449,6 +515,9 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
         }
         Point::ProcessKilled => Told::Nothing("process killed"),
     };
+    if point == Point::UnknownPastWindow {
+        wait_past_link_windows(&ledger).await;
+    }
     let second = if first.is_result() {
         None
     } else {

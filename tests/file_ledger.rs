@@ -1173,3 +1173,86 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
     drop(ledger);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Issue 12, item 4, in the file ledger: an execution dispatched by an owner that is gone,
+/// then continued through another opener (another process), belongs to the continuing owner.
+/// Its lock is held from before the `dispatched` line was written, so a third opener finds the
+/// attempt alive and leaves it `dispatched`; once that opener is gone too, the attempt is
+/// recovered as unknown.
+#[tokio::test]
+async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
+    let dir = temp_dir("continue");
+    let path = dir.join("ledger.jsonl");
+    let dispatched = |id: ExecutionId, attempt: u32, owner: &str| EventKind::Dispatched {
+        attempt,
+        idempotency_key: IdempotencyKey::from(id),
+        key_from_caller: false,
+        jsonrpc_id: None,
+        session_id: None,
+        owner: Some(owner.into()),
+    };
+    let first = FileLedger::open(&path).unwrap();
+    let claimed = first.claim(claim(7, "guard:one")).await.unwrap();
+    let id = claimed.record().execution_id;
+    first
+        .append(event(id, EventKind::Authorized))
+        .await
+        .unwrap();
+    first
+        .append(event(id, dispatched(id, 1, "guard:one")))
+        .await
+        .unwrap();
+    drop(first); // its process is gone
+
+    let second = FileLedger::open(&path).unwrap();
+    let record = second.get(id).await.unwrap().unwrap();
+    assert_eq!(record.state, ExecutionState::Unknown, "recovered on open");
+    // The second opener never claimed anything new: the dispatch alone makes it the owner.
+    let record = second
+        .append(event(id, dispatched(id, 2, "guard:two")))
+        .await
+        .unwrap();
+    assert_eq!((record.owner.as_str(), record.attempts), ("guard:two", 2));
+
+    let third = FileLedger::open(&path).unwrap();
+    let record = third.get(id).await.unwrap().unwrap();
+    assert_eq!(record.state, ExecutionState::Dispatched, "{record:#?}");
+    assert_eq!(record.owner, "guard:two");
+    assert!(third.is_owner_alive("guard:two").await);
+    // A stale continuation (from what was read before attempt 2) is refused, nothing written.
+    let stale = third
+        .append(event(id, dispatched(id, 2, "guard:three")))
+        .await
+        .unwrap_err();
+    assert!(stale.is_invalid_transition(), "{stale}");
+    let unknown_of_attempt_1 = EventKind::Unknown {
+        target_status: None,
+        reason: "seen dead".into(),
+        attempt: Some(1),
+    };
+    let stale = third
+        .append(event(id, unknown_of_attempt_1))
+        .await
+        .unwrap_err();
+    assert!(stale.is_invalid_transition(), "{stale}");
+
+    // The continuing process ends: its lock goes with it (a child another test forks at that
+    // moment may hold the lock an instant longer, until it execs).
+    drop(second);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while third.is_owner_alive("guard:two").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lock outlived its ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(third);
+    let fourth = FileLedger::open(&path).unwrap();
+    let record = fourth.get(id).await.unwrap().unwrap();
+    assert_eq!(record.state, ExecutionState::Unknown);
+    assert_eq!(record.attempts, 2);
+    assert!(fourth.verify().unwrap().is_ok());
+    drop(fourth);
+    std::fs::remove_dir_all(dir).unwrap();
+}

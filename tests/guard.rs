@@ -1200,3 +1200,194 @@ async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
     let record = only_record(&ledger).await;
     assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
 }
+
+/// Issue 12, item 5: concurrent identical calls in one process to a tool whose results are not
+/// kept. The waiters take the completed execution's answer (honestly: finished, result not
+/// kept), as a waiter in another process does; none of them decides again and starts a second
+/// execution once the first answer was delivered. The server answers with JSON, so the first
+/// caller's delivery is recorded right after its outcome, before any waiter runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_a_tool_whose_results_are_not_kept_never_dispatch_again() {
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let ledger = MemoryLedger::new();
+    let registry = ContractRegistry::builder()
+        .tool(
+            "slow_deploy",
+            ToolContract::idempotent().keep_results(false),
+        )
+        .build()
+        .unwrap();
+    let layer = GuardLayer::new(
+        ledger.clone(),
+        registry,
+        FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+    );
+    let client = guarded(&layer);
+    let tasks: Vec<_> = (0..20)
+        .map(|id| {
+            let mut client = client.clone();
+            let request = post(
+                &server.url,
+                None,
+                STATELESS_PROTOCOL_VERSION,
+                stateless_tool_call_body(id, "slow_deploy", json!({"service": "catalog"})),
+            );
+            tokio::spawn(async move {
+                let response = send(&mut client, request).await.unwrap();
+                read_jsonrpc_response(response, &json!(id)).await.unwrap()
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(server.state.started("slow_deploy"), 1, "{answers:#?}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let record = only_record(&ledger).await;
+    assert_eq!(record.attempts, 1);
+    // One caller got the tool's answer; every other one was told it finished and that its
+    // result was not kept (never a made-up failure, never a second run).
+    let is_guard_answer = |a: &&Value| {
+        a["result"]["structuredContent"]
+            .get("mcp_replay_guard")
+            .is_some()
+    };
+    assert_eq!(
+        answers.iter().filter(|a| !is_guard_answer(a)).count(),
+        1,
+        "{answers:#?}"
+    );
+    for answer in answers.iter().filter(is_guard_answer) {
+        assert_eq!(
+            guard_answer(answer)["execution_id"],
+            json!(record.execution_id.to_string())
+        );
+        assert!(
+            first_text(answer).unwrap().contains("was NOT run again"),
+            "{answer}"
+        );
+    }
+}
+
+/// Issue 12, item 9: two actors make the identical call, and the first actor's answer is
+/// lost after its tool ran (its result is kept). The second actor's call is its own execution:
+/// it runs, and gets its own result; the first actor's repeat gets the first result back. No
+/// kept result crosses actors.
+#[tokio::test]
+async fn a_kept_result_is_never_handed_to_another_actor() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let layer = layer(&ledger);
+    let mut client = guarded(&layer);
+    let request = |id: i64, actor: &str| {
+        let mut request = post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(id, "deploy_release", deploy_args()),
+        );
+        request.extensions_mut().insert(Actor::from(actor));
+        request
+    };
+    // Actor A: the caller drops the body unread; the guard reads on and keeps the result.
+    drop(send(&mut client, request(1, "actor:a")).await.unwrap());
+    let first = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert!(first.result_reference.is_some());
+    assert_eq!(first.actor.as_str(), "actor:a");
+
+    // Actor B, the identical call: its own execution, its own effect, its own result.
+    let response = send(&mut client, request(2, "actor:b")).await.unwrap();
+    let b = read_jsonrpc_response(response, &json!(2)).await.unwrap();
+    assert!(
+        b["result"]["structuredContent"]
+            .get("mcp_replay_guard")
+            .is_none(),
+        "{b}"
+    );
+    assert_eq!(b["result"]["structuredContent"]["deployment"], 2, "{b}");
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Actor A repeats: its kept result (deployment 1), not B's, and nothing runs.
+    let response = send(&mut client, request(3, "actor:a")).await.unwrap();
+    let a = read_jsonrpc_response(response, &json!(3)).await.unwrap();
+    assert_eq!(a["result"]["structuredContent"]["deployment"], 1, "{a}");
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 2, "{records:#?}");
+    let actors: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.actor.as_str()).collect();
+    assert_eq!(actors, ["actor:a", "actor:b"].into_iter().collect());
+}
+
+/// Issue 12, item 9, the resume path: a broken stream is remembered by its last event id, and
+/// only a GET of the same actor continues (and completes) its execution. Another actor's GET
+/// with that event id passes through without touching it.
+#[tokio::test]
+async fn another_actors_resume_never_takes_over_a_broken_stream() {
+    let server = TestServer::start_with(ServerOptions {
+        event_store: true,
+        ..ServerOptions::default()
+    })
+    .await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let layer = layer(&ledger);
+    let mut client = guarded(&layer);
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::CutStreamAfterFirstEvent);
+    let mut request = post(
+        &server.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        tool_call_body(1, "deploy_release", deploy_args()),
+    );
+    request.extensions_mut().insert(Actor::from("actor:a"));
+    let response = send(&mut client, request).await.unwrap();
+    assert!(read_jsonrpc_response(response, &json!(1)).await.is_err());
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("deploy_release", 1, std::time::Duration::from_secs(5))
+            .await,
+        1
+    );
+    let cut = wait_for_state(&ledger, ExecutionState::Unknown).await;
+    let last_event_id = cut.correlation.last_event_id.clone().expect("an event id");
+
+    let resume = |actor: &str| {
+        let mut request = get_stream(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            Some(&last_event_id),
+        );
+        request.extensions_mut().insert(Actor::from(actor));
+        request
+    };
+    // Actor B resumes A's stream: whatever the server sends it, A's execution is not B's.
+    let response = send(&mut client, resume("actor:b")).await.unwrap();
+    let _ = body_text(response.into_body()).await;
+    let record = only_record(&ledger).await;
+    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+
+    // Actor A resumes: the answer completes A's execution.
+    let response = send(&mut client, resume("actor:a")).await.unwrap();
+    let answer = read_response_to_end(response).await;
+    assert_eq!(
+        answer["result"]["structuredContent"]["deployment"], 1,
+        "{answer}"
+    );
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert_eq!(record.execution_id, cut.execution_id);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+}

@@ -399,6 +399,7 @@ async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
             3,
             EventKind::Unknown {
                 target_status: None,
+                attempt: None,
                 reason: "connection reset".into(),
             },
         ),
@@ -488,16 +489,32 @@ async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
 }
 
 #[tokio::test]
-async fn links_end_with_the_window_and_purged_records_leave_the_index_not_the_chain() {
+async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_not_the_chain() {
     let Some(schema) = TestSchema::new("retention") else {
         return;
     };
     let ledger = schema.replica().await;
     let first = new_execution(&ledger, 1, 0).await;
+    // In flight, it holds its intent past the window (issue 12, item 1).
+    assert!(matches!(
+        ledger.claim(claim(1, 60_001)).await.unwrap(),
+        Claimed::Existing(r) if r.execution_id == first
+    ));
     let reference = ledger
         .store_result(first, Bytes::from_static(b"{\"content\":[]}"))
         .await
         .unwrap();
+    ledger
+        .append(event(first, 1, dispatched(first)))
+        .await
+        .unwrap();
+    let completed = EventKind::Completed {
+        target_status: 200,
+        is_error: false,
+        result_reference: Some(reference.clone()),
+    };
+    ledger.append(event(first, 2, completed)).await.unwrap();
+    // Completed, not delivered: its result is handed back inside the window only.
     assert!(matches!(
         ledger.claim(claim(1, 60_000)).await.unwrap(),
         Claimed::Existing(r) if r.execution_id == first
@@ -528,10 +545,10 @@ async fn links_end_with_the_window_and_purged_records_leave_the_index_not_the_ch
         Err(LedgerError::NotFound(m)) if m == first
     ));
     // The chain keeps every event.
-    assert_eq!(ledger.events(first).await.unwrap().len(), 1);
+    assert_eq!(ledger.events(first).await.unwrap().len(), 3);
     let report = verified(&ledger).await;
     assert!(report.is_ok(), "{report}");
-    assert_eq!(report.verified, 2);
+    assert_eq!(report.verified, 4);
 
     assert_eq!(
         ledger
@@ -746,4 +763,81 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
     let report = verified(&other).await;
     assert!(report.is_ok(), "{report}");
     schema.drop(&other).await;
+}
+
+/// Issue 12, item 4, in PostgreSQL: an execution dispatched by an owner that is gone and
+/// continued through another replica belongs to the continuing owner, whose lease is taken
+/// in the dispatch's own transaction (that replica never claimed anything). A stale
+/// continuation, from what was read before, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
+    let Some(schema) = TestSchema::new("continue") else {
+        return;
+    };
+    let dispatched = |id: ExecutionId, attempt: u32, owner: &str| EventKind::Dispatched {
+        attempt,
+        idempotency_key: IdempotencyKey::from(id),
+        key_from_caller: false,
+        jsonrpc_id: None,
+        session_id: None,
+        owner: Some(owner.into()),
+    };
+    let observer = schema.replica().await;
+    let first = schema.replica().await;
+    let mut owned = claim(1, 0);
+    owned.owner = "guard:pg-one".into();
+    let id = first.claim(owned).await.unwrap().record().execution_id;
+    first
+        .append(event(id, 1, dispatched(id, 1, "guard:pg-one")))
+        .await
+        .unwrap();
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while observer.is_owner_alive("guard:pg-one").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease outlived its ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let second = schema.replica().await;
+    let unknown = |attempt| EventKind::Unknown {
+        target_status: None,
+        reason: "its owner is gone".into(),
+        attempt: Some(attempt),
+    };
+    second.append(event(id, 2, unknown(1))).await.unwrap();
+    let record = second
+        .append(event(id, 3, dispatched(id, 2, "guard:pg-two")))
+        .await
+        .unwrap();
+    assert_eq!(record.owner, "guard:pg-two");
+
+    let record = observer.get(id).await.unwrap().unwrap();
+    assert_eq!(record.state, ExecutionState::Dispatched);
+    assert_eq!(
+        (record.owner.as_str(), record.attempts),
+        ("guard:pg-two", 2)
+    );
+    assert!(observer.is_owner_alive("guard:pg-two").await);
+    assert_eq!(
+        schema
+            .query_i64s(
+                &observer,
+                "SELECT count(*) FROM {s}.mrg_executions WHERE owner = 'guard:pg-two'"
+            )
+            .await,
+        [1]
+    );
+    // From what was read before attempt 2: both refused, nothing written.
+    for stale in [unknown(1), dispatched(id, 2, "guard:pg-three")] {
+        let error = observer.append(event(id, 4, stale)).await.unwrap_err();
+        assert!(error.is_invalid_transition(), "{error}");
+    }
+    assert_eq!(observer.events(id).await.unwrap().len(), 4);
+    let report = verified(&observer).await;
+    assert!(report.is_ok(), "{report}");
+    drop(second);
+    schema.drop(&observer).await;
 }

@@ -283,16 +283,75 @@ mod tests {
         }
     }
 
+    /// DESIGN §4, two clocks: every state, inside and past its link window (60 s here),
+    /// delivered or not, and past its retention. An unsettled outcome links until retention;
+    /// the window limits only settled results and never-sent executions.
     #[test]
-    fn delivered_failed_and_expired_executions_do_not_link() {
-        let now = Timestamp::from_millis(1_000);
-        let mut delivered = record(RetryClass::Irreversible, ExecutionState::Completed, true);
-        assert!(delivered.is_linkable(now));
-        delivered.delivered_at = Some(now);
-        assert!(!delivered.is_linkable(now));
-        assert!(!record(RetryClass::Irreversible, ExecutionState::Failed, false).is_linkable(now));
-        let unknown = record(RetryClass::Irreversible, ExecutionState::Unknown, false);
-        assert!(unknown.is_linkable(now));
-        assert!(!unknown.is_linkable(Timestamp::from_millis(60_001)));
+    fn what_links_inside_and_past_the_window() {
+        use ExecutionState as S;
+        let inside = Timestamp::from_millis(1_000);
+        let past_window = Timestamp::from_millis(60_001);
+        // Retention here is max(retention, link window) = 60 s: keep it longer.
+        let past_retention = Timestamp::from_millis(3_600_001);
+        // (state, delivered, links inside the window, links past it)
+        let rows = [
+            (S::Accepted, false, true, true),
+            (S::Authorized, false, true, true),
+            (S::Dispatched, false, true, true),
+            (S::Unknown, false, true, true),
+            (S::NeedsReview, false, true, true),
+            (S::Completed, false, true, false),
+            (S::Completed, true, false, false),
+            (S::ResolvedApplied, false, true, false),
+            (S::ResolvedApplied, true, false, false),
+            (S::Denied, false, true, false),
+            (S::Denied, true, true, false),
+            (S::NotSent, false, true, false),
+            (S::Failed, false, false, false),
+            (S::Failed, true, false, false),
+            (S::ResolvedNotApplied, false, false, false),
+        ];
+        for class in CLASSES {
+            for (state, delivered, in_window, after_window) in rows {
+                let mut r = record(class, state, true);
+                r.retain_until = Timestamp::from_millis(3_600_000);
+                if delivered {
+                    r.delivered_at = Some(inside);
+                }
+                let row = format!("{class}: {state}, delivered {delivered}");
+                assert_eq!(r.is_linkable(inside), in_window, "{row}, inside the window");
+                assert_eq!(
+                    r.is_linkable(past_window),
+                    after_window,
+                    "{row}, past the window"
+                );
+                assert!(!r.is_linkable(past_retention), "{row}, past retention");
+                assert_eq!(state.is_unsettled(), after_window && !delivered, "{row}");
+            }
+        }
+    }
+
+    /// Past the window, an unsettled execution still decides as it did inside it: never a
+    /// new execution (a claim returns it, and the table answers as for any repeat).
+    #[test]
+    fn an_unknown_outcome_past_the_window_is_held_not_started_again() {
+        let past_window = Timestamp::from_millis(60_001);
+        let idle = facts(false, false, false);
+        for class in CLASSES {
+            for state in [ExecutionState::Unknown, ExecutionState::NeedsReview] {
+                let mut r = record(class, state, false);
+                r.retain_until = Timestamp::from_millis(3_600_000);
+                assert!(r.is_linkable(past_window), "{class}: {state}");
+                let decision = decide(&Claimed::Existing(r), idle);
+                assert_ne!(decision, Decision::Start, "{class}: {state}");
+                if class == RetryClass::Irreversible {
+                    assert_eq!(
+                        decision,
+                        Decision::Uncertain(UncertainReason::NeedsReview),
+                        "{state}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -41,6 +41,31 @@ use crate::{
     },
 };
 
+/// How many times one call decides again because another attempt moved its execution on
+/// between its decision and its write, before it answers "in progress".
+const MAX_DECISIONS: usize = 8;
+
+/// What a status probe led to.
+enum Probed {
+    /// Applied, recorded as resolved: hand back its result (when kept).
+    Applied(ExecutionRecord, Option<Bytes>),
+    /// Not applied, recorded as resolved: send again under the same key.
+    NotApplied(ExecutionRecord),
+    /// The guard's own answer (in progress, held for review).
+    Answer(Response<Bytes>),
+    /// Another attempt settled or moved the execution meanwhile: decide again.
+    Moved,
+}
+
+/// A ledger that linked another actor's (or intent's) execution to a call: never handed back.
+fn foreign_link() -> GuardError {
+    GuardError::ledger(crate::ledger::LedgerError::Storage(
+        "the ledger linked an execution of another actor or intent to this call; nothing was \
+         handed back or sent"
+            .into(),
+    ))
+}
+
 /// Default bound on a buffered request body.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
@@ -225,6 +250,7 @@ pub async fn resolve(
                 by: by.to_owned(),
                 note: note.to_owned(),
                 result_reference: None,
+                attempt: None,
             },
         })
         .await
@@ -531,7 +557,18 @@ where
         bytes: Bytes,
         last_event_id: &str,
     ) -> Answer<RB> {
-        let Some((_, link)) = self.inflight.resume_links.remove(last_event_id) else {
+        // A broken stream belongs to the actor whose call it answered: another actor's GET
+        // with the same event id is passed through and neither takes nor completes it.
+        let actor = parts
+            .extensions
+            .get::<Actor>()
+            .unwrap_or(&self.config.actor)
+            .clone();
+        let Some((_, link)) = self
+            .inflight
+            .resume_links
+            .remove_if(last_event_id, |_, link| link.actor == actor)
+        else {
             return self.pass_through(parts, bytes).await;
         };
         tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
@@ -544,6 +581,8 @@ where
             return Ok(response.map(GuardResponseBody::passthrough));
         }
         let observation = Observation {
+            actor: link.actor,
+            attempt: None,
             ledger: self.config.ledger.clone(),
             execution_id: link.execution_id,
             request_id: link.request_id,
@@ -605,12 +644,30 @@ where
                     .map(|value| value.clone())
             };
             match tokio::time::timeout(self.config.attach_timeout, wait).await {
-                Ok(Ok(value)) => {
-                    if let Some(Settlement::Completed(Some(result))) = value {
-                        return answered(answer::stored_result(&intent.call.id, &result));
+                // The attempt this call waited for completed: its answer is this call's answer,
+                // kept or not, as when the attempt ran in another process (deciding again would
+                // find the execution delivered and start a second one).
+                Ok(Ok(Some(Settlement::Completed {
+                    execution_id,
+                    result,
+                }))) => {
+                    let record = self
+                        .config
+                        .ledger
+                        .get(execution_id)
+                        .await
+                        .map_err(GuardError::ledger)?;
+                    if let Some(record) = record
+                        && let Some(response) = self
+                            .config
+                            .hand_back(&record, &intent, result, None)
+                            .await?
+                    {
+                        return Ok(response);
                     }
-                    // Any other outcome: decide again from the ledger.
+                    // Gone from the index (or not this caller's): decide again.
                 }
+                Ok(Ok(_)) => {}  // any other outcome: decide again from the ledger
                 Ok(Err(_)) => {} // the owner went away without settling: decide again
                 Err(_) => {
                     let claimed = self.config.claim(&intent).await?;
@@ -625,131 +682,185 @@ where
     }
 
     /// This call owns the intent in this process: decide and act.
+    ///
+    /// Every write between the decision and the send is conditional on what the decision saw
+    /// (the state machine refuses a second `authorized`, a `dispatched` whose attempt is not
+    /// new, an `unknown` for an attempt that is no longer the latest). When one is refused,
+    /// another attempt (in another process) moved the execution on meanwhile: nothing was
+    /// sent, and the call decides again from the ledger, which then attaches to that attempt.
+    ///
+    /// Longer than most functions here: it is the decision table's `match`, kept in one piece
+    /// so that the path from a claim to a send reads top to bottom.
     async fn own(
-        self,
+        mut self,
         parts: http::request::Parts,
         bytes: Bytes,
         intent: Intent,
         owner: Owner,
     ) -> Answer<RB> {
         let has_probe = self.config.probes.contains_key(&intent.call.name);
-        let mut claimed = self.config.claim(&intent).await?;
-        let decision = loop {
-            let task_known = claimed.record().correlation.task_id.is_some();
-            let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
-            let facts = Facts {
-                attempt_alive,
-                resumable: false,
-                has_probe,
-                task_known,
-            };
-            let decision = decide(&claimed, facts);
-            if decision != Decision::Attach {
-                break decision;
-            }
-            // Another process's guard owns the execution: wait (bounded) for it to move on,
-            // then decide again.
-            match self.config.wait_for_other_attempt(claimed.record()).await? {
-                // The attempt this call waited for completed: its answer is this call's answer,
-                // even when another caller already received it (claiming again would find a
-                // delivered execution and start a second one).
-                Some(current) if current.state == ExecutionState::Completed => {
-                    let stored = self.config.kept_result(&current).await?;
-                    return self
-                        .config
-                        .hand_back(&current, &intent.call.id, stored, owner)
-                        .await;
+        let reply_id = intent.call.id.clone();
+        for _ in 0..MAX_DECISIONS {
+            let mut claimed = self.config.claim(&intent).await?;
+            let decision = loop {
+                let task_known = claimed.record().correlation.task_id.is_some();
+                let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
+                let facts = Facts {
+                    attempt_alive,
+                    resumable: false,
+                    has_probe,
+                    task_known,
+                };
+                let decision = decide(&claimed, facts);
+                if decision != Decision::Attach {
+                    break decision;
                 }
-                Some(_) => claimed = self.config.claim(&intent).await?,
-                None => {
+                // Another process's guard owns the execution: wait (bounded) for it to move
+                // on, then decide again.
+                match self.config.wait_for_other_attempt(claimed.record()).await? {
+                    // The attempt this call waited for completed: its answer is this call's
+                    // answer, even when another caller already received it (claiming again
+                    // would find a delivered execution and start a second one).
+                    Some(current) if current.state == ExecutionState::Completed => {
+                        let stored = self.config.kept_result(&current).await?;
+                        return self
+                            .config
+                            .hand_back(&current, &intent, stored, Some(owner))
+                            .await?
+                            .map_or_else(|| Err(foreign_link()), Ok);
+                    }
+                    Some(_) => claimed = self.config.claim(&intent).await?,
+                    None => {
+                        return answered(answer::uncertain(
+                            &reply_id,
+                            claimed.record(),
+                            UncertainReason::InProgress,
+                        ));
+                    }
+                }
+            };
+            let mut record = claimed.record().clone();
+            let span = tracing::Span::current();
+            span.record("execution_id", tracing::field::display(record.execution_id));
+            span.record("decision", tracing::field::debug(decision));
+            tracing::info!(state = record.state.as_str(), "decided");
+            let id = record.execution_id;
+            // A dispatched execution whose attempt is gone has an unknown outcome: record it
+            // so (only if that attempt is still the latest).
+            if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start) {
+                match self
+                    .config
+                    .mark_unknown(&record, "the attempt ended before its outcome was observed")
+                    .await?
+                {
+                    Some(unknown) => record = unknown,
+                    None => continue,
+                }
+            }
+            let to_send = match decision {
+                Decision::Start | Decision::Continue => {
+                    if matches!(record.state, ExecutionState::Accepted) {
+                        match self.config.authorize(&record, &intent).await {
+                            Ok(Some(denied)) => {
+                                owner.settle(Settlement::Other);
+                                return answered(answer::denied(&reply_id, &denied));
+                            }
+                            Ok(None) => {
+                                match self.config.append_moved(id, EventKind::Authorized).await? {
+                                    Some(authorized) => record = authorized,
+                                    None => continue,
+                                }
+                            }
+                            Err(e) if e.is_ledger_transition() => continue,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    record
+                }
+                Decision::Resend => record,
+                // Resumption belongs to the resume layer and attachment happened before the
+                // claim; neither ever turns into a re-send here.
+                Decision::Resume | Decision::Attach => {
                     return answered(answer::uncertain(
-                        &intent.call.id,
-                        claimed.record(),
+                        &reply_id,
+                        &record,
                         UncertainReason::InProgress,
                     ));
                 }
-            }
-        };
-        let mut record = claimed.record().clone();
-        let span = tracing::Span::current();
-        span.record("execution_id", tracing::field::display(record.execution_id));
-        span.record("decision", tracing::field::debug(decision));
-        tracing::info!(state = record.state.as_str(), "decided");
-        let id = record.execution_id;
-        let reply_id = intent.call.id.clone();
-        // A dispatched execution whose attempt is gone has an unknown outcome: record it so.
-        if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start) {
-            record = self
-                .config
-                .mark_unknown(id, "the attempt ended before its outcome was observed")
-                .await?;
-        }
-        match decision {
-            Decision::Start | Decision::Continue => {
-                if matches!(record.state, ExecutionState::Accepted) {
-                    match self.config.authorize(&record, &intent).await? {
-                        Some(denied) => {
-                            owner.settle(Settlement::Other);
-                            return answered(answer::denied(&reply_id, &denied));
-                        }
-                        None => record = self.config.append(id, EventKind::Authorized).await?,
+                Decision::Probe => match self.probe(&parts, &intent, record).await? {
+                    Probed::Applied(record, result) => {
+                        return self
+                            .config
+                            .hand_back(&record, &intent, result, Some(owner))
+                            .await?
+                            .map_or_else(|| Err(foreign_link()), Ok);
                     }
-                }
-                self.dispatch(parts, bytes, intent, record, owner).await
-            }
-            Decision::Resend => self.dispatch(parts, bytes, intent, record, owner).await,
-            // Resumption belongs to the resume layer and attachment happened before the claim;
-            // neither ever turns into a re-send here.
-            Decision::Resume | Decision::Attach => answered(answer::uncertain(
-                &reply_id,
-                &record,
-                UncertainReason::InProgress,
-            )),
-            Decision::Probe => self.probe(parts, bytes, intent, record, owner).await,
-            Decision::ReturnStored => {
-                let stored = self.config.kept_result(&record).await?;
-                self.config
-                    .hand_back(&record, &reply_id, stored, owner)
-                    .await
-            }
-            Decision::RepeatDenial => answered(answer::denied(&reply_id, &record)),
-            Decision::Uncertain(reason) => {
-                if reason == UncertainReason::NeedsReview
-                    && record.state != ExecutionState::NeedsReview
-                {
-                    let why = format!(
-                        "unknown outcome; a tool of class {} is not re-sent",
-                        record.retry_class
-                    );
-                    record = self
+                    Probed::NotApplied(record) => record,
+                    Probed::Answer(response) => return answered(response),
+                    Probed::Moved => continue,
+                },
+                Decision::ReturnStored => {
+                    let stored = self.config.kept_result(&record).await?;
+                    return self
                         .config
-                        .append_or_current(id, EventKind::NeedsReview { reason: why })
-                        .await?;
+                        .hand_back(&record, &intent, stored, Some(owner))
+                        .await?
+                        .map_or_else(|| Err(foreign_link()), Ok);
                 }
-                tracing::warn!(
-                    state = record.state_label(),
-                    "answered with an uncertain result"
-                );
-                answered(answer::uncertain(&reply_id, &record, reason))
+                Decision::RepeatDenial => return answered(answer::denied(&reply_id, &record)),
+                Decision::Uncertain(reason) => {
+                    if reason == UncertainReason::NeedsReview
+                        && record.state != ExecutionState::NeedsReview
+                    {
+                        let why = format!(
+                            "unknown outcome; a tool of class {} is not re-sent",
+                            record.retry_class
+                        );
+                        record = self
+                            .config
+                            .append_or_current(id, EventKind::NeedsReview { reason: why })
+                            .await?;
+                    }
+                    tracing::warn!(
+                        state = record.state_label(),
+                        "answered with an uncertain result"
+                    );
+                    return answered(answer::uncertain(&reply_id, &record, reason));
+                }
+            };
+            // Recorded before anything leaves; refused when another attempt moved the
+            // execution on since this call decided: then nothing is sent, and it decides again.
+            match self.config.record_dispatch(&intent, &to_send).await? {
+                Some((record, key)) => {
+                    return self
+                        .send_dispatched(parts, bytes, intent, record, key, owner)
+                        .await;
+                }
+                None => continue,
             }
         }
+        // Moved on under this call every time it decided: another attempt is busy with it.
+        let claimed = self.config.claim(&intent).await?;
+        answered(answer::uncertain(
+            &reply_id,
+            claimed.record(),
+            UncertainReason::InProgress,
+        ))
     }
 
     async fn probe(
-        mut self,
-        parts: http::request::Parts,
-        bytes: Bytes,
-        intent: Intent,
+        &mut self,
+        parts: &http::request::Parts,
+        intent: &Intent,
         record: ExecutionRecord,
-        owner: Owner,
-    ) -> Answer<RB> {
+    ) -> Result<Probed, GuardError> {
         let outcome = match (
             &record.correlation.task_id,
             self.config.probes.get(&intent.call.name),
         ) {
             (Some(task_id), _) => {
                 let task_id = task_id.clone();
-                self.probe_task(&parts, &intent, &task_id).await
+                self.probe_task(parts, intent, &task_id).await
             }
             (None, Some(probe)) => {
                 let request = ProbeRequest {
@@ -764,7 +875,7 @@ where
         };
         tracing::info!(?outcome, "status probe answered");
         let id = record.execution_id;
-        let reply_id = intent.call.id.clone();
+        let reply_id = &intent.call.id;
         match outcome {
             ProbeOutcome::Applied { result } => {
                 let stored = match result.as_ref().map(serde_json::to_vec) {
@@ -782,55 +893,48 @@ where
                     }
                     _ => None,
                 };
-                let record = self
-                    .config
-                    .append(
-                        id,
-                        EventKind::Resolved {
-                            applied: true,
-                            by: "probe".into(),
-                            note: "the status probe found the action applied".into(),
-                            result_reference: stored.as_ref().map(|(r, _)| r.clone()),
-                        },
-                    )
-                    .await?;
-                let result = stored.map(|(_, result)| result);
-                self.config
-                    .hand_back(&record, &reply_id, result, owner)
-                    .await
+                let resolved = EventKind::Resolved {
+                    applied: true,
+                    by: "probe".into(),
+                    note: "the status probe found the action applied".into(),
+                    result_reference: stored.as_ref().map(|(r, _)| r.clone()),
+                    attempt: Some(record.attempts),
+                };
+                Ok(match self.config.append_moved(id, resolved).await? {
+                    Some(record) => Probed::Applied(record, stored.map(|(_, result)| result)),
+                    None => Probed::Moved,
+                })
             }
             ProbeOutcome::NotApplied => {
-                let record = self
-                    .config
-                    .append(id, EventKind::Resolved {
-                        applied: false,
-                        by: "probe".into(),
-                        note: "the status probe found the action not applied; sent again under the same key".into(),
-                        result_reference: None,
-                    })
-                    .await?;
-                self.dispatch(parts, bytes, intent, record, owner).await
+                let resolved = EventKind::Resolved {
+                    applied: false,
+                    by: "probe".into(),
+                    note: "the status probe found the action not applied; sent again under the same key".into(),
+                    result_reference: None,
+                    attempt: Some(record.attempts),
+                };
+                Ok(match self.config.append_moved(id, resolved).await? {
+                    Some(record) => Probed::NotApplied(record),
+                    None => Probed::Moved,
+                })
             }
-            ProbeOutcome::InProgress => answered(answer::uncertain(
-                &reply_id,
+            ProbeOutcome::InProgress => Ok(Probed::Answer(answer::uncertain(
+                reply_id,
                 &record,
                 UncertainReason::InProgress,
-            )),
+            ))),
             ProbeOutcome::Unknown { reason } => {
-                let record = self
-                    .config
-                    .append(
-                        id,
-                        EventKind::NeedsReview {
-                            reason: format!("status probe: {reason}"),
-                        },
-                    )
-                    .await?;
-                answered(answer::uncertain(
-                    &reply_id,
-                    &record,
-                    UncertainReason::NeedsReview,
-                ))
+                let review = EventKind::NeedsReview {
+                    reason: format!("status probe: {reason}"),
+                };
+                Ok(match self.config.append_moved(id, review).await? {
+                    Some(record) => Probed::Answer(answer::uncertain(
+                        reply_id,
+                        &record,
+                        UncertainReason::NeedsReview,
+                    )),
+                    None => Probed::Moved,
+                })
             }
         }
     }
@@ -898,45 +1002,32 @@ where
         }
     }
 
-    /// Records `dispatched`, then sends with the `Idempotency-Key`.
-    async fn dispatch(
+    /// Sends an attempt whose `dispatched` is recorded ([`Config::record_dispatch`]), with
+    /// the `Idempotency-Key`.
+    async fn send_dispatched(
         mut self,
         mut parts: http::request::Parts,
         bytes: Bytes,
         intent: Intent,
         record: ExecutionRecord,
+        key: IdempotencyKey,
         mut owner: Owner,
     ) -> Answer<RB> {
         let id = record.execution_id;
         let key_from_caller = intent.caller_key.is_some();
-        let key = intent
-            .caller_key
-            .clone()
-            .unwrap_or_else(|| IdempotencyKey::from(id));
-        self.config
-            .append(
-                id,
-                EventKind::Dispatched {
-                    attempt: record.attempts + 1,
-                    idempotency_key: key.clone(),
-                    key_from_caller,
-                    jsonrpc_id: Some(intent.call.id.clone()),
-                    session_id: intent.session_id.clone(),
-                    owner: Some(self.config.owner.clone()),
-                },
-            )
-            .await?;
-        owner.dispatched(self.config.ledger.clone(), id);
+        owner.dispatched(self.config.ledger.clone(), id, record.attempts);
         if !key_from_caller {
             parts
                 .headers
                 .insert(IDEMPOTENCY_KEY, key.to_header_value(self.config.key_format));
         }
-        tracing::info!(attempt = record.attempts + 1, "dispatched");
+        tracing::info!(attempt = record.attempts, "dispatched");
         let (body, polled) = GuardRequestBody::new(bytes);
         let mut response = match self.send(Request::from_parts(parts, body)).await {
             Ok(response) => response,
-            Err(error) => return send_failed(&self.config, id, &polled, error, owner).await,
+            Err(error) => {
+                return send_failed(&self.config, &record, &polled, error, owner).await;
+            }
         };
         // The caller can tell which execution a target's answer belongs to.
         response.extensions_mut().insert(id);
@@ -944,6 +1035,8 @@ where
         if status.is_success() {
             let sse = ResponseScanner::is_sse(response.headers());
             let observation = Observation {
+                actor: intent.actor.clone(),
+                attempt: Some(record.attempts),
                 ledger: self.config.ledger.clone(),
                 execution_id: id,
                 request_id: intent.call.id,
@@ -969,6 +1062,7 @@ where
         } else {
             EventKind::Unknown {
                 target_status: Some(status.as_u16()),
+                attempt: Some(record.attempts),
                 reason: format!("HTTP {status} on tools/call: the tool may have run"),
             }
         };
@@ -980,17 +1074,19 @@ where
 
 async fn send_failed<RB>(
     config: &Config,
-    id: ExecutionId,
+    record: &ExecutionRecord,
     polled: &AtomicBool,
     error: BoxError,
     owner: Owner,
 ) -> Answer<RB> {
+    let id = record.execution_id;
     {
         let sent = polled.load(Ordering::Acquire) && !is_connect_error(&*error);
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
                     target_status: None,
+                    attempt: Some(record.attempts),
                     reason: format!(
                         "transport error after the request may have been sent: {error}"
                     ),
@@ -1063,21 +1159,38 @@ impl Config {
         }
     }
 
-    /// Answers with a kept result (delivered when the caller reads it), or honestly says it was
-    /// not kept.
+    /// The one place a finished execution's answer is handed to a caller: its kept result
+    /// (delivered when the caller reads it), or honestly that it finished and its result was not kept.
+    ///
+    /// `None`, and nothing handed back, when the execution is not this caller's: another
+    /// actor's execution is no link, whatever path led to it (the intent key holds the actor,
+    /// so no claim and no in-process attach ever leads there; this is the last check).
     async fn hand_back<RB>(
         &self,
         record: &ExecutionRecord,
-        reply_id: &RequestId,
+        intent: &Intent,
         result: Option<Bytes>,
-        owner: Owner,
-    ) -> Answer<RB> {
+        owner: Option<Owner>,
+    ) -> Result<Option<Response<GuardResponseBody<RB>>>, GuardError> {
+        if record.actor != intent.actor
+            || record.intent_scope != intent.intent_scope
+            || record.fingerprint != intent.fingerprint
+        {
+            tracing::error!(execution_id = %record.execution_id, "an execution of another intent or actor was linked to this call; its result is not handed back");
+            return Ok(None);
+        }
+        let reply_id = &intent.call.id;
+        let settled = Settlement::Completed {
+            execution_id: record.execution_id,
+            result: result.clone(),
+        };
         let Some(result) = result else {
-            return answered(answer::uncertain(
-                reply_id,
-                record,
-                UncertainReason::ResultNotKept,
-            ));
+            if let Some(owner) = owner {
+                owner.settle(settled);
+            }
+            let mut response = answer::uncertain(reply_id, record, UncertainReason::ResultNotKept);
+            response.extensions_mut().insert(record.execution_id);
+            return Ok(Some(response.map(GuardResponseBody::answer)));
         };
         // Delivered once the caller holds it: read to its end, or when a caller that took
         // the delivery over records it.
@@ -1087,9 +1200,41 @@ impl Config {
             request_id: reply_id.clone(),
             answered: Arc::default(),
         };
-        owner.settle(Settlement::Completed(Some(result.clone())));
-        Ok(answer::stored_result(reply_id, &result)
-            .map(|data| GuardResponseBody::kept(data, delivery)))
+        if let Some(owner) = owner {
+            owner.settle(settled);
+        }
+        // As on a target's answer: the caller can tell which execution it belongs to.
+        let mut response = answer::stored_result(reply_id, &result);
+        response.extensions_mut().insert(record.execution_id);
+        Ok(Some(
+            response.map(|data| GuardResponseBody::kept(data, delivery)),
+        ))
+    }
+
+    /// Records `dispatched` for the next attempt of `record`, before anything is sent, with
+    /// this guard as the owner. `None` when the ledger refused it because another attempt
+    /// moved the execution on since `record` was read: then nothing may be sent.
+    async fn record_dispatch(
+        &self,
+        intent: &Intent,
+        record: &ExecutionRecord,
+    ) -> Result<Option<(ExecutionRecord, IdempotencyKey)>, GuardError> {
+        let key = intent
+            .caller_key
+            .clone()
+            .unwrap_or_else(|| IdempotencyKey::from(record.execution_id));
+        let dispatched = EventKind::Dispatched {
+            attempt: record.attempts + 1,
+            idempotency_key: key.clone(),
+            key_from_caller: intent.caller_key.is_some(),
+            jsonrpc_id: Some(intent.call.id.clone()),
+            session_id: intent.session_id.clone(),
+            owner: Some(self.owner.clone()),
+        };
+        Ok(self
+            .append_moved(record.execution_id, dispatched)
+            .await?
+            .map(|record| (record, key)))
     }
 
     async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
@@ -1126,16 +1271,34 @@ impl Config {
             .map_err(GuardError::ledger)
     }
 
+    /// Records that the attempt of `record` (dispatched by an owner that is gone) has an
+    /// unknown outcome. `None` when that attempt is no longer the latest (another attempt was
+    /// dispatched meanwhile, or it settled): nothing is written then.
     async fn mark_unknown(
         &self,
-        id: ExecutionId,
+        record: &ExecutionRecord,
         reason: &str,
-    ) -> Result<ExecutionRecord, GuardError> {
+    ) -> Result<Option<ExecutionRecord>, GuardError> {
         let kind = EventKind::Unknown {
             target_status: None,
             reason: reason.into(),
+            attempt: Some(record.attempts),
         };
-        self.append_or_current(id, kind).await
+        self.append_moved(record.execution_id, kind).await
+    }
+
+    /// Appends `kind`; `None` when the state machine refused it because another attempt moved
+    /// the execution on meanwhile (nothing was written).
+    async fn append_moved(
+        &self,
+        id: ExecutionId,
+        kind: EventKind,
+    ) -> Result<Option<ExecutionRecord>, GuardError> {
+        match self.append(id, kind).await {
+            Ok(record) => Ok(Some(record)),
+            Err(e) if e.is_ledger_transition() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Appends `kind`; when another attempt (in this process or another) moved the execution
@@ -1310,8 +1473,12 @@ pub fn redact_url(url: &str) -> String {
 /// The outcome of an execution as its attached waiters need it.
 #[derive(Debug, Clone)]
 pub(crate) enum Settlement {
-    /// The target's result (kept bytes of the JSON-RPC `result`), when kept.
-    Completed(Option<Bytes>),
+    /// The execution completed (or was resolved as applied): its result (kept bytes of the
+    /// JSON-RPC `result`), when kept.
+    Completed {
+        execution_id: ExecutionId,
+        result: Option<Bytes>,
+    },
     /// Anything else: waiters decide again from the ledger.
     Other,
 }
@@ -1334,6 +1501,7 @@ const MAX_RESUME_LINKS: usize = 10_000;
 /// to the execution, and a result that arrives on it completes the execution.
 #[derive(Debug, Clone)]
 struct ResumeLink {
+    actor: Actor,
     execution_id: ExecutionId,
     request_id: RequestId,
     keep_results: bool,
@@ -1378,12 +1546,12 @@ pub(super) struct Owner {
     inflight: Arc<Inflight>,
     key: IntentKey,
     sender: watch::Sender<Option<Settlement>>,
-    abandoned: Option<(Arc<dyn Ledger>, ExecutionId)>,
+    abandoned: Option<(Arc<dyn Ledger>, ExecutionId, u32)>,
 }
 
 impl Owner {
-    fn dispatched(&mut self, ledger: Arc<dyn Ledger>, id: ExecutionId) {
-        self.abandoned = Some((ledger, id));
+    fn dispatched(&mut self, ledger: Arc<dyn Ledger>, id: ExecutionId, attempt: u32) {
+        self.abandoned = Some((ledger, id, attempt));
     }
 
     /// Publishes the outcome to attached waiters; the intent is released first, so a waiter
@@ -1404,7 +1572,7 @@ impl Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.release();
-        if let Some((ledger, id)) = self.abandoned.take() {
+        if let Some((ledger, id, attempt)) = self.abandoned.take() {
             // Dropped between dispatch and outcome (the caller cancelled, or dropped the body
             // before the response arrived): the target may have run it.
             let record = async move {
@@ -1413,6 +1581,8 @@ impl Drop for Owner {
                     at: Timestamp::now(),
                     kind: EventKind::Unknown {
                         target_status: None,
+                        // Only this attempt: a later one (re-sent meanwhile) is not marked.
+                        attempt: Some(attempt),
                         reason: "the caller dropped the call before its outcome was observed"
                             .into(),
                     },
@@ -1431,6 +1601,10 @@ impl Drop for Owner {
 
 /// What the response body watcher records.
 pub(super) struct Observation {
+    /// Whose call it answers.
+    actor: Actor,
+    /// The attempt it observes (none for a resume stream, which records no `unknown`).
+    attempt: Option<u32>,
     ledger: Arc<dyn Ledger>,
     execution_id: ExecutionId,
     request_id: RequestId,
@@ -1526,6 +1700,8 @@ impl Observation {
 
     fn unknown(&mut self, reason: String) -> Write {
         self.outcome_recorded = true;
+        // Only the observed attempt: one another process dispatched meanwhile is not marked.
+        let attempt = self.attempt;
         let ledger = self.ledger.clone();
         let id = self.execution_id;
         let status = self.status;
@@ -1533,6 +1709,7 @@ impl Observation {
         let last_event_id = self.last_event_id.clone();
         if let Some(last_event_id) = &last_event_id {
             let link = ResumeLink {
+                actor: self.actor.clone(),
                 execution_id: id,
                 request_id: self.request_id.clone(),
                 keep_results: self.keep_results,
@@ -1549,6 +1726,7 @@ impl Observation {
             if !resume {
                 let unknown = EventKind::Unknown {
                     target_status: Some(status),
+                    attempt,
                     reason,
                 };
                 append_logged(&*ledger, id, unknown).await;
@@ -1759,5 +1937,8 @@ pub(crate) async fn record_outcome(
         result_reference: kept.as_ref().map(|(r, _)| r.clone()),
     };
     append_logged(ledger, id, completed).await;
-    Settlement::Completed(kept.map(|(_, b)| b))
+    Settlement::Completed {
+        execution_id: id,
+        result: kept.map(|(_, b)| b),
+    }
 }

@@ -264,6 +264,7 @@ mod tests {
                 2_000,
                 EventKind::Unknown {
                     target_status: None,
+                    attempt: None,
                     reason: "stream cut".into(),
                 },
             ),

@@ -1019,6 +1019,7 @@ impl Writer {
                     at: Timestamp::now(),
                     kind: EventKind::Unknown {
                         target_status: None,
+                        attempt: None,
                         reason: "the process that dispatched it ended before its outcome was observed".into(),
                     },
                 };
@@ -1095,7 +1096,16 @@ impl Writer {
                         replies.push(Box::new(move |failed| send(reply, claimed, failed)));
                     }
                     Op::Append(event, reply) => {
-                        let applied = w.index.apply(&event);
+                        // Ownership moves with a dispatch: this process holds the dispatching
+                        // owner's lock before the `dispatched` line is written, so no process
+                        // that reads the line can take its owner for gone.
+                        let applied = match &event.kind {
+                            EventKind::Dispatched {
+                                owner: Some(owner), ..
+                            } => w.owners.hold(owner),
+                            _ => Ok(()),
+                        }
+                        .and_then(|()| w.index.apply(&event));
                         if applied.is_ok() {
                             bodies.push(LineBody::Event(event));
                         }

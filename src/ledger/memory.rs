@@ -377,7 +377,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn links_end_with_the_window_and_records_leave_with_their_retention() {
+    async fn settled_links_end_with_the_window_unsettled_ones_with_retention() {
         let ledger = MemoryLedger::new();
         let first = ledger
             .claim(claim(1, 0))
@@ -389,6 +389,25 @@ mod tests {
             ledger.claim(claim(1, 60_000)).await.unwrap(),
             Claimed::Existing(_)
         ));
+        // In flight (not settled): it holds its intent past the window, until retention.
+        assert!(matches!(
+            ledger.claim(claim(1, 60_001)).await.unwrap(),
+            Claimed::Existing(r) if r.execution_id == first
+        ));
+        // Never sent: continued only inside the window.
+        let dispatched = EventKind::Dispatched {
+            attempt: 1,
+            idempotency_key: IdempotencyKey::from(first),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: None,
+        };
+        ledger.append(event(first, 10, dispatched)).await.unwrap();
+        let not_sent = EventKind::NotSent {
+            reason: "connection refused".into(),
+        };
+        ledger.append(event(first, 11, not_sent)).await.unwrap();
         let second = ledger.claim(claim(1, 60_001)).await.unwrap();
         assert!(matches!(&second, Claimed::New(r) if r.execution_id != first));
         assert_eq!(ledger.len(), 2);
@@ -396,5 +415,43 @@ mod tests {
         assert!(ledger.get(first).await.unwrap().is_none());
         assert_eq!(ledger.purge_expired(Timestamp::from_millis(10_000_000)), 1);
         assert!(ledger.is_empty());
+    }
+
+    /// Issue 12, item 1, in the memory ledger: an unknown outcome holds its intent past the
+    /// link window (a repeat gets the same execution), until its retention ends.
+    #[tokio::test]
+    async fn an_unknown_outcome_holds_its_intent_past_the_window_until_retention() {
+        let ledger = MemoryLedger::new();
+        let id = ledger
+            .claim(claim(1, 0))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        let dispatched = EventKind::Dispatched {
+            attempt: 1,
+            idempotency_key: IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: None,
+        };
+        ledger.append(event(id, 1, dispatched)).await.unwrap();
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            reason: "reset".into(),
+            attempt: None,
+        };
+        ledger.append(event(id, 2, unknown)).await.unwrap();
+        for at in [60_001, 3_599_999, 3_600_000] {
+            assert!(
+                matches!(ledger.claim(claim(1, at)).await.unwrap(), Claimed::Existing(r) if r.execution_id == id),
+                "at {at}"
+            );
+        }
+        assert!(matches!(
+            ledger.claim(claim(1, 3_600_001)).await.unwrap(),
+            Claimed::New(r) if r.execution_id != id
+        ));
     }
 }

@@ -136,9 +136,10 @@ impl LedgerError {
 /// their own features.
 #[async_trait]
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
-    /// Finds the linkable execution of `(actor, intent scope, fingerprint)` inside its link
-    /// window, or creates one in state `accepted`. Atomic: among concurrent claims of one intent
-    /// exactly one gets [`Claimed::New`].
+    /// Finds the linkable execution of `(actor, intent scope, fingerprint)` (see
+    /// [`ExecutionRecord::is_linkable`]: an unsettled one until its retention ends, a settled
+    /// one inside its link window), or creates one in state `accepted`. Atomic: among
+    /// concurrent claims of one intent exactly one gets [`Claimed::New`].
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError>;
 
     /// Appends an event and returns the updated record. Refused (and nothing written) when the
@@ -165,8 +166,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// A kept result.
     async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError>;
 
-    /// Whether the owner of an execution (the `owner` of its `accepted` event: a guard in some
-    /// process) is still running, so that its attempt may still finish. Ledgers shared between
+    /// Whether the owner of an execution (the guard, in some process, that accepted it or
+    /// dispatched its latest attempt: ownership moves with every `dispatched`) is still
+    /// running, so that its attempt may still finish. Ledgers shared between
     /// processes answer from a liveness signal; the default says yes, which makes a repeat wait
     /// for the attempt (bounded) rather than continue it.
     async fn is_owner_alive(&self, owner: &str) -> bool {

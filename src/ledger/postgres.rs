@@ -26,8 +26,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
-    Claim, Claimed, Correlation, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
-    Timestamp,
+    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
+    LedgerEvent, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     result_reference,
 };
@@ -178,8 +178,10 @@ const WRITE_SETTINGS: &str = "SET LOCAL lock_timeout = '30s'; \
 ///
 /// # Owner liveness
 ///
-/// An execution's `owner` is the guard that claimed it. Owners hold a lease in `mrg_owners`,
-/// taken in the claim's own transaction and renewed every
+/// An execution's `owner` is the guard that claimed it, then the guard that dispatched its
+/// latest attempt (ownership moves with every `dispatched`, so a continuation in another
+/// replica belongs to that replica's guard). Owners hold a lease in `mrg_owners`, taken (or
+/// renewed) in the claim's or the dispatch's own transaction and renewed every
 /// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
 /// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
 /// leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's
@@ -877,6 +879,16 @@ impl Core {
                             done.push(Done::Append(Err(refused.into())));
                             continue;
                         }
+                        // Ownership moves with a dispatch: the dispatching owner's lease is
+                        // taken (or renewed) in this same transaction, so no replica that
+                        // reads the record can take its owner for gone.
+                        if let EventKind::Dispatched {
+                            owner: Some(owner), ..
+                        } = &event.kind
+                            && !new_owners.contains(owner)
+                        {
+                            new_owners.push(owner.clone());
+                        }
                         let record = record.clone();
                         seal(event.clone());
                         done.push(Done::Append(Ok(record)));
@@ -1098,7 +1110,8 @@ impl Sql {
                      $17::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
                      owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
-                     last_seq = EXCLUDED.last_seq, record = EXCLUDED.record, updated_at = now()"
+                     owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
+                     record = EXCLUDED.record, updated_at = now()"
             ),
             renew_owners: format!(
                 "INSERT INTO {s}.mrg_owners (owner, lease_until) \

@@ -134,11 +134,19 @@ impl ExecutionState {
         }
     }
 
-    /// Whether a repeat of the same intent links to an execution in this state (and then the
-    /// decision table says what to do). Settled, delivered or refused-before-running states are
-    /// not linkable once their result reached the caller; see [`ExecutionRecord::is_linkable`].
-    fn may_link(self) -> bool {
-        !matches!(self, Self::Failed | Self::ResolvedNotApplied)
+    /// Whether the outcome is not settled: the execution is in flight (accepted, authorized,
+    /// dispatched), its outcome is unknown, or it waits for review. An unsettled execution
+    /// blocks every new execution of its intent until it is settled or leaves retention,
+    /// whatever its link window says (see [`ExecutionRecord::is_linkable`]).
+    pub fn is_unsettled(self) -> bool {
+        matches!(
+            self,
+            Self::Accepted
+                | Self::Authorized
+                | Self::Dispatched
+                | Self::Unknown
+                | Self::NeedsReview
+        )
     }
 }
 
@@ -262,6 +270,12 @@ pub enum EventKind {
         target_status: Option<u16>,
         /// Why.
         reason: String,
+        /// The attempt whose outcome is unknown, when the writer is not that attempt's owner
+        /// (a repeat that found it dispatched by a process that is gone). The event is then
+        /// refused unless that attempt is still the latest: a newer attempt, dispatched
+        /// meanwhile by a live owner, is never marked unknown by someone who saw the older one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
     },
     /// Provably never sent.
     NotSent {
@@ -290,6 +304,11 @@ pub enum EventKind {
         /// The result, when the probe returned one and it was kept.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result_reference: Option<String>,
+        /// The attempt a status probe was asked about. The event is then refused unless that
+        /// attempt is still the latest and nothing is in flight: a probe's verdict on an
+        /// older attempt never settles (or re-opens for a re-send) one dispatched meanwhile.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
     },
 }
 
@@ -378,7 +397,8 @@ pub struct ExecutionRecord {
     pub link_until: Timestamp,
     /// Until when it stays in the index.
     pub retain_until: Timestamp,
-    /// The process that accepted it.
+    /// The guard that owns it: the one that accepted it, then the one that dispatched its
+    /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
 }
 
@@ -480,17 +500,26 @@ impl ExecutionRecord {
                 idempotency_key,
                 jsonrpc_id,
                 session_id,
+                owner,
                 ..
             } => {
                 // A dispatch starts an execution, continues one that never left, re-sends an
                 // idempotent or read-only one, or re-sends after a probe said "not applied".
+                // Its attempt number must be new: of two processes that both saw attempt n
+                // and both try attempt n + 1, only the first is recorded (and may send).
                 if !matches!(
                     self.state,
                     S::Accepted | S::Authorized | S::NotSent | S::Unknown | S::ResolvedNotApplied
-                ) {
+                ) || *attempt <= self.attempts
+                {
                     return Err(refuse());
                 }
                 self.state = S::Dispatched;
+                // Ownership moves with every dispatch: the dispatching guard owns the attempt
+                // in flight, and its liveness is what a repeat asks about.
+                if let Some(owner) = owner {
+                    self.owner = owner.clone();
+                }
                 self.dispatched_at.get_or_insert(at);
                 self.attempts = (*attempt).max(self.attempts + 1);
                 self.idempotency_key = Some(idempotency_key.clone());
@@ -535,8 +564,9 @@ impl ExecutionRecord {
             EventKind::Unknown {
                 target_status,
                 reason,
+                attempt,
             } => {
-                if self.state != S::Dispatched {
+                if self.state != S::Dispatched || attempt.is_some_and(|a| a != self.attempts) {
                     return Err(refuse());
                 }
                 self.state = S::Unknown;
@@ -570,9 +600,12 @@ impl ExecutionRecord {
                 applied,
                 note,
                 result_reference,
+                attempt,
                 ..
             } => {
-                if !matches!(self.state, S::Unknown | S::NeedsReview | S::Dispatched) {
+                if !matches!(self.state, S::Unknown | S::NeedsReview | S::Dispatched)
+                    || attempt.is_some_and(|a| a != self.attempts || self.state == S::Dispatched)
+                {
                     return Err(refuse());
                 }
                 self.state = if *applied {
@@ -590,17 +623,30 @@ impl ExecutionRecord {
         Ok(())
     }
 
-    /// Whether a repeat of the same intent at `now` links to this execution. Not linkable:
-    /// past its link window; failed (the target refused it); settled as not applied; or
-    /// completed and delivered (a repeat after the caller got the answer is a new intent).
+    /// Whether a repeat of the same intent at `now` links to this execution (DESIGN §4, two
+    /// clocks).
+    ///
+    /// - Nothing links once the record's retention ended.
+    /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
+    ///   owner that is gone, unknown, needs review) links whatever its link window says: no
+    ///   window may turn an unknown outcome into a second dispatch.
+    /// - The link window limits only how long a settled result is handed back (completed or
+    ///   resolved as applied and not yet delivered, a repeated denial) and how long a never-sent
+    ///   (`not_sent`) execution is continued.
+    /// - Never linkable: failed (the target refused it), settled as not applied, and a result
+    ///   that reached the caller (a repeat after that is a new intent).
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        now <= self.link_until
-            && self.state.may_link()
-            && !(self.delivered_at.is_some()
-                && matches!(
-                    self.state,
-                    ExecutionState::Completed | ExecutionState::ResolvedApplied
-                ))
+        use ExecutionState as S;
+        if now > self.retain_until {
+            return false;
+        }
+        let inside_window = now <= self.link_until;
+        match self.state {
+            state if state.is_unsettled() => true,
+            S::Completed | S::ResolvedApplied => self.delivered_at.is_none() && inside_window,
+            S::Denied | S::NotSent => inside_window,
+            _ => false,
+        }
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -662,5 +708,120 @@ impl Serialize for ExecutionRecord {
             map.serialize_entry("reason", r)?;
         }
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::Claim;
+
+    fn accepted(owner: &str) -> ExecutionRecord {
+        let claim = Claim {
+            fingerprint:
+                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
+                    .parse()
+                    .unwrap(),
+            tool: "t".into(),
+            actor: "a".into(),
+            intent_scope: "s".into(),
+            target: "srv".into(),
+            credential_ref: None,
+            retry_class: RetryClass::Idempotent,
+            link_window: Duration::from_secs(60),
+            retention: Duration::from_secs(60),
+            owner: owner.into(),
+            at: Timestamp::from_millis(0),
+        };
+        ExecutionRecord::from_accepted(&claim.accepted_event(ExecutionId::new())).unwrap()
+    }
+
+    fn apply(record: &mut ExecutionRecord, kind: EventKind) -> Result<(), InvalidTransition> {
+        let event = LedgerEvent {
+            execution_id: record.execution_id,
+            at: Timestamp::from_millis(1),
+            kind,
+        };
+        record.apply(&event)
+    }
+
+    fn dispatched(id: ExecutionId, attempt: u32, owner: &str) -> EventKind {
+        EventKind::Dispatched {
+            attempt,
+            idempotency_key: IdempotencyKey::from(id),
+            key_from_caller: false,
+            jsonrpc_id: None,
+            session_id: None,
+            owner: Some(owner.into()),
+        }
+    }
+
+    fn unknown(attempt: Option<u32>) -> EventKind {
+        EventKind::Unknown {
+            target_status: None,
+            reason: "gone".into(),
+            attempt,
+        }
+    }
+
+    /// Issue 12, item 4: the dispatching guard owns the attempt in flight, whoever accepted the
+    /// execution.
+    #[test]
+    fn ownership_moves_with_every_dispatch() {
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut r, unknown(None)).unwrap();
+        apply(&mut r, dispatched(id, 2, "guard:two")).unwrap();
+        assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // A dispatch that names no owner (an older writer) leaves the owner as it was.
+        apply(&mut r, unknown(None)).unwrap();
+        let mut anonymous = dispatched(id, 3, "x");
+        if let EventKind::Dispatched { owner, .. } = &mut anonymous {
+            *owner = None;
+        }
+        apply(&mut r, anonymous).unwrap();
+        assert_eq!(r.owner, "guard:two");
+    }
+
+    /// Two processes that both saw attempt 1 end with a dead owner: the first to record
+    /// attempt 2 wins; the second's `unknown` for attempt 1 and its own attempt 2 are refused,
+    /// and the record is left as the winner wrote it.
+    #[test]
+    fn only_one_of_two_continuations_of_one_attempt_is_recorded() {
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        let seen = r.clone();
+        // The winner: attempt 1 is unknown, attempt 2 is its own.
+        apply(&mut r, unknown(Some(seen.attempts))).unwrap();
+        apply(&mut r, dispatched(id, seen.attempts + 1, "guard:two")).unwrap();
+        let won = r.clone();
+        // The loser, from what it saw: both refused.
+        let error = apply(&mut r, unknown(Some(seen.attempts))).unwrap_err();
+        assert_eq!(error.event, "unknown");
+        assert_eq!(r, won);
+        apply(&mut r, unknown(None)).unwrap();
+        let error = apply(&mut r, dispatched(id, seen.attempts + 1, "guard:three")).unwrap_err();
+        assert_eq!(error.event, "dispatched");
+        assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // A status probe's verdict on attempt 1, asked before attempt 2 left, settles nothing.
+        for applied in [true, false] {
+            let verdict = EventKind::Resolved {
+                applied,
+                by: "probe".into(),
+                note: "asked about attempt 1".into(),
+                result_reference: None,
+                attempt: Some(1),
+            };
+            let error = apply(&mut r, verdict).unwrap_err();
+            assert_eq!(error.event, "resolved");
+        }
+        // An `unknown` for the latest attempt applies.
+        let mut fresh = won.clone();
+        apply(&mut fresh, unknown(Some(2))).unwrap();
+        assert_eq!(fresh.state, ExecutionState::Unknown);
     }
 }

@@ -273,6 +273,7 @@ impl Recorder {
     fn unknown_event(&self, reason: String) -> EventKind {
         EventKind::Unknown {
             target_status: Some(self.status).filter(|s| *s != 0),
+            attempt: None,
             reason,
         }
     }

@@ -196,6 +196,7 @@ mod tests {
     fn an_unknown_or_unkept_outcome_is_never_rerun() {
         let unknown = EventKind::Unknown {
             target_status: None,
+            attempt: None,
             reason: "cut".into(),
         };
         assert!(matches!(

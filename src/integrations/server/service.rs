@@ -258,6 +258,15 @@ impl<S> Call<S> {
                 KeyDecision::Run { record, bind } => {
                     return self.dispatch(parts, bytes, keyed, record, bind).await;
                 }
+                // A kept result goes back only to the principal whose call it answers (the
+                // key's slot holds the principal, so a claim never links another's).
+                KeyDecision::Replay { record, .. } if record.actor != keyed.actor => {
+                    tracing::error!(execution_id = %record.execution_id, "a key's record of another principal was linked to this call; not replayed");
+                    return answered(not_recorded(
+                        id,
+                        &LedgerError::Storage("linked to another principal's record".into()),
+                    ));
+                }
                 KeyDecision::Replay { record, reference } => {
                     return match config.ledger.load_result(&reference).await {
                         Ok(Some(result)) => {
