@@ -757,3 +757,58 @@ async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
     assert_eq!(records[0]["state"], "delivered", "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--args` with an integer literal beyond 64 bits is refused before anything is sent (exit 2):
+/// parsed into a double it would reach the tool rewritten (`1.8446744073709552e19`), and two
+/// such literals that round to one double would be one intent.
+#[tokio::test]
+async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() {
+    let server = TestServer::start().await;
+    let dir = temp_dir("wide-int");
+    let ledger = ledger_path(&dir);
+    for literal in [
+        "18446744073709551617",
+        "-9223372036854775809",
+        "[18446744073709551616]",
+    ] {
+        let args = format!(r#"{{"service":"catalog","version":"1","build":{literal}}}"#);
+        let run = replay_guard(&[
+            "--json",
+            "call",
+            "--url",
+            &server.url,
+            "--tool",
+            "deploy_release",
+            "--args",
+            &args,
+            "--ledger",
+            &ledger,
+        ])
+        .await;
+        assert_eq!(run.code, 2, "{literal}: {run:#?}");
+        assert!(run.stderr.contains("64 bits"), "{literal}: {run:#?}");
+        assert!(run.stderr.contains("Nothing was sent"), "{literal}: {run:#?}");
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+    // An integer that fits is sent exactly as given.
+    let run = replay_guard(&[
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "deploy_release",
+        "--args",
+        r#"{"service":"catalog","version":"1","build":18446744073709551615}"#,
+        "--ledger",
+        &ledger,
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let calls = server.state.tool_call_requests("deploy_release");
+    assert_eq!(
+        calls[0].body.as_ref().unwrap()["params"]["arguments"]["build"],
+        json!(18446744073709551615_u64)
+    );
+}

@@ -196,8 +196,15 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     let arguments: Value = serde_json::from_str(&args.args).with_context(|| {
         "--args is not JSON: give the tool's arguments as an object, e.g. '{\"service\":\"api\"}'"
     })?;
-    if !arguments.is_object() {
+    let Some(object) = arguments.as_object() else {
         bail!("--args must be a JSON object, e.g. '{{\"service\":\"api\"}}'");
+    };
+    // Parsed, such a literal becomes the nearest double: the tool would get another number.
+    if mcp_replay_guard::protocol::has_integer_beyond_64_bits(object, args.args.as_bytes()) {
+        bail!(
+            "--args: {}. Nothing was sent",
+            mcp_replay_guard::protocol::INEXACT_INTEGER
+        );
     }
     // The URL may carry a credential (`user:secret@`, `?token=`): only its redacted form is
     // ever printed.
