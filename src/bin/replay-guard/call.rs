@@ -213,6 +213,10 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         .url
         .parse()
         .with_context(|| format!("--url {shown_url:?} is not a URL"))?;
+    let (url, had_userinfo) = mcp_http::without_userinfo(url).context("--url")?;
+    if had_userinfo {
+        eprintln!("warning: {}", mcp_http::USERINFO_NOT_SENT);
+    }
     if url.scheme_str() != Some("http") {
         bail!(
             "--url must be http://…: this build speaks plain HTTP (run `replay-guard proxy` beside a TLS terminator for https)"

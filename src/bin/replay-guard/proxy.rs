@@ -88,6 +88,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .upstream
         .parse()
         .with_context(|| format!("--upstream {shown_upstream:?} is not a URL"))?;
+    let (upstream, had_userinfo) =
+        crate::mcp_http::without_userinfo(upstream).context("--upstream")?;
+    if had_userinfo {
+        eprintln!("warning: {}", crate::mcp_http::USERINFO_NOT_SENT);
+    }
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
         bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
     }
