@@ -466,3 +466,90 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
     assert_eq!(records[0]["state"], "unknown", "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A client that half-closes its side after the request (`shutdown(Write)`, as `nc -N` does)
+/// and then reads gets its answer whole, and the tool runs once. Its close came before the
+/// answer (the tool takes 300 ms), so it proves nothing about reading it (a client that closed
+/// its socket outright looks the same): the answer is not recorded delivered, and a plain
+/// client's repeat gets the kept result (the tool still ran once) and, once it closes
+/// cleanly, the execution is delivered. (Before, hyper dropped a half-closed client's
+/// request: no answer, the tool never ran, and the execution stayed `accepted`.)
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_gets_the_answer_but_proves_no_delivery() {
+    for json_response in [true, false] {
+        let server = TestServer::start_with(ServerOptions {
+            json_response,
+            ..ServerOptions::stateless()
+        })
+        .await;
+        let dir = proxy_temp_dir("half-close");
+        let ledger = dir.join("ledger.jsonl");
+        let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+        let authority = proxy
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+            .to_owned();
+        let call =
+            |id: i64| stateless_tool_call_body(id, "slow_deploy", json!({"service": "catalog"}));
+        let body = call(1).to_string();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+             Mcp-Method: tools/call\r\nMcp-Name: slow_deploy\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::shutdown(&mut stream)
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer),
+        )
+        .await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(
+            matches!(read, Ok(Ok(_)))
+                && answer.contains("\"id\":1")
+                && answer.contains("slow deployed catalog"),
+            "json={json_response}: {read:?} {answer:?}"
+        );
+        drop(stream);
+        assert_eq!(server.state.side_effects("slow_deploy"), 1);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] != "dispatched"
+        })
+        .await;
+        assert_eq!(records.len(), 1, "json={json_response}: {records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "json={json_response}: {records:#?}"
+        );
+
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, call(9));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(9)).await.unwrap();
+        assert_eq!(
+            message["result"]["content"][0]["text"], "slow deployed catalog",
+            "{message}"
+        );
+        drop(client);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] == "delivered"
+        })
+        .await;
+        assert_eq!(
+            records[0]["state"], "delivered",
+            "json={json_response}: {records:#?}"
+        );
+        assert_eq!(server.state.side_effects("slow_deploy"), 1);
+        assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
