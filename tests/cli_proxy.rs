@@ -553,3 +553,115 @@ async fn a_client_that_half_closes_after_its_request_gets_the_answer_but_proves_
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Two `tools/call`s pipelined in one write: the client reads both answers in order and closes
+/// cleanly, so both are delivered (each tool ran once). Two more pipelined, then a reset
+/// without reading: neither is delivered, and each repeat gets its kept result.
+#[tokio::test]
+async fn pipelined_calls_are_answered_in_order_and_a_reset_delivers_none() {
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let dir = proxy_temp_dir("pipelined");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    let authority = proxy
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let request = |id: i64, version: &str| {
+        let body = stateless_tool_call_body(
+            id,
+            "deploy_release",
+            json!({"service": "catalog", "version": version}),
+        )
+        .to_string();
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+             Mcp-Method: tools/call\r\nMcp-Name: deploy_release\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // Read both answers, then close cleanly.
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let both = format!("{}{}", request(1, "a"), request(2, "b"));
+    tokio::io::AsyncWriteExt::write_all(&mut stream, both.as_bytes())
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 65536];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !(seen.contains("deployed catalog a") && seen.contains("deployed catalog b")) {
+        let n = tokio::time::timeout_at(
+            deadline,
+            tokio::io::AsyncReadExt::read(&mut stream, &mut buf),
+        )
+        .await
+        .expect("both answers arrive")
+        .unwrap();
+        assert!(n > 0, "closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(
+        seen.find("deployed catalog a") < seen.find("deployed catalog b"),
+        "{seen}"
+    );
+    drop(stream);
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 2 && records.iter().all(|r| r["state"] == "delivered")
+    })
+    .await;
+    assert!(
+        records.len() == 2 && records.iter().all(|r| r["state"] == "delivered"),
+        "{records:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Two more, and a close with the answers unread (the client's stack resets it).
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        format!("{}{}", request(3, "c"), request(4, "d")).as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("deploy_release", 4, Duration::from_secs(10))
+            .await,
+        4
+    );
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 4 && records.iter().all(|r| r["state"] != "dispatched")
+    })
+    .await;
+    assert_eq!(records.len(), 4, "{records:#?}");
+    drop(stream);
+    let mut client = hyper_client();
+    for (id, version) in [(13, "c"), (14, "d")] {
+        let body = stateless_tool_call_body(
+            id,
+            "deploy_release",
+            json!({"service": "catalog", "version": version}),
+        );
+        let response = send(
+            &mut client,
+            post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, body),
+        )
+        .await
+        .unwrap();
+        let message = read_jsonrpc_response(response, &json!(id)).await.unwrap();
+        assert_eq!(
+            message["result"]["content"][0]["text"],
+            format!("deployed catalog {version}"),
+            "{message}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 4);
+    let _ = std::fs::remove_dir_all(dir);
+}
