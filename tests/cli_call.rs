@@ -848,7 +848,12 @@ async fn secrets_in_the_url_and_headers_reach_no_output_even_at_trace() {
             server.state.faults().schedule("deploy_release", fault);
         }
         let args = json!({"service": "catalog", "version": format!("v{i}")}).to_string();
-        for target in [&url, &dead] {
+        // Typed without `//` (a `\\` for a `/`): no authority parses, the userinfo is still one.
+        let malformed = format!(
+            "http:/\\user:{}@{authority}?token={}",
+            SECRETS[0], SECRETS[1]
+        );
+        for target in [&url, &dead, &malformed] {
             for json_flag in [true, false] {
                 let mut argv = vec![];
                 if json_flag {

@@ -1277,6 +1277,8 @@ fn target_of(uri: &http::Uri) -> Target {
 /// );
 /// assert_eq!(redact_url("http://127.0.0.1:8000/mcp"), "http://127.0.0.1:8000/mcp");
 /// assert_eq!(redact_url("agent:s3cr3t@bad host/mcp"), "…@bad host/mcp");
+/// // Without `//` no authority can be told apart: nothing up to an `@` is shown.
+/// assert_eq!(redact_url("http:/\\agent:s3cr3t@host/mcp"), "http:/…@host/mcp");
 /// ```
 pub fn redact_url(url: &str) -> String {
     let url = url.trim();
@@ -1291,6 +1293,12 @@ pub fn redact_url(url: &str) -> String {
         None => (rest, ""),
     };
     let host = authority.rsplit('@').next().unwrap_or("");
+    // An `@` after the authority (a URL typed without `//`, a `\` for a `/`) may still end
+    // a userinfo: whatever comes before it is not shown.
+    let (path, path_cut) = match path.rfind('@') {
+        Some(at) => (&path[at + 1..], true),
+        None => (path, false),
+    };
     let mut out = String::new();
     if let Some(scheme) = scheme {
         out.push_str(scheme);
@@ -1300,6 +1308,9 @@ pub fn redact_url(url: &str) -> String {
         out.push_str("…@");
     }
     out.push_str(host);
+    if path_cut {
+        out.push_str("/…@");
+    }
     out.push_str(path);
     if had_query {
         out.push_str("?…");
