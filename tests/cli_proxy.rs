@@ -665,3 +665,59 @@ async fn pipelined_calls_are_answered_in_order_and_a_reset_delivers_none() {
     assert_eq!(server.state.side_effects("deploy_release"), 4);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The proxy is killed (SIGKILL) after its client read an answer but before the client showed
+/// it was done with it (the delivery is not recorded yet). A proxy restarted on the same ledger
+/// hands the client's repeat the kept result: the tool ran once, in both content types.
+#[tokio::test]
+async fn a_proxy_killed_before_it_records_a_delivery_hands_the_repeat_the_kept_result() {
+    for json_response in [true, false] {
+        let server = TestServer::start_with(ServerOptions {
+            json_response,
+            ..ServerOptions::stateless()
+        })
+        .await;
+        let dir = proxy_temp_dir("killed-before-delivery");
+        let ledger = dir.join("ledger.jsonl");
+        let ledger_arg = ledger.to_string_lossy().into_owned();
+        let mut proxy = start_proxy(&server.url, &["--ledger", &ledger_arg]).await;
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, deploy_body(1));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(1)).await.unwrap();
+        assert_eq!(
+            message["result"]["structuredContent"]["deployment"],
+            json!(1),
+            "{message}"
+        );
+        // The connection stays open and idle: the answer waits for the client's next move.
+        proxy._child.start_kill().unwrap();
+        proxy._child.wait().await.unwrap();
+        drop(client);
+        let records = ledger_records(&ledger);
+        assert_eq!(records.len(), 1, "{records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "json={json_response}: {records:#?}"
+        );
+
+        let proxy = start_proxy(&server.url, &["--ledger", &ledger_arg]).await;
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, deploy_body(2));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(2)).await.unwrap();
+        assert_eq!(
+            message["result"]["structuredContent"]["deployment"],
+            json!(1),
+            "the kept result: {message}"
+        );
+        drop(client);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] == "delivered"
+        })
+        .await;
+        assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
