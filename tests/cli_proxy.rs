@@ -721,3 +721,91 @@ async fn a_proxy_killed_before_it_records_a_delivery_hands_the_repeat_the_kept_r
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// At `RUST_LOG=trace`, nothing secret reaches the proxy's stdout, stderr or ledger: not the
+/// upstream URL's userinfo and query, not a client's `Authorization` or `X-Api-Key` header,
+/// not a client's `?token=`, on an answer, a lost response (the outcome unknown) and the
+/// repeat the guard answers itself.
+#[tokio::test]
+async fn no_secret_reaches_the_proxy_output_at_trace() {
+    const SECRETS: [&str; 5] = [
+        "pw-S3CRET1",
+        "tok-S3CRET2",
+        "bearer-S3CRET3",
+        "key-S3CRET4",
+        "q-S3CRET5",
+    ];
+    let server = TestServer::start_with(ServerOptions::stateless()).await;
+    let dir = proxy_temp_dir("trace-secrets");
+    let ledger = dir.join("ledger.jsonl");
+    let stderr_path = dir.join("stderr.log");
+    let upstream = server
+        .url
+        .replace("http://", &format!("http://agent:{}@", SECRETS[0]))
+        + &format!("?token={}", SECRETS[1]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--ledger", &ledger.to_string_lossy()])
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(20), stdout.read_line(&mut line))
+        .await
+        .unwrap()
+        .unwrap();
+    let address = line.split_whitespace().nth(2).unwrap().to_owned();
+    let url = format!("{address}/mcp?token={}", SECRETS[4]);
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let mut client = hyper_client();
+    for id in [1, 2, 3] {
+        let mut request = post(&url, None, STATELESS_PROTOCOL_VERSION, deploy_body(id));
+        let headers = request.headers_mut();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", SECRETS[2]).parse().unwrap(),
+        );
+        headers.insert("x-api-key", SECRETS[3].parse().unwrap());
+        if let Ok(response) = send(&mut client, request).await {
+            let _ = read_jsonrpc_response(response, &json!(id)).await;
+        }
+    }
+    drop(client);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 1 && records[0]["state"] != "dispatched"
+    })
+    .await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let mut rest = String::new();
+    let _ = tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest).await;
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(stderr.contains("TRACE"), "the log ran at trace");
+    let ledger_text = std::fs::read_to_string(&ledger).unwrap();
+    let leaks: Vec<&str> = [
+        line.as_str(),
+        rest.as_str(),
+        stderr.as_str(),
+        ledger_text.as_str(),
+    ]
+    .into_iter()
+    .flat_map(str::lines)
+    .filter(|l| SECRETS.iter().any(|s| l.contains(s)))
+    .collect();
+    assert!(
+        leaks.is_empty(),
+        "{} lines leak:\n{}",
+        leaks.len(),
+        leaks.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
