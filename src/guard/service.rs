@@ -1723,7 +1723,8 @@ impl TargetAnswer {
 }
 
 /// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
-/// `keep` and it fits `max`) and `completed`.
+/// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
+/// back rewritten as the nearest double) and `completed`.
 pub(crate) async fn record_outcome(
     ledger: &dyn Ledger,
     id: ExecutionId,
@@ -1753,7 +1754,7 @@ pub(crate) async fn record_outcome(
             return Settlement::Other;
         }
     };
-    let kept = if keep && raw.len() <= max {
+    let kept = if keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw) {
         match ledger.store_result(id, raw.clone()).await {
             Ok(reference) => Some((reference, raw)),
             Err(error) => {
