@@ -1444,3 +1444,176 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--args` with an integer literal beyond 64 bits is refused before anything is sent (exit 2):
+/// parsed into a double it would reach the tool rewritten (`1.8446744073709552e19`), and two
+/// such literals that round to one double would be one intent.
+#[tokio::test]
+async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() {
+    let server = TestServer::start().await;
+    let dir = temp_dir("wide-int");
+    let ledger = ledger_path(&dir);
+    for literal in [
+        "18446744073709551617",
+        "-9223372036854775809",
+        "[18446744073709551616]",
+    ] {
+        let args = format!(r#"{{"service":"catalog","version":"1","build":{literal}}}"#);
+        let run = replay_guard(&[
+            "--json",
+            "call",
+            "--url",
+            &server.url,
+            "--tool",
+            "deploy_release",
+            "--args",
+            &args,
+            "--ledger",
+            &ledger,
+        ])
+        .await;
+        assert_eq!(run.code, 2, "{literal}: {run:#?}");
+        assert!(run.stderr.contains("64 bits"), "{literal}: {run:#?}");
+        assert!(
+            run.stderr.contains("Nothing was sent"),
+            "{literal}: {run:#?}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+    // An integer that fits is sent exactly as given.
+    let run = replay_guard(&[
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "deploy_release",
+        "--args",
+        r#"{"service":"catalog","version":"1","build":18446744073709551615}"#,
+        "--ledger",
+        &ledger,
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let calls = server.state.tool_call_requests("deploy_release");
+    assert_eq!(
+        calls[0].body.as_ref().unwrap()["params"]["arguments"]["build"],
+        json!(18446744073709551615_u64)
+    );
+}
+
+/// URL userinfo, a `?token=` and `--header` values never reach stdout, stderr (at
+/// `RUST_LOG=trace`, on an answer, an unknown outcome, a refusal and an unreachable server)
+/// or any file beside the ledger.
+#[tokio::test]
+async fn secrets_in_the_url_and_headers_reach_no_output_even_at_trace() {
+    const SECRETS: [&str; 4] = ["pw-S3CRET1", "tok-S3CRET2", "bearer-S3CRET3", "key-S3CRET4"];
+    let server = TestServer::start().await;
+    let dir = temp_dir("secrets");
+    let ledger = ledger_path(&dir);
+    let authority = server.url.strip_prefix("http://").unwrap();
+    let url = format!(
+        "http://user:{}@{authority}?token={}",
+        SECRETS[0], SECRETS[1]
+    );
+    let dead = format!(
+        "http://user:{}@127.0.0.1:9/mcp?token={}",
+        SECRETS[0], SECRETS[1]
+    );
+    let auth = format!("Authorization: Bearer {}", SECRETS[2]);
+    let key = format!("X-Api-Key: {}", SECRETS[3]);
+    let faults = [
+        None,
+        Some(Fault::DropResponseAfterTool),
+        Some(Fault::Status(403)),
+        Some(Fault::CutStreamAfterFirstEvent),
+    ];
+    let mut outputs = Vec::new();
+    for (i, fault) in faults.into_iter().enumerate() {
+        if let Some(fault) = fault {
+            server.state.faults().schedule("deploy_release", fault);
+        }
+        let args = json!({"service": "catalog", "version": format!("v{i}")}).to_string();
+        // Typed without `//` (a `\\` for a `/`): no authority parses, the userinfo is still one.
+        let malformed = format!(
+            "http:/\\user:{}@{authority}?token={}",
+            SECRETS[0], SECRETS[1]
+        );
+        for target in [&url, &dead, &malformed] {
+            for json_flag in [true, false] {
+                let mut argv = vec![];
+                if json_flag {
+                    argv.push("--json");
+                }
+                argv.extend_from_slice(&[
+                    "call",
+                    "--url",
+                    target,
+                    "--tool",
+                    "deploy_release",
+                    "--args",
+                    &args,
+                    "--header",
+                    &auth,
+                    "--header",
+                    &key,
+                    "--ledger",
+                    &ledger,
+                    "--timeout",
+                    "5s",
+                ]);
+                let output = tokio::process::Command::new(BIN)
+                    .args(&argv)
+                    .env("RUST_LOG", "trace")
+                    .output()
+                    .await
+                    .unwrap();
+                outputs.push(String::from_utf8_lossy(&output.stdout).into_owned());
+                outputs.push(String::from_utf8_lossy(&output.stderr).into_owned());
+            }
+        }
+    }
+    for argv in [
+        vec!["ledger", "list", "--ledger", &ledger],
+        vec!["--json", "ledger", "list", "--ledger", &ledger],
+        vec!["audit", "verify", "--ledger", &ledger],
+    ] {
+        let output = tokio::process::Command::new(BIN)
+            .args(&argv)
+            .env("RUST_LOG", "trace")
+            .output()
+            .await
+            .unwrap();
+        outputs.push(String::from_utf8_lossy(&output.stdout).into_owned());
+        outputs.push(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let mut dirs = vec![dir.clone()];
+    while let Some(next) = dirs.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                outputs.push(String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned());
+            }
+        }
+    }
+    assert!(server.state.side_effects("deploy_release") >= 3);
+    assert!(
+        outputs
+            .iter()
+            .any(|o| o.contains("TRACE") || o.contains("trace"))
+    );
+    let leaks: Vec<&str> = outputs
+        .iter()
+        .flat_map(|o| o.lines())
+        .filter(|line| SECRETS.iter().any(|s| line.contains(s)))
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "{} lines leak a secret:\n{}",
+        leaks.len(),
+        leaks.join("\n")
+    );
+}

@@ -466,3 +466,346 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
     assert_eq!(records[0]["state"], "unknown", "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A client that half-closes its side after the request (`shutdown(Write)`, as `nc -N` does)
+/// and then reads gets its answer whole, and the tool runs once. Its close came before the
+/// answer (the tool takes 300 ms), so it proves nothing about reading it (a client that closed
+/// its socket outright looks the same): the answer is not recorded delivered, and a plain
+/// client's repeat gets the kept result (the tool still ran once) and, once it closes
+/// cleanly, the execution is delivered. (Before, hyper dropped a half-closed client's
+/// request: no answer, the tool never ran, and the execution stayed `accepted`.)
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_gets_the_answer_but_proves_no_delivery() {
+    for json_response in [true, false] {
+        let server = TestServer::start_with(ServerOptions {
+            json_response,
+            ..ServerOptions::stateless()
+        })
+        .await;
+        let dir = proxy_temp_dir("half-close");
+        let ledger = dir.join("ledger.jsonl");
+        let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+        let authority = proxy
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+            .to_owned();
+        let call =
+            |id: i64| stateless_tool_call_body(id, "slow_deploy", json!({"service": "catalog"}));
+        let body = call(1).to_string();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+             Mcp-Method: tools/call\r\nMcp-Name: slow_deploy\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::shutdown(&mut stream)
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer),
+        )
+        .await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(
+            matches!(read, Ok(Ok(_)))
+                && answer.contains("\"id\":1")
+                && answer.contains("slow deployed catalog"),
+            "json={json_response}: {read:?} {answer:?}"
+        );
+        drop(stream);
+        assert_eq!(server.state.side_effects("slow_deploy"), 1);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] != "dispatched"
+        })
+        .await;
+        assert_eq!(records.len(), 1, "json={json_response}: {records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "json={json_response}: {records:#?}"
+        );
+
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, call(9));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(9)).await.unwrap();
+        assert_eq!(
+            message["result"]["content"][0]["text"], "slow deployed catalog",
+            "{message}"
+        );
+        drop(client);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] == "delivered"
+        })
+        .await;
+        assert_eq!(
+            records[0]["state"], "delivered",
+            "json={json_response}: {records:#?}"
+        );
+        assert_eq!(server.state.side_effects("slow_deploy"), 1);
+        assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Two `tools/call`s pipelined in one write: the client reads both answers in order and closes
+/// cleanly, so both are delivered (each tool ran once). Two more pipelined, then a reset
+/// without reading: neither is delivered, and each repeat gets its kept result.
+#[tokio::test]
+async fn pipelined_calls_are_answered_in_order_and_a_reset_delivers_none() {
+    let server = TestServer::start_with(ServerOptions {
+        json_response: true,
+        ..ServerOptions::stateless()
+    })
+    .await;
+    let dir = proxy_temp_dir("pipelined");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    let authority = proxy
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let request = |id: i64, version: &str| {
+        let body = stateless_tool_call_body(
+            id,
+            "deploy_release",
+            json!({"service": "catalog", "version": version}),
+        )
+        .to_string();
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: {STATELESS_PROTOCOL_VERSION}\r\n\
+             Mcp-Method: tools/call\r\nMcp-Name: deploy_release\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // Read both answers, then close cleanly.
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let both = format!("{}{}", request(1, "a"), request(2, "b"));
+    tokio::io::AsyncWriteExt::write_all(&mut stream, both.as_bytes())
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 65536];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !(seen.contains("deployed catalog a") && seen.contains("deployed catalog b")) {
+        let n = tokio::time::timeout_at(
+            deadline,
+            tokio::io::AsyncReadExt::read(&mut stream, &mut buf),
+        )
+        .await
+        .expect("both answers arrive")
+        .unwrap();
+        assert!(n > 0, "closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(
+        seen.find("deployed catalog a") < seen.find("deployed catalog b"),
+        "{seen}"
+    );
+    drop(stream);
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 2 && records.iter().all(|r| r["state"] == "delivered")
+    })
+    .await;
+    assert!(
+        records.len() == 2 && records.iter().all(|r| r["state"] == "delivered"),
+        "{records:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Two more, and a close with the answers unread (the client's stack resets it).
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        format!("{}{}", request(3, "c"), request(4, "d")).as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("deploy_release", 4, Duration::from_secs(10))
+            .await,
+        4
+    );
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 4 && records.iter().all(|r| r["state"] != "dispatched")
+    })
+    .await;
+    assert_eq!(records.len(), 4, "{records:#?}");
+    drop(stream);
+    let mut client = hyper_client();
+    for (id, version) in [(13, "c"), (14, "d")] {
+        let body = stateless_tool_call_body(
+            id,
+            "deploy_release",
+            json!({"service": "catalog", "version": version}),
+        );
+        let response = send(
+            &mut client,
+            post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, body),
+        )
+        .await
+        .unwrap();
+        let message = read_jsonrpc_response(response, &json!(id)).await.unwrap();
+        assert_eq!(
+            message["result"]["content"][0]["text"],
+            format!("deployed catalog {version}"),
+            "{message}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 4);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The proxy is killed (SIGKILL) after its client read an answer but before the client showed
+/// it was done with it (the delivery is not recorded yet). A proxy restarted on the same ledger
+/// hands the client's repeat the kept result: the tool ran once, in both content types.
+#[tokio::test]
+async fn a_proxy_killed_before_it_records_a_delivery_hands_the_repeat_the_kept_result() {
+    for json_response in [true, false] {
+        let server = TestServer::start_with(ServerOptions {
+            json_response,
+            ..ServerOptions::stateless()
+        })
+        .await;
+        let dir = proxy_temp_dir("killed-before-delivery");
+        let ledger = dir.join("ledger.jsonl");
+        let ledger_arg = ledger.to_string_lossy().into_owned();
+        let mut proxy = start_proxy(&server.url, &["--ledger", &ledger_arg]).await;
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, deploy_body(1));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(1)).await.unwrap();
+        assert_eq!(
+            message["result"]["structuredContent"]["deployment"],
+            json!(1),
+            "{message}"
+        );
+        // The connection stays open and idle: the answer waits for the client's next move.
+        proxy._child.start_kill().unwrap();
+        proxy._child.wait().await.unwrap();
+        drop(client);
+        let records = ledger_records(&ledger);
+        assert_eq!(records.len(), 1, "{records:#?}");
+        assert_eq!(
+            records[0]["state"], "completed_result_not_delivered",
+            "json={json_response}: {records:#?}"
+        );
+
+        let proxy = start_proxy(&server.url, &["--ledger", &ledger_arg]).await;
+        let mut client = hyper_client();
+        let request = post(&proxy.url, None, STATELESS_PROTOCOL_VERSION, deploy_body(2));
+        let response = send(&mut client, request).await.unwrap();
+        let message = read_jsonrpc_response(response, &json!(2)).await.unwrap();
+        assert_eq!(
+            message["result"]["structuredContent"]["deployment"],
+            json!(1),
+            "the kept result: {message}"
+        );
+        drop(client);
+        let records = wait_for_records(&ledger, |records| {
+            records.len() == 1 && records[0]["state"] == "delivered"
+        })
+        .await;
+        assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// At `RUST_LOG=trace`, nothing secret reaches the proxy's stdout, stderr or ledger: not the
+/// upstream URL's userinfo and query, not a client's `Authorization` or `X-Api-Key` header,
+/// not a client's `?token=`, on an answer, a lost response (the outcome unknown) and the
+/// repeat the guard answers itself.
+#[tokio::test]
+async fn no_secret_reaches_the_proxy_output_at_trace() {
+    const SECRETS: [&str; 5] = [
+        "pw-S3CRET1",
+        "tok-S3CRET2",
+        "bearer-S3CRET3",
+        "key-S3CRET4",
+        "q-S3CRET5",
+    ];
+    let server = TestServer::start_with(ServerOptions::stateless()).await;
+    let dir = proxy_temp_dir("trace-secrets");
+    let ledger = dir.join("ledger.jsonl");
+    let stderr_path = dir.join("stderr.log");
+    let upstream = server
+        .url
+        .replace("http://", &format!("http://agent:{}@", SECRETS[0]))
+        + &format!("?token={}", SECRETS[1]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--ledger", &ledger.to_string_lossy()])
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(20), stdout.read_line(&mut line))
+        .await
+        .unwrap()
+        .unwrap();
+    let address = line.split_whitespace().nth(2).unwrap().to_owned();
+    let url = format!("{address}/mcp?token={}", SECRETS[4]);
+    server
+        .state
+        .faults()
+        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    let mut client = hyper_client();
+    for id in [1, 2, 3] {
+        let mut request = post(&url, None, STATELESS_PROTOCOL_VERSION, deploy_body(id));
+        let headers = request.headers_mut();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", SECRETS[2]).parse().unwrap(),
+        );
+        headers.insert("x-api-key", SECRETS[3].parse().unwrap());
+        if let Ok(response) = send(&mut client, request).await {
+            let _ = read_jsonrpc_response(response, &json!(id)).await;
+        }
+    }
+    drop(client);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = wait_for_records(&ledger, |records| {
+        records.len() == 1 && records[0]["state"] != "dispatched"
+    })
+    .await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let mut rest = String::new();
+    let _ = tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest).await;
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(stderr.contains("TRACE"), "the log ran at trace");
+    let ledger_text = std::fs::read_to_string(&ledger).unwrap();
+    let leaks: Vec<&str> = [
+        line.as_str(),
+        rest.as_str(),
+        stderr.as_str(),
+        ledger_text.as_str(),
+    ]
+    .into_iter()
+    .flat_map(str::lines)
+    .filter(|l| SECRETS.iter().any(|s| l.contains(s)))
+    .collect();
+    assert!(
+        leaks.is_empty(),
+        "{} lines leak:\n{}",
+        leaks.len(),
+        leaks.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1391,3 +1391,102 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
     assert_eq!(record.execution_id, cut.execution_id);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
+
+/// A kept result must read back as the target sent it. A result holding an integer beyond 64
+/// bits (an `order_id` of 18446744073709551617) cannot: the ledger line holds a JSON value,
+/// and after a restart it would come back as `1.8446744073709552e+19`, the same as its
+/// neighbour 18446744073709551616. So it is not kept: after a lost response and a restart
+/// (the file ledger reopened by a new guard), the repeat gets the guard's honest answer, never
+/// a rewritten number, and the tool ran once. (A target on 127.0.0.1 would not change what is
+/// tested here: the ledger's reading of a result; `service_fn` counts the runs.)
+#[tokio::test]
+async fn a_result_with_an_integer_beyond_64_bits_is_never_handed_back_rewritten() {
+    use http_body_util::BodyExt;
+    let dir = std::env::temp_dir().join(format!(
+        "mrg-guard-wide-result-{}-{}",
+        std::process::id(),
+        mcp_replay_guard::ExecutionId::new().ulid()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger.jsonl");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let target = {
+        let runs = runs.clone();
+        tower::service_fn(move |request: Request<GuardRequestBody>| {
+            let runs = runs.clone();
+            async move {
+                let body = request.into_body().collect().await?.to_bytes();
+                let call: Value = serde_json::from_slice(&body)?;
+                runs.fetch_add(1, Ordering::SeqCst);
+                let answer = format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"ordered"}}],"isError":false,"structuredContent":{{"order_id":18446744073709551617}}}}}}"#,
+                    call["id"]
+                );
+                let mut response = Response::new(Full::new(Bytes::from(answer)));
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                Ok::<_, BoxError>(response)
+            }
+        })
+    };
+    let guard_over = |ledger: mcp_replay_guard::ledger::FileLedger| {
+        GuardLayer::new(
+            ledger,
+            registry(),
+            FingerprintKey::from_bytes(&[9; 32]).unwrap(),
+        )
+        .actor(Actor::from("signed-process:com.example.agent"))
+        .intent_scope(IntentScope::from("run:wide-result"))
+        .layer(target.clone())
+    };
+    let url = "http://127.0.0.1:9/mcp";
+    let call = |id: i64| {
+        post(
+            url,
+            None,
+            STATELESS_PROTOCOL_VERSION,
+            tool_call_body(id, "deploy_release", deploy_args()),
+        )
+    };
+    {
+        let ledger = mcp_replay_guard::ledger::FileLedger::open(&path).unwrap();
+        let mut guard = guard_over(ledger.clone());
+        let response = send(&mut guard, call(1)).await.unwrap();
+        // The response is lost: the body is dropped unread.
+        drop(response);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let records = ledger.list().await.unwrap();
+            if records.len() == 1 && records[0].state == ExecutionState::Completed {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{records:#?}");
+            tokio::task::yield_now().await;
+        }
+    }
+    let ledger = mcp_replay_guard::ledger::FileLedger::open(&path).unwrap();
+    let mut guard = guard_over(ledger);
+    let response = send(&mut guard, call(2)).await.unwrap();
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{text}");
+    assert!(
+        !text.contains("e+19") && !text.contains("1.8446744073709552"),
+        "the repeat got a rewritten result: {text}"
+    );
+    assert!(
+        text.contains(mcp_replay_guard::guard::STRUCTURED_KEY) && text.contains("\"isError\":true"),
+        "the guard's own answer (the result was not kept): {text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -845,3 +845,36 @@ async fn a_key_reused_for_an_order_id_a_double_cannot_tell_apart_is_422() {
     assert_eq!(error_code(&answer), KEY_REUSED);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
+
+/// A keyed `tools/call` the layer cannot classify (here: the key `version` twice in its
+/// arguments) never reaches the tool: rmcp would read the last `version` and run it on every
+/// repeat of the key, with no binding recorded. Repeated three times with one key, the tool
+/// runs zero times and each answer is a 400 that says the call was not run.
+#[tokio::test]
+async fn a_keyed_call_the_layer_cannot_classify_is_refused_not_run_unkeyed() {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let raw = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"deploy_release","arguments":{"service":"catalog","version":"1.0.0","version":"2.0.0"}}}"#;
+    for _ in 0..3 {
+        let mut request = post(&server.url, session.as_deref(), PROTOCOL_VERSION, json!({}));
+        *request.body_mut() = http_body_util::Full::new(bytes::Bytes::from_static(raw.as_bytes()));
+        request
+            .headers_mut()
+            .insert("idempotency-key", HeaderValue::from_static("k-dup"));
+        let response = send(&mut hyper_client(), request).await.unwrap();
+        let status = response.status();
+        let text = read_response_to_end(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(
+            text.to_string().contains("not run"),
+            "the answer says the call was not run: {text}"
+        );
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+    assert!(ledger.list().await.unwrap().is_empty());
+}

@@ -1440,6 +1440,8 @@ fn target_of(uri: &http::Uri) -> Target {
 /// );
 /// assert_eq!(redact_url("http://127.0.0.1:8000/mcp"), "http://127.0.0.1:8000/mcp");
 /// assert_eq!(redact_url("agent:s3cr3t@bad host/mcp"), "…@bad host/mcp");
+/// // Without `//` no authority can be told apart: nothing up to an `@` is shown.
+/// assert_eq!(redact_url("http:/\\agent:s3cr3t@host/mcp"), "http:/…@host/mcp");
 /// ```
 pub fn redact_url(url: &str) -> String {
     let url = url.trim();
@@ -1454,6 +1456,12 @@ pub fn redact_url(url: &str) -> String {
         None => (rest, ""),
     };
     let host = authority.rsplit('@').next().unwrap_or("");
+    // An `@` after the authority (a URL typed without `//`, a `\` for a `/`) may still end
+    // a userinfo: whatever comes before it is not shown.
+    let (path, path_cut) = match path.rfind('@') {
+        Some(at) => (&path[at + 1..], true),
+        None => (path, false),
+    };
     let mut out = String::new();
     if let Some(scheme) = scheme {
         out.push_str(scheme);
@@ -1463,6 +1471,9 @@ pub fn redact_url(url: &str) -> String {
         out.push_str("…@");
     }
     out.push_str(host);
+    if path_cut {
+        out.push_str("/…@");
+    }
     out.push_str(path);
     if had_query {
         out.push_str("?…");
@@ -1890,7 +1901,8 @@ impl TargetAnswer {
 }
 
 /// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
-/// `keep` and it fits `max`) and `completed`.
+/// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
+/// back rewritten as the nearest double) and `completed`.
 pub(crate) async fn record_outcome(
     ledger: &dyn Ledger,
     id: ExecutionId,
@@ -1920,7 +1932,7 @@ pub(crate) async fn record_outcome(
             return Settlement::Other;
         }
     };
-    let kept = if keep && raw.len() <= max {
+    let kept = if keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw) {
         match ledger.store_result(id, raw.clone()).await {
             Ok(reference) => Some((reference, raw)),
             Err(error) => {

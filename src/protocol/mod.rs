@@ -36,6 +36,7 @@ use base64::Engine as _;
 use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{Message, RequestId, TOOLS_CALL, ToolCall};
+pub(crate) use numbers::json_has_integer_beyond_64_bits;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
 

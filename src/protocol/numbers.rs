@@ -23,6 +23,13 @@ pub fn has_integer_beyond_64_bits(arguments: &Map<String, Value>, body: &[u8]) -
     arguments.values().any(holds_wide_double) && body_has_wide_integer_literal(body)
 }
 
+/// Whether JSON text holds an integer literal beyond the 64-bit range. A result that does is
+/// not kept: the ledger keeps a result as a JSON value, which would hand it back with the
+/// nearest double in its place (two such numbers would read back as one).
+pub(crate) fn json_has_integer_beyond_64_bits(json: &[u8]) -> bool {
+    body_has_wide_integer_literal(json)
+}
+
 fn holds_wide_double(value: &Value) -> bool {
     match value {
         Value::Number(n) => {

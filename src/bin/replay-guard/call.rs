@@ -196,8 +196,15 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     let arguments: Value = serde_json::from_str(&args.args).with_context(|| {
         "--args is not JSON: give the tool's arguments as an object, e.g. '{\"service\":\"api\"}'"
     })?;
-    if !arguments.is_object() {
+    let Some(object) = arguments.as_object() else {
         bail!("--args must be a JSON object, e.g. '{{\"service\":\"api\"}}'");
+    };
+    // Parsed, such a literal becomes the nearest double: the tool would get another number.
+    if mcp_replay_guard::protocol::has_integer_beyond_64_bits(object, args.args.as_bytes()) {
+        bail!(
+            "--args: {}. Nothing was sent",
+            mcp_replay_guard::protocol::INEXACT_INTEGER
+        );
     }
     // The URL may carry a credential (`user:secret@`, `?token=`): only its redacted form is
     // ever printed.
@@ -206,6 +213,10 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         .url
         .parse()
         .with_context(|| format!("--url {shown_url:?} is not a URL"))?;
+    let (url, had_userinfo) = mcp_http::without_userinfo(url).context("--url")?;
+    if had_userinfo {
+        eprintln!("warning: {}", mcp_http::USERINFO_NOT_SENT);
+    }
     if url.scheme_str() != Some("http") {
         bail!(
             "--url must be http://…: this build speaks plain HTTP (run `replay-guard proxy` beside a TLS terminator for https)"

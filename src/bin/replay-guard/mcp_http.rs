@@ -22,6 +22,27 @@ pub const STATELESS_VERSION: &str = "2026-07-28";
 /// Bound on one answer the CLI reads (the guard bounds what it keeps separately).
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
+/// `uri` without its `user:password@`, and whether it had one. HTTP never sends userinfo
+/// (hyper builds `Host` from the host and port alone), but hyper-util's connection pool logs
+/// the whole authority at DEBUG and TRACE: a URI that reaches the client has none.
+pub fn without_userinfo(uri: Uri) -> anyhow::Result<(Uri, bool)> {
+    let Some((_, host)) = uri.authority().and_then(|a| a.as_str().rsplit_once('@')) else {
+        return Ok((uri, false));
+    };
+    // The message never shows the URI: it holds the credential.
+    let host = host
+        .parse()
+        .map_err(|_| anyhow::anyhow!("the URL's host after its userinfo is not valid"))?;
+    let mut parts = uri.into_parts();
+    parts.authority = Some(host);
+    let uri = Uri::from_parts(parts)
+        .map_err(|_| anyhow::anyhow!("the URL without its userinfo is not valid"))?;
+    Ok((uri, true))
+}
+
+/// What `call` and `proxy` say when a URL carried userinfo.
+pub const USERINFO_NOT_SENT: &str = "the URL's `user:password@` is not sent (HTTP has no place for it); give a credential with --header 'Authorization: …'";
+
 /// Which era to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProtocolChoice {

@@ -23,6 +23,12 @@
 //! result instead of a second execution. An answer on a connection the client keeps open and
 //! idle is recorded once the client uses or closes that connection; until then a repeat gets
 //! the kept result. The proxy serves HTTP/1.1, where those signals are exact.
+//!
+//! A client that closes its side of the connection right after its request (a half-close,
+//! as `nc -N` does) still gets its answer; but its close came before the answer, so it says
+//! nothing about reading it (a client that closed its socket outright looks the same until
+//! its stack resets): such an answer is never recorded delivered, and a repeat gets the kept
+//! result.
 
 use std::{
     convert::Infallible,
@@ -88,6 +94,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .upstream
         .parse()
         .with_context(|| format!("--upstream {shown_upstream:?} is not a URL"))?;
+    let (upstream, had_userinfo) =
+        crate::mcp_http::without_userinfo(upstream).context("--upstream")?;
+    if had_userinfo {
+        eprintln!("warning: {}", crate::mcp_http::USERINFO_NOT_SENT);
+    }
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
         bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
     }
@@ -125,12 +136,15 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             stash: None,
             shut_down: false,
             linger: None,
+            closed_before_answer: false,
         });
         let handler = hyper::service::service_fn(move |request| {
             forward(guard.clone(), upstream.clone(), deliveries.clone(), request)
         });
         tokio::spawn(async move {
+            // A half-closed client still gets its answer (see the module docs).
             if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .half_close(true)
                 .serve_connection(io, handler)
                 .await
             {
@@ -361,6 +375,45 @@ struct Watched<T> {
     shut_down: bool,
     /// How long, after closing, the proxy waits for the client's clean close.
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The client closed its side before an answer was flushed: its close confirms nothing.
+    closed_before_answer: bool,
+}
+
+impl<T: AsyncRead + Unpin> Watched<T> {
+    /// Before a response's bytes go out, looks whether the client already closed its side
+    /// (hyper, serving half-closed clients, reads that only after the answer): a close seen
+    /// now came before the answer was whole. What it reads (a pipelined request) is kept for
+    /// hyper; a wake-up it registers is this connection task's own.
+    fn notice_early_close(&mut self, cx: &mut TaskContext<'_>) {
+        if self.stash.is_some() || self.closed_before_answer || self.shut_down {
+            return;
+        }
+        let mut scratch = [0u8; 8192];
+        let mut read = ReadBuf::new(&mut scratch);
+        match Pin::new(&mut self.inner).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                self.closed_before_answer = true;
+                self.stash = Some(Bytes::new());
+            }
+            Poll::Ready(Ok(())) => self.stash = Some(Bytes::copy_from_slice(read.filled())),
+            // A reset: whatever is being written is not delivered; hyper sees the error on
+            // its next read or write.
+            Poll::Ready(Err(_)) => self.closed_before_answer = true,
+            Poll::Pending => {}
+        }
+    }
+}
+
+impl<T> Watched<T> {
+    /// The client closed the connection after the flushed answers: they are delivered, unless
+    /// that close came before them.
+    fn client_closed(&mut self) {
+        if self.closed_before_answer {
+            self.deliveries.discard();
+        } else {
+            self.confirming = Some(self.deliveries.confirm());
+        }
+    }
 }
 
 /// The longest wait for a client's clean close after the proxy closed a connection whose last
@@ -393,13 +446,23 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
                 return Poll::Ready(Ok(()));
             }
             if !self.deliveries.awaiting_client() {
-                return Pin::new(&mut self.inner).poll_read(cx, buf);
+                let before = buf.filled().len();
+                let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
+                if read.is_ok() && buf.filled().len() == before && buf.remaining() > 0 {
+                    self.closed_before_answer = true;
+                }
+                return Poll::Ready(read);
             }
             let mut scratch = [0u8; 8192];
             let mut read = ReadBuf::new(&mut scratch);
             match ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read)) {
+                Ok(()) if read.filled().is_empty() => {
+                    // A clean close: the client is done with what it got.
+                    self.stash = Some(Bytes::new());
+                    self.client_closed();
+                }
                 Ok(()) => {
-                    // Next bytes, or a clean close: the client is done with what it got.
+                    // Next bytes: the client is done with what it got.
                     self.stash = Some(Bytes::copy_from_slice(read.filled()));
                     self.confirming = Some(self.deliveries.confirm());
                 }
@@ -418,6 +481,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut TaskContext<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.notice_early_close(cx);
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -426,6 +490,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut TaskContext<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.notice_early_close(cx);
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -463,9 +528,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
             let mut scratch = [0u8; 1024];
             let mut read = ReadBuf::new(&mut scratch);
             match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
-                Poll::Ready(Ok(())) if read.filled().is_empty() => {
-                    this.confirming = Some(this.deliveries.confirm());
-                }
+                Poll::Ready(Ok(())) if read.filled().is_empty() => this.client_closed(),
                 Poll::Ready(Ok(())) => {} // bytes after the close: not an answer to anything
                 Poll::Ready(Err(_)) => {
                     this.deliveries.discard();

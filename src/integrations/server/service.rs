@@ -176,12 +176,32 @@ impl<S> Call<S> {
         let call = match protocol::classify(&parts.method, &parts.headers, &bytes) {
             Ok(classified) => match classified.kind {
                 RequestKind::Message(Message::ToolCall(call)) => Some(call),
+                RequestKind::Batch(ref messages)
+                    if messages.iter().any(|m| matches!(m, Message::ToolCall(_))) =>
+                {
+                    return answered(answer::jsonrpc_error(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        -32600,
+                        "a JSON-RPC batch carrying tools/call cannot be keyed; send each tools/call in its own request; the call was not run".into(),
+                    ));
+                }
                 _ => None,
             },
-            Err(_) => None,
+            // A keyed request this layer cannot read as MCP (a key twice in a tools/call, a
+            // header that disagrees with the body, an unknown protocol version, bad JSON) is
+            // refused: passed on, the server might still run it, unkeyed, on every repeat.
+            Err(error) => {
+                return answered(answer::jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    -32600,
+                    format!("{error}; the call was not run"),
+                ));
+            }
         };
-        // Not a single tools/call (initialize, a notification, a batch, a body the server
-        // will refuse itself): the key means nothing here.
+        // Not a single tools/call (initialize, a notification, a batch without one): the key
+        // means nothing here.
         let Some(call) = call else {
             let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
             let response = self.inner.call(request).await?;
