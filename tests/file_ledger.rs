@@ -1256,3 +1256,41 @@ async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
     drop(fourth);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Found by attacking the merged issue-12 work: `store_result` took a result nested one level
+/// short of the JSON parser's limit, whose line (one level deeper) the reader then could not
+/// read, so the ledger refused to open. A result the ledger could not read back is refused
+/// when it is stored; every line written reopens.
+#[tokio::test]
+async fn a_result_too_deep_for_a_ledger_line_is_refused_and_the_ledger_reopens() {
+    let dir = temp_dir("deep-result");
+    let path = dir.join("ledger.jsonl");
+    let nested = |depth: usize| {
+        Bytes::from(format!(
+            "{{\"content\":[],\"structuredContent\":{{\"x\":{}1{}}}}}",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ))
+    };
+    {
+        let ledger = FileLedger::open(&path).unwrap();
+        let id = ledger
+            .claim(claim(1, "guard:a"))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        for depth in [10, 100, 120, 124, 125] {
+            match ledger.store_result(id, nested(depth)).await {
+                Ok(_) => {}
+                Err(error) => assert!(
+                    error.to_string().contains("nested"),
+                    "depth {depth}: {error}"
+                ),
+            }
+        }
+    }
+    let ledger = FileLedger::open(&path).expect("every line the ledger wrote reads back");
+    assert!(ledger.verify().unwrap().is_ok());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1114,6 +1114,7 @@ impl Writer {
                     Op::StoreResult(id, bytes, reply) => {
                         let stored = serde_json::from_slice(&bytes)
                             .map_err(|e| storage("a result to keep is not JSON", e))
+                            .and_then(fits_in_a_line)
                             .map(|result| {
                                 let reference = result_reference(id);
                                 w.index.results.insert(reference.clone(), bytes);
@@ -1317,6 +1318,29 @@ impl Writer {
             dropped_executions: before - kept,
         })
     }
+}
+
+/// How deep a kept result may nest. The JSON parser refuses more than 127 nested levels, and
+/// the line around a result adds levels of its own: a result that parses on its own may still
+/// make a line that never reads back, so deeper ones are refused here, well short of the limit.
+const MAX_RESULT_DEPTH: usize = 100;
+
+/// The result, if its line will read back (see [`MAX_RESULT_DEPTH`]).
+fn fits_in_a_line(result: serde_json::Value) -> Result<serde_json::Value, LedgerError> {
+    fn depth(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+            serde_json::Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    if depth(&result) > MAX_RESULT_DEPTH {
+        return Err(storage(
+            "a result to keep is nested deeper than a ledger line can hold",
+            format!("more than {MAX_RESULT_DEPTH} levels; it is not kept"),
+        ));
+    }
+    Ok(result)
 }
 
 fn send<T>(reply: Reply<T>, value: Result<T, LedgerError>, failed: Option<&LedgerError>) {
