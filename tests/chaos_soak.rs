@@ -14,10 +14,10 @@
 //! And a compactor process opens the same ledger and calls `FileLedger::compact(now)` in a loop
 //! (archive the file as `<ledger>.<seq>.archive`, start a new one with a checkpoint and the
 //! retained executions' lines), with a short random pause, and is SIGKILLed again and again
-//! (12 times at the default size): half of the kills at a random moment of its life (opening
-//! the ledger, compacting, pausing), half a few milliseconds after it began writing a new file,
-//! inside a compaction. The end checks read the ledger as one chain, the archives oldest first
-//! and then the live file: the chain verifies through every archive (`verify_file` and
+//! (up to 12 times at the default size): half of the kills at a random moment of its life
+//! (opening the ledger, compacting, pausing), half a few milliseconds after it began writing a
+//! new file, inside a compaction. The end checks read the ledger as one chain, the archives
+//! oldest first and then the live file: the chain verifies through every archive (`verify_file` and
 //! `replay-guard audit verify`); every execution the chain ever held is still in the ledger with
 //! the events it was written with, in order (compaction copies the retained executions' lines
 //! into the new file: a copy counts once, at its first position); and the irreversible check
@@ -878,9 +878,9 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         "faults fired: {fired}; victims killed: {killed}; side effects: {side_effects}; \
          executions: {}; completed results (all load): {completed}; chain: {} lines \
          verified in {} files\n\
-         compactions: {compactions}; compactors killed: {} ({} mid-compaction, {unnamed} after \
-         archiving, before the swap); executions whose events survived every compaction: \
-         {compared}\n\
+         compactions: {compactions}; compactors killed: {} ({} mid-compaction, {unnamed} of \
+         them after archiving, before the swap); executions whose events survived every \
+         compaction: {compared}\n\
          irreversible: {} intents, {} runs, {} executions, 0 ran twice, {} deliberate repeats \
          after delivery, {} held for review",
         records.len(),
