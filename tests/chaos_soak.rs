@@ -11,6 +11,19 @@
 //! dispatched (re-sends, probes, continuations of never-sent ones) and is killed in the middle
 //! of those. The two agents continue whatever the victims leave behind.
 //!
+//! And a compactor process opens the same ledger and calls `FileLedger::compact(now)` in a loop
+//! (archive the file as `<ledger>.<seq>.archive`, start a new one with a checkpoint and the
+//! retained executions' lines), with a short random pause, and is SIGKILLed again and again
+//! (up to 12 times at the default size): half of the kills at a random moment of its life
+//! (opening the ledger, compacting, pausing), half a few milliseconds after it began writing a
+//! new file, inside a compaction. The end checks read the ledger as one chain, the archives
+//! oldest first and then the live file: the chain verifies through every archive (`verify_file` and
+//! `replay-guard audit verify`); every execution the chain ever held is still in the ledger with
+//! the events it was written with, in order (compaction copies the retained executions' lines
+//! into the new file: a copy counts once, at its first position); and the irreversible check
+//! orders executions by those first positions. A compactor that fails a compaction ends and
+//! fails the soak.
+//!
 //! `MRG_SOAK_CALLS` sets the number of planned calls (default 2,000; 100,000 for a long run),
 //! `MRG_SOAK_SEED` replays a run: the seed is printed first. The seed fixes every child's plan
 //! (which intent, which era, which duplicates) and the sequence of faults; which call a fault
@@ -34,7 +47,10 @@ use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::ContractRegistry,
     guard::{GuardLayer, GuardRequestBody, ProbeOutcome, ProbeRequest, StatusProbe},
-    ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger, chain, verify_file},
+    ledger::{
+        ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp, chain,
+        verify_file,
+    },
     resume::ResumeLayer,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
@@ -173,6 +189,13 @@ fn child_entry() {
             [sessions_url.to_owned(), stateless_url.to_owned()],
             seed.parse().expect("seed"),
             start.parse().expect("start"),
+        );
+    }
+    if let ["compactor", index, path, seed] = parts[..] {
+        return compactor_entry(
+            index.parse().expect("index"),
+            Path::new(path),
+            seed.parse().expect("seed"),
         );
     }
     let [index, path, sessions_url, stateless_url, seed, calls] = parts[..] else {
@@ -384,6 +407,123 @@ fn kill_victims(
     })
 }
 
+/// The most compactors a run kills: one per 160 planned calls, at least 10 (12 at the default
+/// 2,000 calls), so that a CI run stays short (each compactor reads the whole ledger when it
+/// opens it, and each completed compaction makes every process read the new file again) and a
+/// long run keeps compacting.
+fn compactor_kills(calls: usize) -> usize {
+    (calls / 160).max(10)
+}
+
+/// A compactor process: compacts the shared ledger (archive, new file with the retained
+/// executions) again and again, with a short random pause, until it is killed. A compaction
+/// that fails ends the process with the error on stderr: the parent fails the soak with it.
+fn compactor_entry(index: usize, path: &Path, seed: u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let ledger = match FileLedger::open(path) {
+            Ok(ledger) => ledger,
+            Err(error) => {
+                eprintln!("compactor {index}: cannot open the ledger: {error}");
+                std::process::exit(1);
+            }
+        };
+        let mut rng = StdRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0xC2B2_AE35));
+        loop {
+            if let Err(error) = ledger.compact(Timestamp::now()).await {
+                eprintln!("compactor {index}: compaction failed: {error}");
+                std::process::exit(1);
+            }
+            // Pacing, not waiting for a state.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(20..150))).await;
+        }
+    });
+}
+
+/// What the compactor killer did.
+#[derive(Debug, Default)]
+struct Compactors {
+    killed: usize,
+    /// Kills that left a `<ledger>.compacting` file the compactor had written and not yet put
+    /// in place: the kill landed in the middle of a compaction.
+    mid_compaction: usize,
+}
+
+/// Until `stop` (or `max` kills), keeps one compactor process running and SIGKILLs it, again
+/// and again; a compactor that ended on its own (a compaction failed) fails the soak. Half of
+/// the kills land at a random moment of the compactor's life (opening the ledger, compacting,
+/// pausing); the other half a random few milliseconds after the compactor began writing a new
+/// file (its `.compacting` file changed), so that many land inside a compaction.
+fn kill_compactors(
+    path: PathBuf,
+    seed: u64,
+    max: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Compactors> {
+    tokio::task::spawn_blocking(move || {
+        let mut rng = StdRng::seed_from_u64(seed.rotate_left(29));
+        let compacting = sibling(&path, "compacting");
+        let mut found = Compactors::default();
+        while !stop.load(Ordering::SeqCst) && found.killed < max {
+            let before = modified(&compacting);
+            let mut compactor = child_process(&format!(
+                "compactor|{}|{}|{seed}",
+                found.killed,
+                path.display()
+            ))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn a compactor");
+            if rng.random_bool(0.5) {
+                std::thread::sleep(Duration::from_millis(rng.random_range(100..700)));
+            } else {
+                // Until the compactor starts a compaction (bounded: a compactor that ends or
+                // stalls is killed anyway), then a random moment into it.
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                while modified(&compacting) == before
+                    && std::time::Instant::now() < deadline
+                    && compactor.try_wait().expect("poll a compactor").is_none()
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..10)));
+            }
+            let ended = compactor.try_wait().expect("poll a compactor");
+            compactor.kill().expect("SIGKILL a compactor");
+            let output = compactor.wait_with_output().expect("reap a compactor");
+            assert!(
+                ended.is_none(),
+                "compactor {} ended on its own ({}): {}",
+                found.killed,
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            found.killed += 1;
+            let after = modified(&compacting);
+            found.mid_compaction += usize::from(after.is_some() && after != before);
+            // A pause before the next one, so that compaction stays a fraction of the work.
+            std::thread::sleep(Duration::from_millis(rng.random_range(1000..2500)));
+        }
+        found
+    })
+}
+
+/// When `path` was last written (`None` when there is no such file).
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// `<ledger>.<suffix>`, the way the ledger names the files beside it.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().expect("a file name").to_os_string();
+    name.push(format!(".{suffix}"));
+    path.with_file_name(name)
+}
+
 // ---- the parent: servers, faults, and the checks -------------------------------------------
 
 /// The faults the scheduler draws from (each lands on the next call of its tool).
@@ -426,19 +566,73 @@ fn temp_dir() -> PathBuf {
     dir
 }
 
-/// The `seq` of the first line of each (execution, event name) in the ledger file.
-fn chain_positions(path: &Path) -> HashMap<(ExecutionId, String), u64> {
-    let text = std::fs::read_to_string(path).expect("read the ledger");
-    let mut positions = HashMap::new();
-    for line in text.lines() {
-        let line = chain::parse_line(line).expect("a verified line parses");
-        if let Some(event) = line.event() {
-            positions
-                .entry((event.execution_id, event.kind.name().to_owned()))
-                .or_insert(line.seq);
+/// The ledger's lines as one chain: the archives (oldest first, as `verify_file` found them
+/// through the checkpoints), then the live file.
+#[derive(Debug, Default)]
+struct Chain {
+    /// The `seq` of the first line of each (execution, event name).
+    positions: HashMap<(ExecutionId, String), u64>,
+    /// Each execution's events in the order they were first written. Compaction writes the
+    /// retained executions' events again into the new file: a copy of an event already seen
+    /// (the same execution, time and kind) is not a new one.
+    events: HashMap<ExecutionId, Vec<LedgerEvent>>,
+    lines: usize,
+}
+
+fn read_chain(files: &[PathBuf]) -> Chain {
+    let mut read = Chain::default();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        for line in text.lines() {
+            let line = chain::parse_line(line).expect("a verified line parses");
+            read.lines += 1;
+            if let Some(event) = line.event() {
+                read.positions
+                    .entry((event.execution_id, event.kind.name().to_owned()))
+                    .or_insert(line.seq);
+                let events = read.events.entry(event.execution_id).or_default();
+                if !events.contains(event) {
+                    events.push(event.clone());
+                }
+            }
         }
     }
-    positions
+    read
+}
+
+/// Compaction lost, reordered or invented no event: every execution the chain ever held is
+/// still in the ledger (a 24-hour retention expires none during the soak), with its events in
+/// the order they were first written. Returns how many executions were compared.
+async fn check_compacted_events(
+    ledger: &FileLedger,
+    history: &Chain,
+    records: &[ExecutionRecord],
+) -> usize {
+    let live: std::collections::HashSet<ExecutionId> =
+        records.iter().map(|r| r.execution_id).collect();
+    for (id, written) in &history.events {
+        assert!(
+            live.contains(id),
+            "execution {id} was in the chain and is gone from the ledger"
+        );
+        let mut first = Vec::new();
+        for event in ledger.events(*id).await.expect("events") {
+            if !first.contains(&event) {
+                first.push(event);
+            }
+        }
+        assert_eq!(
+            &first, written,
+            "execution {id}: the ledger's events are not the ones the chain wrote"
+        );
+    }
+    assert_eq!(
+        history.events.len(),
+        records.len(),
+        "an execution of the ledger is in no file"
+    );
+    history.events.len()
 }
 
 /// What the irreversible check found.
@@ -455,7 +649,7 @@ struct Irreversible {
 /// a new execution of an intent was only ever started after the previous one was delivered
 /// to the agent or provably did not run (a deliberate repeat, not a blind re-send).
 async fn check_irreversible(
-    path: &Path,
+    history: &Chain,
     servers: &[&TestServer],
     records: &[ExecutionRecord],
 ) -> Irreversible {
@@ -498,9 +692,11 @@ async fn check_irreversible(
     }
     // Order by the chain (the order the claims were decided in, across both processes), not by
     // timestamps: a claim is stamped before it waits for the file lock.
-    let seqs = chain_positions(path);
     let seq = |record: &ExecutionRecord, event: &str| {
-        seqs.get(&(record.execution_id, event.to_owned())).copied()
+        history
+            .positions
+            .get(&(record.execution_id, event.to_owned()))
+            .copied()
     };
     for executions in per_intent.values_mut() {
         executions.sort_by_key(|r| seq(r, "accepted"));
@@ -596,6 +792,7 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         stop.clone(),
     );
     let victims = kill_victims(path.clone(), urls.clone(), seed, stop.clone());
+    let compactors = kill_compactors(path.clone(), seed, compactor_kills(calls), stop.clone());
     let per_child = [calls - calls / 2, calls / 2];
     let children: Vec<_> = (0..2)
         .map(|i| {
@@ -619,6 +816,7 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         killed > 0,
         "no victim was killed: the soak tested no continuation"
     );
+    let compactors = compactors.await.expect("the compactor killer");
 
     let mut planned = 0;
     for (i, output) in outputs.iter().enumerate() {
@@ -655,7 +853,23 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
     let ledger = FileLedger::open(&path).expect("reopen the ledger");
     let records = ledger.list().await.expect("list");
     let completed = check_results(&ledger, &records).await;
-    let irreversible = check_irreversible(&path, &[&sessions, &stateless], &records).await;
+    let history = read_chain(&report.files);
+    assert_eq!(
+        history.lines as u64, report.verified,
+        "every verified line was read"
+    );
+    let compared = check_compacted_events(&ledger, &history, &records).await;
+    let irreversible = check_irreversible(&history, &[&sessions, &stateless], &records).await;
+    // Each file before the live one is an archive a compaction left; an archive beside the
+    // ledger that no checkpoint names was linked by a compactor killed before it put the new
+    // file in place.
+    let compactions = report.files.len() - 1;
+    let unnamed = std::fs::read_dir(&dir)
+        .expect("read the soak dir")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "archive") && !report.files.contains(p))
+        .count();
     let side_effects: usize = [&sessions, &stateless]
         .iter()
         .map(|s| s.state.total_side_effects())
@@ -663,11 +877,17 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
     println!(
         "faults fired: {fired}; victims killed: {killed}; side effects: {side_effects}; \
          executions: {}; completed results (all load): {completed}; chain: {} lines \
-         verified\n\
+         verified in {} files\n\
+         compactions: {compactions}; compactors killed: {} ({} mid-compaction, {unnamed} of \
+         them after archiving, before the swap); executions whose events survived every \
+         compaction: {compared}\n\
          irreversible: {} intents, {} runs, {} executions, 0 ran twice, {} deliberate repeats \
          after delivery, {} held for review",
         records.len(),
         report.verified,
+        report.files.len(),
+        compactors.killed,
+        compactors.mid_compaction,
         irreversible.intents,
         irreversible.runs,
         irreversible.executions,
@@ -675,6 +895,10 @@ async fn chaos_soak_two_processes_one_file_ledger_no_duplicate_side_effects() {
         irreversible.held
     );
     assert!(fired > 0, "no fault fired: the soak tested nothing");
+    assert!(
+        compactors.killed > 0 && compactions > 0,
+        "no compactor was killed or no compaction happened: the soak tested no compaction"
+    );
     drop(ledger);
     std::fs::remove_dir_all(&dir).ok();
 }
