@@ -103,3 +103,8 @@ pub fn replay_guard_blocking(args: &[&str]) -> Run {
         .expect("the binary runs");
     Run::from_output(&output)
 }
+
+/// `(code, stdout, stderr)` of [`replay_guard_blocking`].
+pub fn replay_guard_parts(args: &[&str]) -> (i32, String, String) {
+    replay_guard_blocking(args).into_parts()
+}

@@ -67,11 +67,21 @@ pub fn event_now(id: ExecutionId, kind: EventKind) -> LedgerEvent {
 
 /// Attempt `attempt` of `id` sent under its own key (no JSON-RPC id, no session), by `owner`.
 pub fn dispatched(id: ExecutionId, attempt: u32, owner: Option<&str>) -> EventKind {
+    dispatched_as(id, attempt, owner, None)
+}
+
+/// [`dispatched`] of a request with JSON-RPC id `jsonrpc_id`.
+pub fn dispatched_as(
+    id: ExecutionId,
+    attempt: u32,
+    owner: Option<&str>,
+    jsonrpc_id: Option<i64>,
+) -> EventKind {
     EventKind::Dispatched {
         attempt,
         idempotency_key: IdempotencyKey::from(id),
         key_from_caller: false,
-        jsonrpc_id: None,
+        jsonrpc_id: jsonrpc_id.map(Into::into),
         session_id: None,
         owner: owner.map(Into::into),
     }

@@ -44,8 +44,8 @@ mod tools;
 
 #[cfg(feature = "cli")]
 pub use bin::{
-    BIN, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_within,
-    spawn_replay_guard,
+    BIN, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_parts,
+    replay_guard_within, spawn_replay_guard,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;
@@ -56,7 +56,7 @@ pub use faults::{
 };
 pub use front::{FrontOptions, FrontServer};
 pub use ledger::{
-    deploy_claim, dispatched, event_now, fingerprint_of, fingerprint_of_byte, wait_for_state,
+    deploy_claim, dispatched, dispatched_as, event_now, fingerprint_of, fingerprint_of_byte, wait_for_state,
 };
 pub use log::{Captured, captured_log, head_log_lines, log_field};
 #[cfg(feature = "postgres")]
