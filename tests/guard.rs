@@ -702,23 +702,9 @@ async fn read_only_tools_and_other_traffic_pass_through() {
     assert_eq!(server.state.idempotency_keys("list_branches"), [None, None]);
 }
 
-/// Collects formatted log output of the current thread.
-#[derive(Clone, Default)]
-struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLogs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn secrets_reach_neither_the_ledger_nor_the_logs() {
-    let logs = CapturedLogs::default();
+    let logs = Captured::default();
     let writer = logs.clone();
     // This crate's own log lines, at every level. (The in-process test server and hyper log
     // request bodies at TRACE themselves; they are not this crate's to police.)
