@@ -8,20 +8,13 @@
 mod support;
 
 use std::{
-    io::Write,
     path::{Path, PathBuf},
-    process::Command,
-    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
-use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{
-        Claim, EventKind, FileLedger, Ledger, LedgerEvent, Timestamp,
-        chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
-    },
+use mcp_replay_guard::ledger::{
+    Claim, EventKind, FileLedger, Ledger, Timestamp,
+    chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
 };
 use support::{
     captured_log, deploy_claim, dispatched_as, event_now, fingerprint_of, head_log_lines,

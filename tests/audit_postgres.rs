@@ -6,24 +6,21 @@
 
 mod support;
 
-use std::{
-    io::Write,
-    sync::{Arc, Mutex, OnceLock},
-    time::Duration,
-};
+use std::time::Duration;
 
 use mcp_replay_guard::{
     ExecutionId,
-    contract::RetryClass,
     ledger::{
-        Claim, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp,
+        Claim, EventKind, Ledger, PostgresLedger,
         chain::{
             ChainHash, ChainHead, ChainProblem, ChainedLine, Checkpoint, HEAD_LOG_EVERY, LineBody,
             parse_line,
         },
     },
 };
-use support::{TestSchema, captured_log, deploy_claim, event_now, fingerprint_of, head_log_lines, log_field};
+use support::{
+    TestSchema, captured_log, deploy_claim, event_now, fingerprint_of, head_log_lines, log_field,
+};
 
 fn claim(n: u32) -> Claim {
     Claim {

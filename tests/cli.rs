@@ -1,13 +1,12 @@
 //! The `replay-guard` binary over a real ledger file.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::path::Path;
 
 mod support;
 
 use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp},
+    ExecutionId,
+    ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger},
 };
 use support::{
     deploy_claim, dispatched_as, event_now, fingerprint_of_byte, replay_guard_parts as replay_guard,

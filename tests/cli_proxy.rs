@@ -388,7 +388,8 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
     .await;
     let dir = proxy_temp_dir("ctrl-c");
     let ledger = dir.join("ledger.jsonl");
-    let (mut child, line) = spawn_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    let (mut child, line) =
+        spawn_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
     let url = format!("{}/mcp", line.split_whitespace().nth(2).unwrap());
 
     let mut client = hyper_client();

@@ -6,17 +6,17 @@ mod support;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Child,
     time::Duration,
 };
 
 use bytes::Bytes;
 use mcp_replay_guard::{
-    Actor, ExecutionId, IdempotencyKey, IntentScope,
-    contract::{ContractRegistry, RetryClass, ToolContract},
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
     guard::{GuardLayer, GuardRequestBody},
     ledger::{
-        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp,
+        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, Timestamp,
         chain::ChainProblem, verify_file,
     },
 };
@@ -447,7 +447,11 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
     let p = path.display().to_string();
     // 4 processes × 250 executions × 5 lines, at once.
     let children: Vec<_> = (1..=4)
-        .map(|w| child_process(&format!("append|{p}|{w}|250")).spawn().unwrap())
+        .map(|w| {
+            child_process(&format!("append|{p}|{w}|250"))
+                .spawn()
+                .unwrap()
+        })
         .collect();
     for c in children {
         assert!(c.wait_with_output().unwrap().status.success());
@@ -462,7 +466,11 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
 
     // 1,000 identical intents spread over 4 processes: one execution.
     let children: Vec<_> = (1..=4)
-        .map(|w| child_process(&format!("claim_same|{p}|{w}|250")).spawn().unwrap())
+        .map(|w| {
+            child_process(&format!("claim_same|{p}|{w}|250"))
+                .spawn()
+                .unwrap()
+        })
         .collect();
     let mut new = 0;
     for c in children {
@@ -920,22 +928,22 @@ async fn a_garbled_dispatched_line_is_refused_and_the_call_is_not_sent_again() {
     std::fs::write(&path, &garbled).unwrap();
 
     let run = replay_guard_blocking(&[
-            "--json",
-            "call",
-            "--url",
-            &server.url,
-            "--tool",
-            "slow_deploy",
-            "--args",
-            r#"{"service":"catalog"}"#,
-            "--class",
-            "irreversible",
-            "--actor",
-            "signed-process:com.example.agent",
-            "--scope",
-            "run:crash",
-            "--ledger",
-            &path.to_string_lossy(),
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--class",
+        "irreversible",
+        "--actor",
+        "signed-process:com.example.agent",
+        "--scope",
+        "run:crash",
+        "--ledger",
+        &path.to_string_lossy(),
     ]);
     let stderr = &run.stderr;
     assert_eq!(run.code, 2, "{stderr}");

@@ -16,8 +16,8 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use mcp_replay_guard::{
-    Actor, ExecutionId, IdempotencyKey, IntentScope,
-    contract::{ContractRegistry, RetryClass, ToolContract},
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     ledger::{

@@ -7,14 +7,8 @@
 
 mod support;
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp},
-};
+use mcp_replay_guard::ledger::{EventKind, Ledger, Timestamp};
 use support::*;
 
 #[tokio::test]

@@ -52,7 +52,11 @@ impl TestSchema {
 
     /// Runs SQL in the schema, `{s}` standing for it (the test's hand on the tables, as an
     /// attacker's would be).
-    pub async fn sql(&self, ledger: &mcp_replay_guard::ledger::PostgresLedger, statement: &str) -> u64 {
+    pub async fn sql(
+        &self,
+        ledger: &mcp_replay_guard::ledger::PostgresLedger,
+        statement: &str,
+    ) -> u64 {
         let client = ledger.pool().get().await.unwrap();
         let statement = statement.replace("{s}", &format!("\"{}\"", self.name));
         client.execute(statement.as_str(), &[]).await.unwrap()
@@ -71,7 +75,11 @@ impl TestSchema {
     }
 
     /// The stored line `seq`.
-    pub async fn line(&self, ledger: &mcp_replay_guard::ledger::PostgresLedger, seq: i64) -> String {
+    pub async fn line(
+        &self,
+        ledger: &mcp_replay_guard::ledger::PostgresLedger,
+        seq: i64,
+    ) -> String {
         let client = ledger.pool().get().await.unwrap();
         let statement = format!(
             "SELECT line FROM \"{}\".mrg_events WHERE seq = $1",
