@@ -19,6 +19,13 @@ async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
     replay_guard(&argv).await
 }
 
+/// A new temp dir of this file's and the path of `ledger.jsonl` in it.
+fn ledger_dir(name: &str) -> (std::path::PathBuf, String) {
+    let dir = temp_dir("cli-call", name);
+    let ledger = ledger_path(&dir);
+    (dir, ledger)
+}
+
 fn deploy_args() -> Value {
     json!({"service": "catalog", "version": "2026.07.22"})
 }
@@ -252,8 +259,7 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
 
 #[tokio::test]
 async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches_to_it() {
-    let dir = temp_dir("cli-call", "lost");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("lost");
     let server = TestServer::start().await;
     server
         .state
@@ -316,8 +322,7 @@ async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches
 /// one dispatch, and every process names the same execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
-    let dir = temp_dir("cli-call", "twenty");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("twenty");
     let server = TestServer::start().await;
     server
         .state
@@ -351,8 +356,7 @@ async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
 /// execution and all get its result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_in_other_processes_attach_and_get_the_same_result() {
-    let dir = temp_dir("cli-call", "attach");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("attach");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(3),
         ..ServerOptions::default()
@@ -375,8 +379,7 @@ async fn concurrent_calls_in_other_processes_attach_and_get_the_same_result() {
 
 #[tokio::test]
 async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
-    let dir = temp_dir("cli-call", "demo");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("demo");
     let run = replay_guard(&["--json", "demo", "--ledger", &ledger]).await;
     assert_eq!(run.code, 0, "{run:#?}");
     let out = run.json();
@@ -415,8 +418,7 @@ async fn ledger_records(ledger: &str) -> Vec<Value> {
 /// not say delivered and the repeat prints the kept result without running the tool again.
 #[tokio::test]
 async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown() {
-    let dir = temp_dir("cli-call", "delivered-before-print");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("delivered-before-print");
     let server = TestServer::start().await;
     let front = FrontServer::start(
         &server.url,
@@ -427,29 +429,24 @@ async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown()
     )
     .await;
     let args = deploy_args().to_string();
-    let child = tokio::process::Command::new(BIN)
-        .args([
-            "--json",
-            "call",
-            "--url",
-            &front.url,
-            "--tool",
-            "deploy_release",
-        ])
-        .args([
-            "--args",
-            &args,
-            "--ledger",
-            &ledger,
-            "--protocol",
-            "2025-11-25",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the binary runs");
+    let child = replay_guard_command([
+        "--json",
+        "call",
+        "--url",
+        &front.url,
+        "--tool",
+        "deploy_release",
+    ])
+    .args([
+        "--args",
+        &args,
+        "--ledger",
+        &ledger,
+        "--protocol",
+        "2025-11-25",
+    ])
+    .spawn()
+    .expect("the binary runs");
     // The tool ran, the answer came back, and the teardown began: kill -9 now.
     assert_eq!(front.wait_for_deletes(1, Duration::from_secs(30)).await, 1);
     let mut child = child;
@@ -491,8 +488,7 @@ async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown()
 /// exit 3 (not a stack overflow at shutdown, exit 134), and the ledger says unknown.
 #[tokio::test]
 async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_unknown() {
-    let dir = temp_dir("cli-call", "never-ends");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("never-ends");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(120),
         ..ServerOptions::default()
@@ -529,8 +525,7 @@ async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_u
 /// delivered.
 #[tokio::test]
 async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
-    let dir = temp_dir("cli-call", "too-large");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("too-large");
     let server = TestServer::start_with(ServerOptions {
         json_response: true,
         ..ServerOptions::stateless()
@@ -566,8 +561,7 @@ async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
 /// that does not parse.
 #[tokio::test]
 async fn credentials_in_the_url_reach_no_ledger_no_output_and_no_error() {
-    let dir = temp_dir("cli-call", "url-secrets");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("url-secrets");
     let server = TestServer::start().await;
     let secret_url = server.url.replace("http://", "http://agent:pw-s3cr3t@") + "?token=tok-s3cr3t";
     let leaked = |text: &str| text.contains("s3cr3t");
@@ -632,13 +626,10 @@ async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     let args = deploy_args().to_string();
-    let output = tokio::process::Command::new(BIN)
-        .args(["--json", "call", "--url", url, "--tool", "deploy_release"])
+    let output = replay_guard_command(["--json", "call", "--url", url, "--tool", "deploy_release"])
         .args(["--args", &args])
         .args(extra)
-        .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::from(writer))
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
         .wait_with_output()
@@ -652,8 +643,7 @@ async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
 /// came from the tool or was itself a kept result handed back; the tool ran once.
 #[tokio::test]
 async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
-    let dir = temp_dir("cli-call", "unprintable");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("unprintable");
     let server = TestServer::start().await;
     let extra = ["--ledger", ledger.as_str(), "--protocol", "2025-11-25"];
     for round in ["the tool's answer", "the kept result handed back"] {
@@ -683,8 +673,7 @@ async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
 
 #[tokio::test]
 async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
-    let dir = temp_dir("cli-call", "key-gone");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("key-gone");
     let key = format!("{ledger}.key");
     let server = TestServer::start().await;
     server
@@ -846,8 +835,7 @@ fn snapshot(ledger: &Path) -> Snapshot {
 #[tokio::test]
 async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write() {
     use mcp_replay_guard::ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp};
-    let dir = temp_dir("cli-call", "read-only");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("read-only");
     let path = std::path::PathBuf::from(&ledger);
     let server = TestServer::start().await;
     server
@@ -978,8 +966,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
     use tokio::io::AsyncBufReadExt;
-    let dir = temp_dir("cli-call", "lock");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("lock");
     let server = TestServer::start().await;
     // A ledger that exists, with its key, and a process that holds its lock and never lets go.
     mcp_replay_guard::ledger::FileLedger::open(&ledger)
@@ -1081,8 +1068,7 @@ fn child_entry() {
 /// an unknown outcome blocks a second dispatch.
 #[tokio::test]
 async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_again() {
-    let dir = temp_dir("cli-call", "window");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("window");
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -1156,20 +1142,16 @@ fn events_of_kind(ledger: &str, kind: &str) -> usize {
 /// record unknown nor re-sends, it attaches and gets process 2's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_attaches() {
-    let dir = temp_dir("cli-call", "continue");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("continue");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(3),
         ..ServerOptions::default()
     })
     .await;
     let argv = slow_idempotent_argv(&server.url, &ledger);
-    let mut first = tokio::process::Command::new(BIN)
-        .args(&argv)
-        .env("RUST_LOG", "warn")
+    let mut first = replay_guard_command(&argv)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let wait = Duration::from_secs(30);
@@ -1229,8 +1211,7 @@ async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_atta
 /// was sent" after a request had been sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail() {
-    let dir = temp_dir("cli-call", "thirty");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("thirty");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(1),
         ..ServerOptions::default()
@@ -1283,8 +1264,7 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
 /// the running call's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_again() {
-    let dir = temp_dir("cli-call", "long");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("long");
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,

@@ -28,6 +28,13 @@ fn temp_dir(name: &str) -> PathBuf {
     support::temp_dir("file", name)
 }
 
+/// A new temp dir of this file's and the path of `ledger.jsonl` in it.
+fn ledger_dir(name: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let path = dir.join("ledger.jsonl");
+    (dir, path)
+}
+
 fn claim(fingerprint_byte: u8, owner: &str) -> Claim {
     deploy_claim(fingerprint_of_byte(fingerprint_byte), "run:5f8097", owner)
 }
@@ -54,8 +61,7 @@ async fn a_child_killed_after_dispatch(name: &str) -> (TestServer, PathBuf, Path
         ..Default::default()
     })
     .await;
-    let dir = temp_dir(name);
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir(name);
     let mut process = child_process(&format!("dispatch|{}|{}", path.display(), server.url))
         .spawn()
         .unwrap();
@@ -96,8 +102,7 @@ async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
 
 #[tokio::test]
 async fn records_and_results_survive_a_reopen() {
-    let dir = temp_dir("reopen");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("reopen");
     let id = {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(1, "guard:a")).await.unwrap();
@@ -130,8 +135,7 @@ async fn records_and_results_survive_a_reopen() {
 
 #[tokio::test]
 async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown() {
-    let dir = temp_dir("torn");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("torn");
     let id = {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(2, "guard:crashed")).await.unwrap();
@@ -171,8 +175,7 @@ async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown()
 
 #[tokio::test]
 async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
-    let dir = temp_dir("live");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("live");
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(3, "guard:alive")).await.unwrap();
     let id = claimed.record().execution_id;
@@ -195,8 +198,7 @@ async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
 
 #[tokio::test]
 async fn tampering_with_the_file_is_named_by_seq() {
-    let dir = temp_dir("tamper");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("tamper");
     {
         let ledger = FileLedger::open(&path).unwrap();
         for byte in 10..13 {
@@ -255,8 +257,7 @@ fn write(dir: &Path, lines: &[String]) -> PathBuf {
 
 #[tokio::test]
 async fn compaction_keeps_retained_executions_and_both_files_verify() {
-    let dir = temp_dir("compact");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact");
     let ledger = FileLedger::open(&path).unwrap();
     let mut short = claim(20, "guard:c");
     short.retention = Duration::from_millis(1);
@@ -312,8 +313,7 @@ async fn compaction_keeps_retained_executions_and_both_files_verify() {
 #[tokio::test]
 async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = temp_dir("key");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("key");
     let ledger = FileLedger::open(&path).unwrap();
     let key = ledger.fingerprint_key().unwrap();
     let again = FileLedger::open(&path).unwrap().fingerprint_key().unwrap();
@@ -442,8 +442,7 @@ fn guard(ledger: &FileLedger, key: mcp_replay_guard::fingerprint::FingerprintKey
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_append_to_one_chain_without_forking_it() {
-    let dir = temp_dir("procs");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("procs");
     let p = path.display().to_string();
     // 4 processes × 250 executions × 5 lines, at once.
     let children: Vec<_> = (1..=4)
@@ -532,8 +531,7 @@ async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_rese
 
 #[tokio::test]
 async fn lock_files_of_dead_owners_are_pruned_on_open() {
-    let dir = temp_dir("prune");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("prune");
     for run in 0..3 {
         let ledger = FileLedger::open(&path).unwrap();
         ledger
@@ -563,8 +561,7 @@ async fn lock_files_of_dead_owners_are_pruned_on_open() {
 async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
     // The hash did not cover fields the typed line does not have: such a line was taken as
     // intact. Now it is an edit; as the last line it must not be cut as a torn write either.
-    let dir = temp_dir("extra");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("extra");
     {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(60, "guard:x")).await.unwrap();
@@ -628,8 +625,7 @@ fn garble_last_line(bytes: &[u8], garble: impl FnOnce(&str) -> String) -> Vec<u8
 
 #[tokio::test]
 async fn a_garbled_complete_last_line_makes_open_fail_and_nothing_is_cut() {
-    let dir = temp_dir("garbled");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("garbled");
     let (id, good) = ledger_ending_in_dispatched(&path).await;
     // Unreadable (the JSON is broken) and edited (the JSON reads, the hash does not match).
     let unreadable = garble_last_line(&good, |line| line.replacen("{", "[", 1));
@@ -741,8 +737,7 @@ fn hex_lower(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_line_of_a_newer_format_is_refused_not_cut() {
-    let dir = temp_dir("newer");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("newer");
     let (_, good) = ledger_ending_in_dispatched(&path).await;
     let text = String::from_utf8(good).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
@@ -794,8 +789,7 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
 
 #[tokio::test]
 async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_reopen() {
-    let dir = temp_dir("compact-result");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact-result");
     let ledger = FileLedger::open(&path).unwrap();
     let claimed = ledger.claim(claim(61, "guard:r")).await.unwrap();
     let id = claimed.record().execution_id;
@@ -838,8 +832,7 @@ async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_re
 
 #[tokio::test]
 async fn a_ledger_with_records_never_gets_a_new_key() {
-    let dir = temp_dir("key-id");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("key-id");
     let key_path = dir.join("ledger.jsonl.key");
     let ledger = FileLedger::open(&path).unwrap();
     let key = ledger.fingerprint_key().unwrap();
@@ -1004,8 +997,7 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
     // (every compaction makes each process re-read the whole file).
     const PER_APPENDER: u8 = 40;
     const KILL_AFTER: u8 = 15;
-    let dir = temp_dir("compact-kill");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact-kill");
     let p = path.display().to_string();
     FileLedger::open(&path).unwrap();
     let mut worker = 0;
@@ -1063,8 +1055,7 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
 /// recovered as unknown.
 #[tokio::test]
 async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
-    let dir = temp_dir("continue");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("continue");
     let dispatched = |id, attempt, owner| dispatched(id, attempt, Some(owner));
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(7, "guard:one")).await.unwrap();

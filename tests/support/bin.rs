@@ -76,18 +76,28 @@ pub async fn concurrently(n: usize, argv: &[&str]) -> Vec<Run> {
     done
 }
 
-/// Runs the binary (`RUST_LOG=warn`), killing it if it has not ended within `limit` (a hang is
-/// a failure, not a stuck test run). `None` when it had not.
-pub async fn replay_guard_within(args: &[&str], limit: Duration) -> Option<(Run, Duration)> {
-    let started = std::time::Instant::now();
-    let child = tokio::process::Command::new(BIN)
+/// `replay-guard ARGS…` to spawn: `RUST_LOG=warn`, stdout and stderr piped, killed when
+/// dropped.
+pub fn replay_guard_command<I, S>(args: I) -> tokio::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut command = tokio::process::Command::new(BIN);
+    command
         .args(args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the binary runs");
+        .kill_on_drop(true);
+    command
+}
+
+/// Runs the binary (`RUST_LOG=warn`), killing it if it has not ended within `limit` (a hang is
+/// a failure, not a stuck test run). `None` when it had not.
+pub async fn replay_guard_within(args: &[&str], limit: Duration) -> Option<(Run, Duration)> {
+    let started = std::time::Instant::now();
+    let child = replay_guard_command(args).spawn().expect("the binary runs");
     let output = tokio::time::timeout(limit, child.wait_with_output())
         .await
         .ok()?
