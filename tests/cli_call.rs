@@ -261,10 +261,7 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
 async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches_to_it() {
     let (dir, ledger) = ledger_dir("lost");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     let first = call(
         &server.url,
@@ -324,10 +321,7 @@ async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches
 async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
     let (dir, ledger) = ledger_dir("twenty");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = deploy_args().to_string();
     let argv = [
         "--json",
@@ -676,10 +670,7 @@ async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
     let (dir, ledger) = ledger_dir("key-gone");
     let key = format!("{ledger}.key");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let first = call(
         &server.url,
         "deploy_release",
@@ -838,10 +829,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
     let (dir, ledger) = ledger_dir("read-only");
     let path = std::path::PathBuf::from(&ledger);
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let held = call(
         &server.url,
         "deploy_release",
@@ -1077,10 +1065,7 @@ async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_a
     .unwrap();
     let policy = policy.to_string_lossy().into_owned();
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let extra = ["--ledger", ledger.as_str(), "--policy", policy.as_str()];
     let first = call(&server.url, "deploy_release", deploy_args(), &extra).await;
     assert_eq!(first.code, 3, "{first:#?}");
@@ -1217,10 +1202,7 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
         ..ServerOptions::default()
     })
     .await;
-    server
-        .state
-        .faults()
-        .schedule("slow_deploy", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("slow_deploy");
     let argv = slow_idempotent_argv(&server.url, &ledger);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let runs = concurrently(30, &argv).await;

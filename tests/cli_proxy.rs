@@ -88,10 +88,7 @@ async fn a_repeat_after_a_lost_response_attaches_through_the_proxy() {
     let server = TestServer::start().await;
     let proxy = start_proxy(&server.url, &[]).await;
     let client = connect(&proxy.url).await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     // The response is lost after the tool ran: the client sees an error.
     let first = deploy(&client).await;

@@ -132,10 +132,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     let response = call(
         &mut client,
@@ -189,10 +186,7 @@ async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("create_payment", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("create_payment");
 
     let response = call(
         &mut client,
@@ -231,10 +225,7 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         RetryEveryError(3),
         guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
     );
-    server
-        .state
-        .faults()
-        .schedule("rotate_credential", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("rotate_credential");
 
     let response = call(
         &mut client,
@@ -724,10 +715,7 @@ async fn secrets_reach_neither_the_ledger_nor_the_logs() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(2), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = json!({"service": "catalog", "version": "1", "approval_token": "SECRET-ARG-4f1c"});
     let mut request = post(
         &server.url,
@@ -956,10 +944,7 @@ async fn integers_past_2_pow_53_are_two_intents_and_past_64_bits_are_refused_uns
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let order =
         |order_id: u64| json!({"service": "catalog", "version": "v1", "order_id": order_id});
 

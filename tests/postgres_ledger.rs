@@ -612,10 +612,7 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
         RetryEveryError(3),
         layer.layer(hyper_client_with_body::<GuardRequestBody>()),
     );
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = json!({"service": "catalog", "version": "2026.07.22"});
 
     let response = call_tool(
