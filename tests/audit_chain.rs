@@ -5,64 +5,27 @@
 //! chain from outside.
 #![cfg(feature = "cli")]
 
+mod support;
+
 use std::{
-    io::Write,
     path::{Path, PathBuf},
-    process::Command,
-    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
-use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{
-        Claim, EventKind, FileLedger, Ledger, LedgerEvent, Timestamp,
-        chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
-    },
+use mcp_replay_guard::ledger::{
+    Claim, EventKind, FileLedger, Ledger, Timestamp,
+    chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
 };
-
-fn replay_guard(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let base = Path::new("/dev/shm");
-    let base = if base.is_dir() {
-        base.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let dir = base.join(format!(
-        "mrg-audit-{name}-{}-{}",
-        std::process::id(),
-        ExecutionId::new().ulid()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use support::{
+    captured_log, deploy_claim, dispatched_as, event_now, fingerprint_of, head_log_lines,
+    log_field, replay_guard_parts as replay_guard, shm_temp_dir,
+};
 
 fn claim(n: u32, retention: Duration) -> Claim {
     Claim {
-        fingerprint: format!("hmac-sha256:{:064x}", n).parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:audit".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
         link_window: retention,
         retention,
-        owner: "guard:audit-test".into(),
-        at: Timestamp::now(),
+        ..deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-test")
     }
 }
 
@@ -74,21 +37,10 @@ async fn execution(ledger: &FileLedger, n: u32, retention: Duration) {
         .unwrap()
         .record()
         .execution_id;
-    let event = |kind| LedgerEvent {
-        execution_id: id,
-        at: Timestamp::now(),
-        kind,
-    };
+    let event = |kind| event_now(id, kind);
     for kind in [
         EventKind::Authorized,
-        EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: Some(1.into()),
-            session_id: None,
-            owner: Some("guard:audit-test".into()),
-        },
+        dispatched_as(id, 1, Some("guard:audit-test"), Some(1)),
         EventKind::Completed {
             target_status: 200,
             is_error: false,
@@ -123,7 +75,7 @@ impl Compacted {
 }
 
 async fn compacted_twice(name: &str) -> Compacted {
-    let dir = temp_dir(name);
+    let dir = shm_temp_dir("audit", name);
     let path = dir.join("ledger.jsonl");
     let ledger = FileLedger::open(&path).unwrap();
     let short = Duration::from_millis(1);
@@ -386,57 +338,14 @@ async fn cutting_or_resealing_the_tail_past_an_anchored_head_is_caught() {
 
 // ---- the head log --------------------------------------------------------------------------
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Everything logged at info and above in this test binary.
-fn captured_log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing::subscriber::set_global_default(
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_max_level(tracing::Level::INFO)
-                .with_writer(move || writer.clone())
-                .finish(),
-        )
-        .unwrap();
-        captured
-    })
-}
-
 /// The anchors the head log gave for the ledger at `path`, in order.
 fn logged_anchors(path: &Path) -> Vec<ChainHead> {
-    let text = String::from_utf8(captured_log().0.lock().unwrap().clone()).unwrap();
-    let ledger = format!("ledger={}", path.display());
-    text.lines()
-        .filter(|l| l.contains("ledger head") && l.split_whitespace().any(|w| w == ledger))
+    head_log_lines(&path.display().to_string())
+        .iter()
         .map(|l| {
-            let anchor = l
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("anchor="))
-                .unwrap_or_else(|| panic!("{l}"));
-            let seq = l
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("seq="))
-                .unwrap();
-            let hash = l
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("hash="))
-                .unwrap();
+            let anchor = log_field(l, "anchor").unwrap_or_else(|| panic!("{l}"));
+            let seq = log_field(l, "seq").unwrap();
+            let hash = log_field(l, "hash").unwrap();
             assert_eq!(anchor, format!("{seq}:{hash}"), "{l}");
             anchor.parse().unwrap()
         })
@@ -446,7 +355,7 @@ fn logged_anchors(path: &Path) -> Vec<ChainHead> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_logs_the_head_on_open_and_every_thousand_lines() {
     captured_log();
-    let dir = temp_dir("log");
+    let dir = shm_temp_dir("audit", "log");
     let path = dir.join("ledger.jsonl");
     let ledger = FileLedger::open(&path).unwrap();
     // 450 executions × 5 lines, a few at a time (group commits cross the marks mid-batch).

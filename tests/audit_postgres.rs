@@ -6,117 +6,26 @@
 
 mod support;
 
-use std::{
-    io::Write,
-    sync::{Arc, Mutex, OnceLock},
-    time::Duration,
-};
+use std::time::Duration;
 
 use mcp_replay_guard::{
     ExecutionId,
-    contract::RetryClass,
     ledger::{
-        Claim, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp,
+        Claim, EventKind, Ledger, PostgresLedger,
         chain::{
             ChainHash, ChainHead, ChainProblem, ChainedLine, Checkpoint, HEAD_LOG_EVERY, LineBody,
             parse_line,
         },
     },
 };
-use support::{POSTGRES_URL_VAR, postgres_url};
-
-struct TestSchema {
-    url: String,
-    name: String,
-}
-
-impl TestSchema {
-    fn new(test: &str) -> Option<Self> {
-        let url = postgres_url()?;
-        let name = format!(
-            "mrg_t_{test}_{}",
-            ExecutionId::new().ulid().to_string().to_lowercase()
-        );
-        Some(Self { url, name })
-    }
-
-    async fn replica(&self) -> PostgresLedger {
-        PostgresLedger::connect_with_schema(&self.url, &self.name)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"))
-    }
-
-    /// The stored lines, in `seq` order.
-    async fn lines(&self, ledger: &PostgresLedger) -> Vec<String> {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = format!("SELECT line FROM \"{}\".mrg_events ORDER BY seq", self.name);
-        client
-            .query(statement.as_str(), &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
-    }
-
-    /// Replaces the whole chain with `lines`, columns and all (as an attacker with write
-    /// access to the table would).
-    async fn replace_chain(&self, ledger: &PostgresLedger, lines: &[String]) {
-        let client = ledger.pool().get().await.unwrap();
-        let s = format!("\"{}\"", self.name);
-        client
-            .execute(format!("DELETE FROM {s}.mrg_events").as_str(), &[])
-            .await
-            .unwrap();
-        for text in lines {
-            // The columns from the line as it is (it may not parse as a chain line any more).
-            let line: serde_json::Value = serde_json::from_str(text).unwrap();
-            let execution_id = line["execution_id"].as_str().map(str::to_owned);
-            client
-                .execute(
-                    format!(
-                        "INSERT INTO {s}.mrg_events (seq, prev, hash, execution_id, line) \
-                         VALUES ($1, $2, $3, $4, $5)"
-                    )
-                    .as_str(),
-                    &[
-                        &line["seq"].as_i64().unwrap(),
-                        &line["prev"].as_str().unwrap(),
-                        &line["hash"].as_str().unwrap(),
-                        &execution_id,
-                        text,
-                    ],
-                )
-                .await
-                .unwrap();
-        }
-    }
-
-    async fn drop(self, ledger: &PostgresLedger) {
-        let client = ledger.pool().get().await.unwrap();
-        client
-            .execute(
-                format!("DROP SCHEMA \"{}\" CASCADE", self.name).as_str(),
-                &[],
-            )
-            .await
-            .unwrap();
-    }
-}
+use support::{
+    TestSchema, captured_log, deploy_claim, event_now, fingerprint_of, head_log_lines, log_field,
+};
 
 fn claim(n: u32) -> Claim {
     Claim {
-        fingerprint: format!("hmac-sha256:{n:064x}").parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:audit".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
         link_window: Duration::from_secs(60),
-        retention: Duration::from_secs(3600),
-        owner: "guard:audit-pg".into(),
-        at: Timestamp::now(),
+        ..deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-pg")
     }
 }
 
@@ -126,11 +35,7 @@ async fn six_lines(ledger: &PostgresLedger) -> Vec<ExecutionId> {
     for n in 0..3 {
         let id = ledger.claim(claim(n)).await.unwrap().record().execution_id;
         ledger
-            .append(LedgerEvent {
-                execution_id: id,
-                at: Timestamp::now(),
-                kind: EventKind::Authorized,
-            })
+            .append(event_now(id, EventKind::Authorized))
             .await
             .unwrap();
         ids.push(id);
@@ -207,45 +112,11 @@ async fn a_chain_that_starts_at_a_forged_checkpoint_is_refused() {
     schema.drop(&ledger).await;
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn captured_log() -> &'static Captured {
-    static LOG: OnceLock<Captured> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        tracing::subscriber::set_global_default(
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_max_level(tracing::Level::INFO)
-                .with_writer(move || writer.clone())
-                .finish(),
-        )
-        .unwrap();
-        captured
-    })
-}
-
 fn logged_anchors(ledger: &str) -> Vec<ChainHead> {
-    let text = String::from_utf8(captured_log().0.lock().unwrap().clone()).unwrap();
-    let field = format!("ledger={ledger}");
-    text.lines()
-        .filter(|l| l.contains("ledger head") && l.split_whitespace().any(|w| w == field))
+    head_log_lines(ledger)
+        .iter()
         .map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("anchor="))
+            log_field(l, "anchor")
                 .unwrap_or_else(|| panic!("{l}"))
                 .parse()
                 .unwrap()

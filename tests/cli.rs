@@ -1,41 +1,19 @@
 //! The `replay-guard` binary over a real ledger file.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::path::Path;
+
+mod support;
 
 use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp},
+    ExecutionId,
+    ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger},
+};
+use support::{
+    deploy_claim, dispatched_as, event_now, fingerprint_of_byte, replay_guard_parts as replay_guard,
 };
 
-fn replay_guard(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 fn claim(byte: u8) -> Claim {
-    Claim {
-        fingerprint: format!("hmac-sha256:{}", format!("{byte:02x}").repeat(32))
-            .parse()
-            .unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:cli".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(600),
-        retention: Duration::from_secs(3600),
-        owner: "guard:cli-test".into(),
-        at: Timestamp::now(),
-    }
+    deploy_claim(fingerprint_of_byte(byte), "run:cli", "guard:cli-test")
 }
 
 /// A ledger with one delivered execution and one held for review.
@@ -49,20 +27,9 @@ async fn ledger(path: &Path) -> (ExecutionId, ExecutionId) {
             .unwrap()
             .record()
             .execution_id;
-        let event = |kind| LedgerEvent {
-            execution_id: id,
-            at: Timestamp::now(),
-            kind,
-        };
+        let event = |kind| event_now(id, kind);
         ledger.append(event(EventKind::Authorized)).await.unwrap();
-        let dispatched = EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: Some(1.into()),
-            session_id: None,
-            owner: Some("guard:cli-test".into()),
-        };
+        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
         ledger.append(event(dispatched)).await.unwrap();
         if byte == 1 {
             ledger
@@ -102,8 +69,7 @@ async fn ledger(path: &Path) -> (ExecutionId, ExecutionId) {
 
 #[tokio::test]
 async fn verify_list_show_and_resolve_a_ledger() {
-    let dir = std::env::temp_dir().join(format!("mrg-cli-{}", ExecutionId::new().ulid()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::temp_dir("cli", "ledger");
     let path = dir.join("ledger.jsonl");
     let (delivered, held) = ledger(&path).await;
     let p = path.to_str().unwrap();

@@ -9,45 +9,6 @@ use std::{path::Path, time::Duration};
 use serde_json::{Value, json};
 use support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_replay-guard");
-
-/// One finished run of the binary.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// The `--json` line of `call`.
-    fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim())
-            .unwrap_or_else(|e| panic!("stdout is not one JSON line ({e}): {self:#?}"))
-    }
-
-    fn execution_id(&self) -> String {
-        self.json()["execution_id"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no execution id: {self:#?}"))
-            .to_owned()
-    }
-}
-
-async fn replay_guard(args: &[&str]) -> Run {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .expect("the binary runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
 /// `replay-guard --json call --url URL --tool TOOL --args ARGS EXTRA…`
 async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
     let args = args.to_string();
@@ -58,22 +19,19 @@ async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
     replay_guard(&argv).await
 }
 
+/// A new temp dir of this file's and the path of `ledger.jsonl` in it.
+fn ledger_dir(name: &str) -> (std::path::PathBuf, String) {
+    let dir = temp_dir("cli-call", name);
+    let ledger = ledger_path(&dir);
+    (dir, ledger)
+}
+
 fn deploy_args() -> Value {
     json!({"service": "catalog", "version": "2026.07.22"})
 }
 
 fn ledger_path(dir: &Path) -> String {
     dir.join("ledger.jsonl").to_string_lossy().into_owned()
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "mrg-cli-call-{name}-{}-{}",
-        std::process::id(),
-        mcp_replay_guard::ExecutionId::new().ulid()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[tokio::test]
@@ -250,7 +208,7 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
     );
 
     // A policy file with a bad class: the error names the key.
-    let dir = temp_dir("policy");
+    let dir = temp_dir("cli-call", "policy");
     let policy = dir.join("policy.toml");
     std::fs::write(&policy, "[tools.deploy_release]\nclass = \"sometimes\"\n").unwrap();
     let run = call(
@@ -301,13 +259,9 @@ async fn usage_and_connection_errors_exit_2_and_say_what_to_do() {
 
 #[tokio::test]
 async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches_to_it() {
-    let dir = temp_dir("lost");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("lost");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     let first = call(
         &server.url,
@@ -365,13 +319,9 @@ async fn a_lost_response_exits_3_and_a_second_call_with_the_same_ledger_attaches
 /// one dispatch, and every process names the same execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
-    let dir = temp_dir("twenty");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("twenty");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = deploy_args().to_string();
     let argv = [
         "--json",
@@ -400,27 +350,14 @@ async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
 /// execution and all get its result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_in_other_processes_attach_and_get_the_same_result() {
-    let dir = temp_dir("attach");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("attach");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(3),
         ..ServerOptions::default()
     })
     .await;
-    let argv = [
-        "--json",
-        "call",
-        "--url",
-        &server.url,
-        "--tool",
-        "slow_deploy",
-        "--args",
-        r#"{"service":"catalog"}"#,
-        "--ledger",
-        &ledger,
-        "--class",
-        "irreversible",
-    ];
+    let argv = slow_argv(&server.url, &ledger, &["--class", "irreversible"]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let runs = concurrently(20, &argv).await;
     for run in &runs {
         assert_eq!(run.code, 0, "{run:#?}");
@@ -436,8 +373,7 @@ async fn concurrent_calls_in_other_processes_attach_and_get_the_same_result() {
 
 #[tokio::test]
 async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
-    let dir = temp_dir("demo");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("demo");
     let run = replay_guard(&["--json", "demo", "--ledger", &ledger]).await;
     assert_eq!(run.code, 0, "{run:#?}");
     let out = run.json();
@@ -464,20 +400,6 @@ async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Runs `n` copies of `replay-guard ARGV…` at once, as separate processes.
-async fn concurrently(n: usize, argv: &[&str]) -> Vec<Run> {
-    let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        let argv = argv.clone();
-        set.spawn(async move {
-            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-            replay_guard(&argv).await
-        });
-    }
-    set.join_all().await
-}
-
 /// `replay-guard --json ledger list PATH`, parsed.
 async fn ledger_records(ledger: &str) -> Vec<Value> {
     let list = replay_guard(&["--json", "ledger", "list", ledger]).await;
@@ -490,8 +412,7 @@ async fn ledger_records(ledger: &str) -> Vec<Value> {
 /// not say delivered and the repeat prints the kept result without running the tool again.
 #[tokio::test]
 async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown() {
-    let dir = temp_dir("delivered-before-print");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("delivered-before-print");
     let server = TestServer::start().await;
     let front = FrontServer::start(
         &server.url,
@@ -502,29 +423,24 @@ async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown()
     )
     .await;
     let args = deploy_args().to_string();
-    let child = tokio::process::Command::new(BIN)
-        .args([
-            "--json",
-            "call",
-            "--url",
-            &front.url,
-            "--tool",
-            "deploy_release",
-        ])
-        .args([
-            "--args",
-            &args,
-            "--ledger",
-            &ledger,
-            "--protocol",
-            "2025-11-25",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the binary runs");
+    let child = replay_guard_command([
+        "--json",
+        "call",
+        "--url",
+        &front.url,
+        "--tool",
+        "deploy_release",
+    ])
+    .args([
+        "--args",
+        &args,
+        "--ledger",
+        &ledger,
+        "--protocol",
+        "2025-11-25",
+    ])
+    .spawn()
+    .expect("the binary runs");
     // The tool ran, the answer came back, and the teardown began: kill -9 now.
     assert_eq!(front.wait_for_deletes(1, Duration::from_secs(30)).await, 1);
     let mut child = child;
@@ -566,8 +482,7 @@ async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown()
 /// exit 3 (not a stack overflow at shutdown, exit 134), and the ledger says unknown.
 #[tokio::test]
 async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_unknown() {
-    let dir = temp_dir("never-ends");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("never-ends");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(120),
         ..ServerOptions::default()
@@ -604,8 +519,7 @@ async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_u
 /// delivered.
 #[tokio::test]
 async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
-    let dir = temp_dir("too-large");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("too-large");
     let server = TestServer::start_with(ServerOptions {
         json_response: true,
         ..ServerOptions::stateless()
@@ -641,8 +555,7 @@ async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
 /// that does not parse.
 #[tokio::test]
 async fn credentials_in_the_url_reach_no_ledger_no_output_and_no_error() {
-    let dir = temp_dir("url-secrets");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("url-secrets");
     let server = TestServer::start().await;
     let secret_url = server.url.replace("http://", "http://agent:pw-s3cr3t@") + "?token=tok-s3cr3t";
     let leaked = |text: &str| text.contains("s3cr3t");
@@ -707,23 +620,16 @@ async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     let args = deploy_args().to_string();
-    let output = tokio::process::Command::new(BIN)
-        .args(["--json", "call", "--url", url, "--tool", "deploy_release"])
+    let output = replay_guard_command(["--json", "call", "--url", url, "--tool", "deploy_release"])
         .args(["--args", &args])
         .args(extra)
-        .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::from(writer))
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
         .wait_with_output()
         .await
         .unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::new(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Run::from_output(&output)
 }
 
 /// Issue 12, item 2, the kept result too. An answer that cannot be printed (stdout is gone) is
@@ -731,8 +637,7 @@ async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
 /// came from the tool or was itself a kept result handed back; the tool ran once.
 #[tokio::test]
 async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
-    let dir = temp_dir("unprintable");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("unprintable");
     let server = TestServer::start().await;
     let extra = ["--ledger", ledger.as_str(), "--protocol", "2025-11-25"];
     for round in ["the tool's answer", "the kept result handed back"] {
@@ -760,42 +665,12 @@ async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
 
 // ---- issue 12: the ledger file (keys, foreign files, read-only commands, a held lock) -------
 
-/// Runs the binary, killing it if it has not ended within `limit` (a hang is a failure, not a
-/// stuck test run).
-async fn replay_guard_within(args: &[&str], limit: Duration) -> Option<(Run, Duration)> {
-    let started = std::time::Instant::now();
-    let child = tokio::process::Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the binary runs");
-    let output = tokio::time::timeout(limit, child.wait_with_output())
-        .await
-        .ok()?
-        .expect("the binary ends");
-    Some((
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        },
-        started.elapsed(),
-    ))
-}
-
 #[tokio::test]
 async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
-    let dir = temp_dir("key-gone");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("key-gone");
     let key = format!("{ledger}.key");
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let first = call(
         &server.url,
         "deploy_release",
@@ -861,7 +736,7 @@ async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
 
 #[tokio::test]
 async fn a_foreign_file_given_as_the_ledger_is_refused_untouched() {
-    let dir = temp_dir("foreign");
+    let dir = temp_dir("cli-call", "foreign");
     let server = TestServer::start().await;
     let notes = dir.join("notes.txt");
     let bytes = b"Release checklist\n- tag\n- deploy catalog\n".to_vec();
@@ -951,14 +826,10 @@ fn snapshot(ledger: &Path) -> Snapshot {
 #[tokio::test]
 async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write() {
     use mcp_replay_guard::ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp};
-    let dir = temp_dir("read-only");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("read-only");
     let path = std::path::PathBuf::from(&ledger);
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let held = call(
         &server.url,
         "deploy_release",
@@ -1083,8 +954,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
     use tokio::io::AsyncBufReadExt;
-    let dir = temp_dir("lock");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("lock");
     let server = TestServer::start().await;
     // A ledger that exists, with its key, and a process that holds its lock and never lets go.
     mcp_replay_guard::ledger::FileLedger::open(&ledger)
@@ -1186,8 +1056,7 @@ fn child_entry() {
 /// an unknown outcome blocks a second dispatch.
 #[tokio::test]
 async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_again() {
-    let dir = temp_dir("window");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("window");
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -1196,10 +1065,7 @@ async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_a
     .unwrap();
     let policy = policy.to_string_lossy().into_owned();
     let server = TestServer::start().await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let extra = ["--ledger", ledger.as_str(), "--policy", policy.as_str()];
     let first = call(&server.url, "deploy_release", deploy_args(), &extra).await;
     assert_eq!(first.code, 3, "{first:#?}");
@@ -1220,8 +1086,8 @@ async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_a
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The `--json call` argv of the slow tool as an idempotent call over `ledger`.
-fn slow_idempotent_argv(url: &str, ledger: &str) -> Vec<String> {
+/// The `--json call` argv of the slow tool over `ledger`, then `extra`.
+fn slow_argv(url: &str, ledger: &str, extra: &[&str]) -> Vec<String> {
     [
         "--json",
         "call",
@@ -1233,11 +1099,16 @@ fn slow_idempotent_argv(url: &str, ledger: &str) -> Vec<String> {
         r#"{"service":"catalog"}"#,
         "--ledger",
         ledger,
-        "--class",
-        "idempotent",
     ]
-    .map(str::to_owned)
-    .to_vec()
+    .iter()
+    .chain(extra)
+    .map(|a| (*a).to_owned())
+    .collect()
+}
+
+/// The `--json call` argv of the slow tool as an idempotent call over `ledger`.
+fn slow_idempotent_argv(url: &str, ledger: &str) -> Vec<String> {
+    slow_argv(url, ledger, &["--class", "idempotent"])
 }
 
 /// How many `event` lines of `kind` the ledger file holds.
@@ -1256,20 +1127,16 @@ fn events_of_kind(ledger: &str, kind: &str) -> usize {
 /// record unknown nor re-sends, it attaches and gets process 2's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_attaches() {
-    let dir = temp_dir("continue");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("continue");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(3),
         ..ServerOptions::default()
     })
     .await;
     let argv = slow_idempotent_argv(&server.url, &ledger);
-    let mut first = tokio::process::Command::new(BIN)
-        .args(&argv)
-        .env("RUST_LOG", "warn")
+    let mut first = replay_guard_command(&argv)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let wait = Duration::from_secs(30);
@@ -1288,13 +1155,7 @@ async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_atta
         1
     );
 
-    let second = tokio::spawn({
-        let argv = argv.clone();
-        async move {
-            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-            replay_guard(&argv).await
-        }
-    });
+    let second = spawn_replay_guard(&argv);
     assert_eq!(
         server.state.wait_for_started("slow_deploy", 2, wait).await,
         2
@@ -1335,17 +1196,13 @@ async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_atta
 /// was sent" after a request had been sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail() {
-    let dir = temp_dir("thirty");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("thirty");
     let server = TestServer::start_with(ServerOptions {
         slow_tool_delay: Duration::from_secs(1),
         ..ServerOptions::default()
     })
     .await;
-    server
-        .state
-        .faults()
-        .schedule("slow_deploy", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("slow_deploy");
     let argv = slow_idempotent_argv(&server.url, &ledger);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let runs = concurrently(30, &argv).await;
@@ -1389,8 +1246,7 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
 /// the running call's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_again() {
-    let dir = temp_dir("long");
-    let ledger = ledger_path(&dir);
+    let (dir, ledger) = ledger_dir("long");
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -1403,28 +1259,8 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
         ..ServerOptions::default()
     })
     .await;
-    let argv = [
-        "--json",
-        "call",
-        "--url",
-        &server.url,
-        "--tool",
-        "slow_deploy",
-        "--args",
-        r#"{"service":"catalog"}"#,
-        "--ledger",
-        &ledger,
-        "--policy",
-        &policy,
-    ]
-    .map(str::to_owned);
-    let first = tokio::spawn({
-        let argv = argv.clone();
-        async move {
-            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-            replay_guard(&argv).await
-        }
-    });
+    let argv = slow_argv(&server.url, &ledger, &["--policy", &policy]);
+    let first = spawn_replay_guard(&argv);
     let wait = Duration::from_secs(30);
     assert_eq!(
         server.state.wait_for_started("slow_deploy", 1, wait).await,
@@ -1451,7 +1287,7 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
 #[tokio::test]
 async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() {
     let server = TestServer::start().await;
-    let dir = temp_dir("wide-int");
+    let dir = temp_dir("cli-call", "wide-int");
     let ledger = ledger_path(&dir);
     for literal in [
         "18446744073709551617",
@@ -1510,7 +1346,7 @@ async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() 
 async fn secrets_in_the_url_and_headers_reach_no_output_even_at_trace() {
     const SECRETS: [&str; 4] = ["pw-S3CRET1", "tok-S3CRET2", "bearer-S3CRET3", "key-S3CRET4"];
     let server = TestServer::start().await;
-    let dir = temp_dir("secrets");
+    let dir = temp_dir("cli-call", "secrets");
     let ledger = ledger_path(&dir);
     let authority = server.url.strip_prefix("http://").unwrap();
     let url = format!(

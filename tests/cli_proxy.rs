@@ -24,8 +24,10 @@ struct Proxy {
     _child: tokio::process::Child,
 }
 
-async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+/// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
+/// `extra`; returns the process (killed when dropped) and the first line it printed.
+async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(BIN)
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
         .args(extra)
         .stdout(Stdio::piped())
@@ -41,6 +43,11 @@ async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     .await
     .expect("the proxy says where it listens")
     .unwrap();
+    (child, line)
+}
+
+async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
+    let (child, line) = spawn_proxy(upstream, extra).await;
     // "listening on http://127.0.0.1:PORT -> upstream"
     let address = line
         .split_whitespace()
@@ -81,10 +88,7 @@ async fn a_repeat_after_a_lost_response_attaches_through_the_proxy() {
     let server = TestServer::start().await;
     let proxy = start_proxy(&server.url, &[]).await;
     let client = connect(&proxy.url).await;
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     // The response is lost after the tool ran: the client sees an error.
     let first = deploy(&client).await;
@@ -121,8 +125,7 @@ async fn a_cut_stream_is_resumed_with_get_through_the_proxy() {
         ..ServerOptions::default()
     })
     .await;
-    let dir = std::env::temp_dir().join(format!("mrg-cli-proxy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = proxy_temp_dir("resume");
     let ledger = dir.join("ledger.jsonl");
     let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
     let client = connect(&proxy.url).await;
@@ -144,32 +147,20 @@ async fn a_cut_stream_is_resumed_with_get_through_the_proxy() {
     drop(proxy);
 
     // The proxy's ledger recorded the execution, and it verifies.
-    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(["audit", "verify", &ledger.to_string_lossy()])
-        .output()
-        .unwrap();
-    assert!(verify.status.success(), "{verify:?}");
+    let verify = replay_guard_blocking(&["audit", "verify", &ledger.to_string_lossy()]);
+    assert_eq!(verify.code, 0, "{verify:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
 fn proxy_temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "mrg-cli-proxy-{name}-{}-{}",
-        std::process::id(),
-        mcp_replay_guard::ExecutionId::new().ulid()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    temp_dir("cli-proxy", name)
 }
 
 /// The proxy ledger's records (`replay-guard --json ledger list`).
 fn ledger_records(ledger: &std::path::Path) -> Vec<Value> {
-    let list = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(["--json", "ledger", "list", &ledger.to_string_lossy()])
-        .output()
-        .unwrap();
-    assert!(list.status.success(), "{list:?}");
-    serde_json::from_slice(&list.stdout).unwrap()
+    let list = replay_guard_blocking(&["--json", "ledger", "list", &ledger.to_string_lossy()]);
+    assert_eq!(list.code, 0, "{list:?}");
+    serde_json::from_str(&list.stdout).unwrap()
 }
 
 /// Polls the ledger (every 20 ms, up to 10 s) until `done` holds for its records.
@@ -350,21 +341,7 @@ async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
     let dir = proxy_temp_dir("upstream-secret");
     let ledger = dir.join("ledger.jsonl");
     let upstream = server.url.replace("http://", "http://agent:pw-s3cr3t@") + "?token=tok-s3cr3t";
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
-        .args(["--ledger", &ledger.to_string_lossy()])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let (_proxy, line) = spawn_proxy(&upstream, &["--ledger", &ledger.to_string_lossy()]).await;
     assert!(!line.contains("s3cr3t"), "{line}");
     let address = line.split_whitespace().nth(2).unwrap().to_owned();
     let mut client = hyper_client();
@@ -380,13 +357,15 @@ async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
     drop(client);
     let text = std::fs::read_to_string(&ledger).unwrap();
     assert!(!text.contains("s3cr3t"), "{text}");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream"])
-        .arg("http://agent:pw-s3cr3t@bad host/mcp?token=tok-s3cr3t")
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
-    let stderr = String::from_utf8_lossy(&bad.stderr);
+    let bad = replay_guard_blocking(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://agent:pw-s3cr3t@bad host/mcp?token=tok-s3cr3t",
+    ]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    let stderr = &bad.stderr;
     assert!(
         stderr.contains("is not a URL") && !stderr.contains("s3cr3t"),
         "{stderr}"
@@ -406,27 +385,8 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
     .await;
     let dir = proxy_temp_dir("ctrl-c");
     let ledger = dir.join("ledger.jsonl");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &server.url,
-        ])
-        .args(["--ledger", &ledger.to_string_lossy()])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let (mut child, line) =
+        spawn_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
     let url = format!("{}/mcp", line.split_whitespace().nth(2).unwrap());
 
     let mut client = hyper_client();

@@ -6,84 +6,80 @@ mod support;
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::Child,
     time::Duration,
 };
 
 use bytes::Bytes;
 use mcp_replay_guard::{
-    Actor, ExecutionId, IdempotencyKey, IntentScope,
-    contract::{ContractRegistry, RetryClass, ToolContract},
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
     guard::{GuardLayer, GuardRequestBody},
     ledger::{
-        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp,
+        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, Timestamp,
         chain::ChainProblem, verify_file,
     },
 };
 use serde_json::json;
-use support::*;
+use support::{event_now as event, *};
 use tower::Layer;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "mrg-file-{name}-{}-{}",
-        std::process::id(),
-        ExecutionId::new().ulid()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    support::temp_dir("file", name)
+}
+
+/// A new temp dir of this file's and the path of `ledger.jsonl` in it.
+fn ledger_dir(name: &str) -> (PathBuf, PathBuf) {
+    let dir = temp_dir(name);
+    let path = dir.join("ledger.jsonl");
+    (dir, path)
 }
 
 fn claim(fingerprint_byte: u8, owner: &str) -> Claim {
-    Claim {
-        fingerprint: format!(
-            "hmac-sha256:{}",
-            format!("{fingerprint_byte:02x}").repeat(32)
-        )
-        .parse()
-        .unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:5f8097".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(600),
-        retention: Duration::from_secs(3600),
-        owner: owner.into(),
-        at: Timestamp::now(),
-    }
+    deploy_claim(fingerprint_of_byte(fingerprint_byte), "run:5f8097", owner)
 }
 
-fn event(id: ExecutionId, kind: EventKind) -> LedgerEvent {
-    LedgerEvent {
-        execution_id: id,
-        at: Timestamp::now(),
-        kind,
-    }
-}
-
-async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
-    let id = claimed.record().execution_id;
+/// `authorized`, then attempt 1 `dispatched` (by no owner in particular).
+async fn authorize_and_dispatch(ledger: &FileLedger, id: ExecutionId) {
     ledger
         .append(event(id, EventKind::Authorized))
         .await
         .unwrap();
-    let key = IdempotencyKey::from(id);
     ledger
-        .append(event(
-            id,
-            EventKind::Dispatched {
-                attempt: 1,
-                idempotency_key: key,
-                key_from_caller: false,
-                jsonrpc_id: None,
-                session_id: None,
-                owner: None,
-            },
-        ))
+        .append(event(id, dispatched(id, 1, None)))
         .await
         .unwrap();
+}
+
+/// A server whose slow tool takes 800 ms, and a child process of this binary that called it
+/// through a guard over `<dir>/ledger.jsonl`, SIGKILLed once the call reached the tool (the
+/// dispatch is in the ledger, the outcome is not). Returns the server, the dir, the ledger
+/// path and the killed child.
+async fn a_child_killed_after_dispatch(name: &str) -> (TestServer, PathBuf, PathBuf, Child) {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_millis(800),
+        ..Default::default()
+    })
+    .await;
+    let (dir, path) = ledger_dir(name);
+    let mut process = child_process(&format!("dispatch|{}|{}", path.display(), server.url))
+        .spawn()
+        .unwrap();
+    // The child's call reached the tool: kill the child before it sees the outcome.
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(20))
+            .await,
+        1
+    );
+    process.kill().unwrap(); // SIGKILL
+    (server, dir, path, process)
+}
+
+async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
+    let id = claimed.record().execution_id;
+    authorize_and_dispatch(ledger, id).await;
     let reference = ledger
         .store_result(
             id,
@@ -106,8 +102,7 @@ async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
 
 #[tokio::test]
 async fn records_and_results_survive_a_reopen() {
-    let dir = temp_dir("reopen");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("reopen");
     let id = {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(1, "guard:a")).await.unwrap();
@@ -140,30 +135,12 @@ async fn records_and_results_survive_a_reopen() {
 
 #[tokio::test]
 async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown() {
-    let dir = temp_dir("torn");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("torn");
     let id = {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(2, "guard:crashed")).await.unwrap();
         let id = claimed.record().execution_id;
-        ledger
-            .append(event(id, EventKind::Authorized))
-            .await
-            .unwrap();
-        ledger
-            .append(event(
-                id,
-                EventKind::Dispatched {
-                    attempt: 1,
-                    idempotency_key: IdempotencyKey::from(id),
-                    key_from_caller: false,
-                    jsonrpc_id: None,
-                    session_id: None,
-                    owner: None,
-                },
-            ))
-            .await
-            .unwrap();
+        authorize_and_dispatch(&ledger, id).await;
         id
     };
     // A crash in the middle of writing the next line.
@@ -198,29 +175,11 @@ async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown()
 
 #[tokio::test]
 async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
-    let dir = temp_dir("live");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("live");
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(3, "guard:alive")).await.unwrap();
     let id = claimed.record().execution_id;
-    first
-        .append(event(id, EventKind::Authorized))
-        .await
-        .unwrap();
-    first
-        .append(event(
-            id,
-            EventKind::Dispatched {
-                attempt: 1,
-                idempotency_key: IdempotencyKey::from(id),
-                key_from_caller: false,
-                jsonrpc_id: None,
-                session_id: None,
-                owner: None,
-            },
-        ))
-        .await
-        .unwrap();
+    authorize_and_dispatch(&first, id).await;
     // A second opener (another process, say) while the first still runs.
     let second = FileLedger::open(&path).unwrap();
     assert_eq!(
@@ -239,8 +198,7 @@ async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
 
 #[tokio::test]
 async fn tampering_with_the_file_is_named_by_seq() {
-    let dir = temp_dir("tamper");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("tamper");
     {
         let ledger = FileLedger::open(&path).unwrap();
         for byte in 10..13 {
@@ -299,8 +257,7 @@ fn write(dir: &Path, lines: &[String]) -> PathBuf {
 
 #[tokio::test]
 async fn compaction_keeps_retained_executions_and_both_files_verify() {
-    let dir = temp_dir("compact");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact");
     let ledger = FileLedger::open(&path).unwrap();
     let mut short = claim(20, "guard:c");
     short.retention = Duration::from_millis(1);
@@ -356,8 +313,7 @@ async fn compaction_keeps_retained_executions_and_both_files_verify() {
 #[tokio::test]
 async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = temp_dir("key");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("key");
     let ledger = FileLedger::open(&path).unwrap();
     let key = ledger.fingerprint_key().unwrap();
     let again = FileLedger::open(&path).unwrap().fingerprint_key().unwrap();
@@ -372,11 +328,6 @@ async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
 }
 
 // ---- several processes ---------------------------------------------------------------------
-
-/// Runs this test binary again as a child that executes `child_entry` with `task`.
-fn child(task: &str) -> Command {
-    child_process(task)
-}
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.
 #[test]
@@ -491,12 +442,15 @@ fn guard(ledger: &FileLedger, key: mcp_replay_guard::fingerprint::FingerprintKey
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_append_to_one_chain_without_forking_it() {
-    let dir = temp_dir("procs");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("procs");
     let p = path.display().to_string();
     // 4 processes × 250 executions × 5 lines, at once.
     let children: Vec<_> = (1..=4)
-        .map(|w| child(&format!("append|{p}|{w}|250")).spawn().unwrap())
+        .map(|w| {
+            child_process(&format!("append|{p}|{w}|250"))
+                .spawn()
+                .unwrap()
+        })
         .collect();
     for c in children {
         assert!(c.wait_with_output().unwrap().status.success());
@@ -511,7 +465,11 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
 
     // 1,000 identical intents spread over 4 processes: one execution.
     let children: Vec<_> = (1..=4)
-        .map(|w| child(&format!("claim_same|{p}|{w}|250")).spawn().unwrap())
+        .map(|w| {
+            child_process(&format!("claim_same|{p}|{w}|250"))
+                .spawn()
+                .unwrap()
+        })
         .collect();
     let mut new = 0;
     for c in children {
@@ -531,25 +489,7 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_resent() {
-    let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: Duration::from_millis(800),
-        ..Default::default()
-    })
-    .await;
-    let dir = temp_dir("kill");
-    let path = dir.join("ledger.jsonl");
-    let mut process = child(&format!("dispatch|{}|{}", path.display(), server.url))
-        .spawn()
-        .unwrap();
-    // The child's call reached the tool: kill the child before it sees the outcome.
-    assert_eq!(
-        server
-            .state
-            .wait_for_started("slow_deploy", 1, Duration::from_secs(20))
-            .await,
-        1
-    );
-    process.kill().unwrap(); // SIGKILL
+    let (server, dir, path, process) = a_child_killed_after_dispatch("kill").await;
     let output = process.wait_with_output().unwrap();
     assert!(!String::from_utf8_lossy(&output.stdout).contains("SAW THE OUTCOME"));
     assert_eq!(
@@ -591,8 +531,7 @@ async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_rese
 
 #[tokio::test]
 async fn lock_files_of_dead_owners_are_pruned_on_open() {
-    let dir = temp_dir("prune");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("prune");
     for run in 0..3 {
         let ledger = FileLedger::open(&path).unwrap();
         ledger
@@ -622,8 +561,7 @@ async fn lock_files_of_dead_owners_are_pruned_on_open() {
 async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
     // The hash did not cover fields the typed line does not have: such a line was taken as
     // intact. Now it is an edit; as the last line it must not be cut as a torn write either.
-    let dir = temp_dir("extra");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("extra");
     {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(60, "guard:x")).await.unwrap();
@@ -668,24 +606,7 @@ async fn ledger_ending_in_dispatched(path: &Path) -> (ExecutionId, Vec<u8>) {
     let ledger = FileLedger::open(path).unwrap();
     let claimed = ledger.claim(claim(60, "guard:gone")).await.unwrap();
     let id = claimed.record().execution_id;
-    ledger
-        .append(event(id, EventKind::Authorized))
-        .await
-        .unwrap();
-    ledger
-        .append(event(
-            id,
-            EventKind::Dispatched {
-                attempt: 1,
-                idempotency_key: IdempotencyKey::from(id),
-                key_from_caller: false,
-                jsonrpc_id: None,
-                session_id: None,
-                owner: None,
-            },
-        ))
-        .await
-        .unwrap();
+    authorize_and_dispatch(&ledger, id).await;
     drop(ledger);
     (id, std::fs::read(path).unwrap())
 }
@@ -704,8 +625,7 @@ fn garble_last_line(bytes: &[u8], garble: impl FnOnce(&str) -> String) -> Vec<u8
 
 #[tokio::test]
 async fn a_garbled_complete_last_line_makes_open_fail_and_nothing_is_cut() {
-    let dir = temp_dir("garbled");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("garbled");
     let (id, good) = ledger_ending_in_dispatched(&path).await;
     // Unreadable (the JSON is broken) and edited (the JSON reads, the hash does not match).
     let unreadable = garble_last_line(&good, |line| line.replacen("{", "[", 1));
@@ -817,8 +737,7 @@ fn hex_lower(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_line_of_a_newer_format_is_refused_not_cut() {
-    let dir = temp_dir("newer");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("newer");
     let (_, good) = ledger_ending_in_dispatched(&path).await;
     let text = String::from_utf8(good).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
@@ -834,7 +753,6 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), newer, "untouched");
     // The built binary says the same, read-only or not, and leaves it as it is.
-    let bin = env!("CARGO_BIN_EXE_replay-guard");
     let p = path.to_string_lossy().into_owned();
     for argv in [
         vec!["ledger", "list", &p],
@@ -848,9 +766,9 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
             &p,
         ],
     ] {
-        let output = Command::new(bin).args(&argv).output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{argv:?}: {stderr}");
+        let run = replay_guard_blocking(&argv);
+        let stderr = &run.stderr;
+        assert_eq!(run.code, 2, "{argv:?}: {stderr}");
         assert!(stderr.contains("newer format"), "{argv:?}: {stderr}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), newer, "untouched");
     }
@@ -871,29 +789,11 @@ async fn a_line_of_a_newer_format_is_refused_not_cut() {
 
 #[tokio::test]
 async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_reopen() {
-    let dir = temp_dir("compact-result");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact-result");
     let ledger = FileLedger::open(&path).unwrap();
     let claimed = ledger.claim(claim(61, "guard:r")).await.unwrap();
     let id = claimed.record().execution_id;
-    ledger
-        .append(event(id, EventKind::Authorized))
-        .await
-        .unwrap();
-    ledger
-        .append(event(
-            id,
-            EventKind::Dispatched {
-                attempt: 1,
-                idempotency_key: IdempotencyKey::from(id),
-                key_from_caller: false,
-                jsonrpc_id: None,
-                session_id: None,
-                owner: None,
-            },
-        ))
-        .await
-        .unwrap();
+    authorize_and_dispatch(&ledger, id).await;
     // The guard keeps the result, then records `completed`: a compaction (by any process)
     // may fall between the two.
     let reference = ledger
@@ -932,8 +832,7 @@ async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_re
 
 #[tokio::test]
 async fn a_ledger_with_records_never_gets_a_new_key() {
-    let dir = temp_dir("key-id");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("key-id");
     let key_path = dir.join("ledger.jsonl.key");
     let ledger = FileLedger::open(&path).unwrap();
     let key = ledger.fingerprint_key().unwrap();
@@ -999,24 +898,7 @@ async fn a_ledger_with_records_never_gets_a_new_key() {
 /// repeat must not take the line as torn, fall back to `authorized` and send again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_garbled_dispatched_line_is_refused_and_the_call_is_not_sent_again() {
-    let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: Duration::from_millis(800),
-        ..Default::default()
-    })
-    .await;
-    let dir = temp_dir("garbled-e2e");
-    let path = dir.join("ledger.jsonl");
-    let mut process = child(&format!("dispatch|{}|{}", path.display(), server.url))
-        .spawn()
-        .unwrap();
-    assert_eq!(
-        server
-            .state
-            .wait_for_started("slow_deploy", 1, Duration::from_secs(20))
-            .await,
-        1
-    );
-    process.kill().unwrap(); // SIGKILL
+    let (server, dir, path, mut process) = a_child_killed_after_dispatch("garbled-e2e").await;
     process.wait().unwrap();
     assert_eq!(
         server
@@ -1038,41 +920,34 @@ async fn a_garbled_dispatched_line_is_refused_and_the_call_is_not_sent_again() {
     let garbled = garble_last_line(&good, |line| line.replacen("\"event\"", "\"event'", 1));
     std::fs::write(&path, &garbled).unwrap();
 
-    let bin = env!("CARGO_BIN_EXE_replay-guard");
-    let output = Command::new(bin)
-        .args([
-            "--json",
-            "call",
-            "--url",
-            &server.url,
-            "--tool",
-            "slow_deploy",
-            "--args",
-            r#"{"service":"catalog"}"#,
-            "--class",
-            "irreversible",
-            "--actor",
-            "signed-process:com.example.agent",
-            "--scope",
-            "run:crash",
-            "--ledger",
-            &path.to_string_lossy(),
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let run = replay_guard_blocking(&[
+        "--json",
+        "call",
+        "--url",
+        &server.url,
+        "--tool",
+        "slow_deploy",
+        "--args",
+        r#"{"service":"catalog"}"#,
+        "--class",
+        "irreversible",
+        "--actor",
+        "signed-process:com.example.agent",
+        "--scope",
+        "run:crash",
+        "--ledger",
+        &path.to_string_lossy(),
+    ]);
+    let stderr = &run.stderr;
+    assert_eq!(run.code, 2, "{stderr}");
     assert!(stderr.contains(&format!("seq {seq}")), "{stderr}");
     assert_eq!(std::fs::read(&path).unwrap(), garbled, "nothing was cut");
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
 
-    let verify = Command::new(bin)
-        .args(["audit", "verify", &path.to_string_lossy()])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&verify.stdout);
-    assert_eq!(verify.status.code(), Some(1), "{out}");
+    let verify = replay_guard_blocking(&["audit", "verify", &path.to_string_lossy()]);
+    let out = &verify.stdout;
+    assert_eq!(verify.code, 1, "{out}");
     assert!(out.starts_with(&format!("seq {seq}: ")), "{out}");
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -1085,7 +960,7 @@ struct Watched {
 
 impl Watched {
     fn spawn(task: &str) -> Self {
-        let mut child = tokio::process::Command::from(child(task))
+        let mut child = tokio::process::Command::from(child_process(task))
             .kill_on_drop(true)
             .spawn()
             .unwrap();
@@ -1122,8 +997,7 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
     // (every compaction makes each process re-read the whole file).
     const PER_APPENDER: u8 = 40;
     const KILL_AFTER: u8 = 15;
-    let dir = temp_dir("compact-kill");
-    let path = dir.join("ledger.jsonl");
+    let (dir, path) = ledger_dir("compact-kill");
     let p = path.display().to_string();
     FileLedger::open(&path).unwrap();
     let mut worker = 0;
@@ -1181,16 +1055,8 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
 /// recovered as unknown.
 #[tokio::test]
 async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
-    let dir = temp_dir("continue");
-    let path = dir.join("ledger.jsonl");
-    let dispatched = |id: ExecutionId, attempt: u32, owner: &str| EventKind::Dispatched {
-        attempt,
-        idempotency_key: IdempotencyKey::from(id),
-        key_from_caller: false,
-        jsonrpc_id: None,
-        session_id: None,
-        owner: Some(owner.into()),
-    };
+    let (dir, path) = ledger_dir("continue");
+    let dispatched = |id, attempt, owner| dispatched(id, attempt, Some(owner));
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(7, "guard:one")).await.unwrap();
     let id = claimed.record().execution_id;

@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::{
-    Arc, Mutex,
+    Arc,
     atomic::{AtomicUsize, Ordering},
 };
 
@@ -132,10 +132,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
 
     let response = call(
         &mut client,
@@ -189,10 +186,7 @@ async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("create_payment", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("create_payment");
 
     let response = call(
         &mut client,
@@ -231,10 +225,7 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         RetryEveryError(3),
         guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
     );
-    server
-        .state
-        .faults()
-        .schedule("rotate_credential", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("rotate_credential");
 
     let response = call(
         &mut client,
@@ -702,20 +693,6 @@ async fn read_only_tools_and_other_traffic_pass_through() {
     assert_eq!(server.state.idempotency_keys("list_branches"), [None, None]);
 }
 
-/// Collects formatted log output of the current thread.
-#[derive(Clone, Default)]
-struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLogs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The child's task for [`secrets_reach_neither_the_ledger_nor_the_logs`].
 const SECRETS_IN_LOGS: &str = "secrets-in-logs";
 
@@ -731,7 +708,7 @@ fn secrets_reach_neither_the_ledger_nor_the_logs() {
 }
 
 async fn check_that_secrets_reach_neither_the_ledger_nor_the_logs() {
-    let logs = CapturedLogs::default();
+    let logs = Captured::default();
     let writer = logs.clone();
     // This crate's own log lines, at every level. (The in-process test server and hyper log
     // request bodies at TRACE themselves; they are not this crate's to police.)
@@ -751,10 +728,7 @@ async fn check_that_secrets_reach_neither_the_ledger_nor_the_logs() {
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(2), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = json!({"service": "catalog", "version": "1", "approval_token": "SECRET-ARG-4f1c"});
     let mut request = post(
         &server.url,
@@ -983,10 +957,7 @@ async fn integers_past_2_pow_53_are_two_intents_and_past_64_bits_are_refused_uns
         ledger,
     } = Fixture::start().await;
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let order =
         |order_id: u64| json!({"service": "catalog", "version": "v1", "order_id": order_id});
 

@@ -16,8 +16,8 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use mcp_replay_guard::{
-    Actor, ExecutionId, IdempotencyKey, IntentScope,
-    contract::{ContractRegistry, RetryClass, ToolContract},
+    Actor, ExecutionId, IntentScope,
+    contract::{ContractRegistry, ToolContract},
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     ledger::{
@@ -30,92 +30,12 @@ use serde_json::{Value, json};
 use support::*;
 use tower::{Layer, retry::Retry};
 
-/// A schema of the test's own in the test database.
-struct TestSchema {
-    url: String,
-    name: String,
-}
-
-impl TestSchema {
-    fn new(test: &str) -> Option<Self> {
-        let url = postgres_url()?;
-        let name = format!(
-            "mrg_t_{test}_{}",
-            ExecutionId::new().ulid().to_string().to_lowercase()
-        );
-        Some(Self { url, name })
-    }
-
-    /// A ledger of its own (its own pool): one replica.
-    async fn replica(&self) -> PostgresLedger {
-        PostgresLedger::connect_with_schema(&self.url, &self.name)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"))
-    }
-
-    /// Runs SQL in the schema (the test's hand on the tables, as an attacker's would be).
-    async fn sql(&self, ledger: &PostgresLedger, statement: &str) -> u64 {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = statement.replace("{s}", &format!("\"{}\"", self.name));
-        client.execute(statement.as_str(), &[]).await.unwrap()
-    }
-
-    async fn query_i64s(&self, ledger: &PostgresLedger, statement: &str) -> Vec<i64> {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = statement.replace("{s}", &format!("\"{}\"", self.name));
-        let row = client.query_one(statement.as_str(), &[]).await.unwrap();
-        (0..row.len()).map(|i| row.get::<_, i64>(i)).collect()
-    }
-
-    async fn line(&self, ledger: &PostgresLedger, seq: i64) -> String {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = format!(
-            "SELECT line FROM \"{}\".mrg_events WHERE seq = $1",
-            self.name
-        );
-        client
-            .query_one(statement.as_str(), &[&seq])
-            .await
-            .unwrap()
-            .get(0)
-    }
-
-    async fn set_line(&self, ledger: &PostgresLedger, seq: i64, line: &str) {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = format!(
-            "UPDATE \"{}\".mrg_events SET line = $2 WHERE seq = $1",
-            self.name
-        );
-        let updated = client
-            .execute(statement.as_str(), &[&seq, &line])
-            .await
-            .unwrap();
-        assert_eq!(updated, 1);
-    }
-
-    /// Drops the schema (only reached when the test passed).
-    async fn drop(self, ledger: &PostgresLedger) {
-        self.sql(ledger, "DROP SCHEMA {s} CASCADE").await;
-    }
-}
-
-fn fingerprint(n: u32) -> mcp_replay_guard::fingerprint::Fingerprint {
-    format!("hmac-sha256:{n:064x}").parse().unwrap()
-}
-
 fn claim(n: u32, at: u64) -> Claim {
     Claim {
-        fingerprint: fingerprint(n),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:5f8097".into(),
-        target: "deploy-api.internal.example/mcp".into(),
         credential_ref: Some("deploy-service".into()),
-        retry_class: RetryClass::Irreversible,
         link_window: Duration::from_secs(60),
-        retention: Duration::from_secs(3600),
-        owner: "test".into(),
         at: Timestamp::from_millis(at),
+        ..deploy_claim(fingerprint_of(n), "run:5f8097", "test")
     }
 }
 
@@ -127,15 +47,9 @@ fn event(id: ExecutionId, at: u64, kind: EventKind) -> LedgerEvent {
     }
 }
 
-fn dispatched(id: ExecutionId) -> EventKind {
-    EventKind::Dispatched {
-        attempt: 1,
-        idempotency_key: IdempotencyKey::from(id),
-        key_from_caller: false,
-        jsonrpc_id: Some(7.into()),
-        session_id: None,
-        owner: None,
-    }
+/// The first attempt of `id`, JSON-RPC id 7, by no owner in particular.
+fn first_dispatched(id: ExecutionId) -> EventKind {
+    dispatched_as(id, 1, None, Some(7))
 }
 
 async fn verified(ledger: &PostgresLedger) -> VerifyReport {
@@ -161,7 +75,7 @@ async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
         .await
         .unwrap();
     ledger
-        .append(event(id, 1_002, dispatched(id)))
+        .append(event(id, 1_002, first_dispatched(id)))
         .await
         .unwrap();
     let reference = ledger
@@ -394,7 +308,7 @@ async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
     let id = new_execution(&ledger, 1, 0).await;
     for (at, kind) in [
         (1, EventKind::Authorized),
-        (2, dispatched(id)),
+        (2, first_dispatched(id)),
         (
             3,
             EventKind::Unknown {
@@ -505,7 +419,7 @@ async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_no
         .await
         .unwrap();
     ledger
-        .append(event(first, 1, dispatched(first)))
+        .append(event(first, 1, first_dispatched(first)))
         .await
         .unwrap();
     let completed = EventKind::Completed {
@@ -698,10 +612,7 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
         RetryEveryError(3),
         layer.layer(hyper_client_with_body::<GuardRequestBody>()),
     );
-    server
-        .state
-        .faults()
-        .schedule("deploy_release", Fault::DropResponseAfterTool);
+    server.state.lose_next_response("deploy_release");
     let args = json!({"service": "catalog", "version": "2026.07.22"});
 
     let response = call_tool(
@@ -774,14 +685,7 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     let Some(schema) = TestSchema::new("continue") else {
         return;
     };
-    let dispatched = |id: ExecutionId, attempt: u32, owner: &str| EventKind::Dispatched {
-        attempt,
-        idempotency_key: IdempotencyKey::from(id),
-        key_from_caller: false,
-        jsonrpc_id: None,
-        session_id: None,
-        owner: Some(owner.into()),
-    };
+    let dispatched = |id, attempt, owner| dispatched(id, attempt, Some(owner));
     let observer = schema.replica().await;
     let first = schema.replica().await;
     let mut owned = claim(1, 0);

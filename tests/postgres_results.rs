@@ -7,59 +7,21 @@
 
 mod support;
 
-use std::time::Duration;
-
 use bytes::Bytes;
-use mcp_replay_guard::{
-    ExecutionId, IdempotencyKey,
-    contract::RetryClass,
-    ledger::{Claim, EventKind, Ledger, LedgerEvent, PostgresLedger, Timestamp},
-};
+use mcp_replay_guard::ledger::{EventKind, Ledger, Timestamp};
 use support::*;
 
 #[tokio::test]
 async fn a_result_stored_before_a_purge_loads_after_its_completion() {
-    let Some(url) = postgres_url() else {
+    let Some(schema) = TestSchema::new("results") else {
         return;
     };
-    let schema = format!(
-        "mrg_t_results_{}",
-        ExecutionId::new().ulid().to_string().to_lowercase()
-    );
-    let ledger = PostgresLedger::connect_with_schema(&url, &schema)
-        .await
-        .unwrap();
-    let claim = Claim {
-        fingerprint: format!("hmac-sha256:{}", "5a".repeat(32)).parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:results".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(600),
-        retention: Duration::from_secs(3600),
-        owner: "guard:pg-results".into(),
-        at: Timestamp::now(),
-    };
+    let ledger = schema.replica().await;
+    let claim = deploy_claim(fingerprint_of_byte(0x5a), "run:results", "guard:pg-results");
     let id = ledger.claim(claim).await.unwrap().record().execution_id;
-    let event = |kind| LedgerEvent {
-        execution_id: id,
-        at: Timestamp::now(),
-        kind,
-    };
+    let event = |kind| event_now(id, kind);
     ledger.append(event(EventKind::Authorized)).await.unwrap();
-    ledger
-        .append(event(EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: None,
-            session_id: None,
-            owner: None,
-        }))
-        .await
-        .unwrap();
+    ledger.append(event(dispatched(id, 1, None))).await.unwrap();
     let reference = ledger
         .store_result(id, Bytes::from_static(br#"{"content":[]}"#))
         .await
@@ -75,13 +37,7 @@ async fn a_result_stored_before_a_purge_loads_after_its_completion() {
         .await
         .unwrap();
     drop(ledger);
-    let replica = PostgresLedger::connect_with_schema(&url, &schema)
-        .await
-        .unwrap();
+    let replica = schema.replica().await;
     assert!(replica.load_result(&reference).await.unwrap().is_some());
-    let client = replica.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .await
-        .unwrap();
+    schema.drop(&replica).await;
 }

@@ -108,10 +108,8 @@ fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::ledger::{Claim, ExecutionRecord, Timestamp};
+    use crate::ledger::{ExecutionRecord, Timestamp, fixtures};
 
     const CLASSES: [RetryClass; 4] = [
         RetryClass::ReadOnly,
@@ -121,25 +119,7 @@ mod tests {
     ];
 
     fn record(class: RetryClass, state: ExecutionState, kept: bool) -> ExecutionRecord {
-        let claim = Claim {
-            fingerprint:
-                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
-                    .parse()
-                    .unwrap(),
-            tool: "t".into(),
-            actor: "a".into(),
-            intent_scope: "s".into(),
-            target: "srv".into(),
-            credential_ref: None,
-            retry_class: class,
-            link_window: Duration::from_secs(60),
-            retention: Duration::from_secs(60),
-            owner: "me".into(),
-            at: Timestamp::from_millis(0),
-        };
-        let mut r =
-            ExecutionRecord::from_accepted(&claim.accepted_event(crate::ExecutionId::new()))
-                .unwrap();
+        let mut r = fixtures::accepted(&fixtures::claim(class, "me"));
         r.state = state;
         r.result_reference = kept.then(|| "result_x".into());
         r

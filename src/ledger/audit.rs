@@ -219,43 +219,23 @@ impl fmt::Display for Timeline {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::{contract::RetryClass, ledger::Claim};
+    use crate::{
+        contract::RetryClass,
+        ledger::{Claim, fixtures},
+    };
 
     #[test]
     fn the_timeline_answers_the_five_questions() {
         let id = ExecutionId::new();
         let claim = Claim {
-            fingerprint:
-                "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
-                    .parse()
-                    .unwrap(),
             tool: "deploy_release".into(),
-            actor: "a".into(),
-            intent_scope: "s".into(),
             target: "t".into(),
-            credential_ref: None,
-            retry_class: RetryClass::Idempotent,
-            link_window: Duration::from_secs(60),
-            retention: Duration::from_secs(60),
-            owner: "guard:one".into(),
             at: Timestamp::from_millis(1_000),
+            ..fixtures::claim(RetryClass::Idempotent, "guard:one")
         };
-        let at = |ms, kind| LedgerEvent {
-            execution_id: id,
-            at: Timestamp::from_millis(ms),
-            kind,
-        };
-        let dispatched = |owner: &str, attempt| EventKind::Dispatched {
-            attempt,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: None,
-            session_id: None,
-            owner: Some(owner.into()),
-        };
+        let at = |ms, kind| fixtures::event_at(id, ms, kind);
+        let dispatched = |owner, attempt| fixtures::dispatched(id, attempt, Some(owner));
         let events = vec![
             claim.accepted_event(id),
             at(1_001, EventKind::Authorized),

@@ -569,7 +569,9 @@ fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerErro
     }
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
+/// `<path>.<suffix>`: a file that belongs to the ledger at `path` (its key, owners directory,
+/// archives).
+pub(super) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path
         .file_name()
         .map(|n| n.to_os_string())

@@ -202,6 +202,7 @@ mod tests {
     use crate::{
         IdempotencyKey,
         contract::RetryClass,
+        ledger::fixtures::{dispatched, event_at as event},
         ledger::{EventKind, ExecutionState},
     };
 
@@ -226,12 +227,14 @@ mod tests {
         }
     }
 
-    fn event(id: ExecutionId, at: u64, kind: EventKind) -> LedgerEvent {
-        LedgerEvent {
-            execution_id: id,
-            at: Timestamp::from_millis(at),
-            kind,
-        }
+    /// A new execution of `claim(fingerprint_byte, at)`.
+    async fn new_id(ledger: &MemoryLedger, fingerprint_byte: u8, at: u64) -> ExecutionId {
+        ledger
+            .claim(claim(fingerprint_byte, at))
+            .await
+            .unwrap()
+            .record()
+            .execution_id
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -345,12 +348,7 @@ mod tests {
     #[tokio::test]
     async fn transitions_the_state_machine_refuses_leave_the_record_untouched() {
         let ledger = MemoryLedger::new();
-        let id = ledger
-            .claim(claim(1, 0))
-            .await
-            .unwrap()
-            .record()
-            .execution_id;
+        let id = new_id(&ledger, 1, 0).await;
         let err = ledger
             .append(event(
                 id,
@@ -379,12 +377,7 @@ mod tests {
     #[tokio::test]
     async fn settled_links_end_with_the_window_unsettled_ones_with_retention() {
         let ledger = MemoryLedger::new();
-        let first = ledger
-            .claim(claim(1, 0))
-            .await
-            .unwrap()
-            .record()
-            .execution_id;
+        let first = new_id(&ledger, 1, 0).await;
         assert!(matches!(
             ledger.claim(claim(1, 60_000)).await.unwrap(),
             Claimed::Existing(_)
@@ -395,14 +388,7 @@ mod tests {
             Claimed::Existing(r) if r.execution_id == first
         ));
         // Never sent: continued only inside the window.
-        let dispatched = EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(first),
-            key_from_caller: false,
-            jsonrpc_id: None,
-            session_id: None,
-            owner: None,
-        };
+        let dispatched = dispatched(first, 1, None);
         ledger.append(event(first, 10, dispatched)).await.unwrap();
         let not_sent = EventKind::NotSent {
             reason: "connection refused".into(),
@@ -422,20 +408,8 @@ mod tests {
     #[tokio::test]
     async fn an_unknown_outcome_holds_its_intent_past_the_window_until_retention() {
         let ledger = MemoryLedger::new();
-        let id = ledger
-            .claim(claim(1, 0))
-            .await
-            .unwrap()
-            .record()
-            .execution_id;
-        let dispatched = EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: None,
-            session_id: None,
-            owner: None,
-        };
+        let id = new_id(&ledger, 1, 0).await;
+        let dispatched = dispatched(id, 1, None);
         ledger.append(event(id, 1, dispatched)).await.unwrap();
         let unknown = EventKind::Unknown {
             target_status: None,

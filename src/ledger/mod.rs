@@ -31,6 +31,8 @@ pub use file::{CompactReport, FileLedger, verify_file};
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
+#[cfg(test)]
+pub(crate) use record::fixtures;
 pub use record::{
     Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
     LedgerEvent, Timestamp,

@@ -711,15 +711,18 @@ impl Serialize for ExecutionRecord {
     }
 }
 
+/// Records the unit tests of the ledger and the guard build by hand.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use std::time::Duration;
 
     use super::*;
     use crate::ledger::Claim;
 
-    fn accepted(owner: &str) -> ExecutionRecord {
-        let claim = Claim {
+    /// A claim of `retry_class` by `owner`: zero fingerprint, placeholder names, a 60 s link
+    /// window and retention, at 0 ms.
+    pub(crate) fn claim(retry_class: RetryClass, owner: &str) -> Claim {
+        Claim {
             fingerprint:
                 "hmac-sha256:0000000000000000000000000000000000000000000000000000000000000000"
                     .parse()
@@ -729,33 +732,56 @@ mod tests {
             intent_scope: "s".into(),
             target: "srv".into(),
             credential_ref: None,
-            retry_class: RetryClass::Idempotent,
+            retry_class,
             link_window: Duration::from_secs(60),
             retention: Duration::from_secs(60),
             owner: owner.into(),
             at: Timestamp::from_millis(0),
-        };
+        }
+    }
+
+    /// The record `claim` starts, under a new execution id.
+    pub(crate) fn accepted(claim: &Claim) -> ExecutionRecord {
         ExecutionRecord::from_accepted(&claim.accepted_event(ExecutionId::new())).unwrap()
     }
 
-    fn apply(record: &mut ExecutionRecord, kind: EventKind) -> Result<(), InvalidTransition> {
-        let event = LedgerEvent {
-            execution_id: record.execution_id,
-            at: Timestamp::from_millis(1),
+    /// An event of `id` at `ms`.
+    pub(crate) fn event_at(id: ExecutionId, ms: u64, kind: EventKind) -> LedgerEvent {
+        LedgerEvent {
+            execution_id: id,
+            at: Timestamp::from_millis(ms),
             kind,
-        };
-        record.apply(&event)
+        }
     }
 
-    fn dispatched(id: ExecutionId, attempt: u32, owner: &str) -> EventKind {
+    /// Attempt `attempt` of `id` sent under its own key (no JSON-RPC id, no session), by
+    /// `owner`.
+    pub(crate) fn dispatched(id: ExecutionId, attempt: u32, owner: Option<&str>) -> EventKind {
         EventKind::Dispatched {
             attempt,
             idempotency_key: IdempotencyKey::from(id),
             key_from_caller: false,
             jsonrpc_id: None,
             session_id: None,
-            owner: Some(owner.into()),
+            owner: owner.map(Into::into),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fixtures::event_at, *};
+
+    fn accepted(owner: &str) -> ExecutionRecord {
+        fixtures::accepted(&fixtures::claim(RetryClass::Idempotent, owner))
+    }
+
+    fn apply(record: &mut ExecutionRecord, kind: EventKind) -> Result<(), InvalidTransition> {
+        record.apply(&event_at(record.execution_id, 1, kind))
+    }
+
+    fn dispatched(id: ExecutionId, attempt: u32, owner: &str) -> EventKind {
+        fixtures::dispatched(id, attempt, Some(owner))
     }
 
     fn unknown(attempt: Option<u32>) -> EventKind {

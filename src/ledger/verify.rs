@@ -17,6 +17,7 @@ use std::{
 use super::{
     LedgerError,
     chain::{self, ChainHead, ChainProblem, LineBody, Verifier, VerifyReport},
+    file::sibling,
 };
 
 /// Verifies the ledger file at `path` and every archive its checkpoints lead to, as one chain;
@@ -146,15 +147,6 @@ fn ledger_of(path: &Path) -> PathBuf {
         return path.with_file_name(ledger);
     }
     path.to_path_buf()
-}
-
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(format!(".{suffix}"));
-    path.with_file_name(name)
 }
 
 /// The first line that is not blank, without its newline (`None` for a file of blank lines).

@@ -1,5 +1,5 @@
 //! Waiting on a ledger's state in end-to-end tests (the guard records some outcomes from a
-//! background task, e.g. after a caller dropped a body).
+//! background task, e.g. after a caller dropped a body), and the records tests build by hand.
 
 use std::time::Duration;
 
@@ -15,4 +15,74 @@ pub async fn wait_for_state(ledger: &impl Ledger, state: ExecutionState) -> Exec
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("no execution reached {state}: {:#?}", ledger.list().await);
+}
+
+// ---- record builders ----------------------------------------------------------------------
+
+use mcp_replay_guard::{
+    ExecutionId, IdempotencyKey,
+    contract::RetryClass,
+    fingerprint::Fingerprint,
+    ledger::{Claim, EventKind, LedgerEvent, Timestamp},
+};
+
+/// `hmac-sha256:` and `byte` 32 times.
+pub fn fingerprint_of_byte(byte: u8) -> Fingerprint {
+    format!("hmac-sha256:{}", format!("{byte:02x}").repeat(32))
+        .parse()
+        .unwrap()
+}
+
+/// `hmac-sha256:` and `n` in 64 hex digits.
+pub fn fingerprint_of(n: u32) -> Fingerprint {
+    format!("hmac-sha256:{n:064x}").parse().unwrap()
+}
+
+/// An irreversible `deploy_release` claim by the example agent, made now, with a 600 s link
+/// window and an hour's retention (override the rest with `Claim { .., ..deploy_claim(..) }`).
+pub fn deploy_claim(fingerprint: Fingerprint, intent_scope: &str, owner: &str) -> Claim {
+    Claim {
+        fingerprint,
+        tool: "deploy_release".into(),
+        actor: "signed-process:com.example.agent".into(),
+        intent_scope: intent_scope.into(),
+        target: "deploy-api.internal.example/mcp".into(),
+        credential_ref: None,
+        retry_class: RetryClass::Irreversible,
+        link_window: Duration::from_secs(600),
+        retention: Duration::from_secs(3600),
+        owner: owner.into(),
+        at: Timestamp::now(),
+    }
+}
+
+/// An event of `id`, now.
+pub fn event_now(id: ExecutionId, kind: EventKind) -> LedgerEvent {
+    LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind,
+    }
+}
+
+/// Attempt `attempt` of `id` sent under its own key (no JSON-RPC id, no session), by `owner`.
+pub fn dispatched(id: ExecutionId, attempt: u32, owner: Option<&str>) -> EventKind {
+    dispatched_as(id, attempt, owner, None)
+}
+
+/// [`dispatched`] of a request with JSON-RPC id `jsonrpc_id`.
+pub fn dispatched_as(
+    id: ExecutionId,
+    attempt: u32,
+    owner: Option<&str>,
+    jsonrpc_id: Option<i64>,
+) -> EventKind {
+    EventKind::Dispatched {
+        attempt,
+        idempotency_key: IdempotencyKey::from(id),
+        key_from_caller: false,
+        jsonrpc_id: jsonrpc_id.map(Into::into),
+        session_id: None,
+        owner: owner.map(Into::into),
+    }
 }

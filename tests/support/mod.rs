@@ -25,6 +25,8 @@
 #![allow(dead_code)]
 #![allow(unused_imports)]
 
+#[cfg(feature = "cli")]
+mod bin;
 mod child;
 mod client;
 mod era;
@@ -32,12 +34,19 @@ mod event_store;
 mod faults;
 mod front;
 mod ledger;
+mod log;
 mod postgres;
 mod retry;
 mod server;
 mod sse;
+mod temp;
 mod tools;
 
+#[cfg(feature = "cli")]
+pub use bin::{
+    BIN, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
+    replay_guard_parts, replay_guard_within, spawn_replay_guard,
+};
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;
 pub use era::{CredentialStatusProbe, Era, TOLD_PROBE_RESULT, TOLD_RESULT, Told, agent_call};
@@ -46,11 +55,18 @@ pub use faults::{
     Fault, FaultBody, FaultLayer, FaultPlan, FaultService, FiredFault, InjectedFault,
 };
 pub use front::{FrontOptions, FrontServer};
-pub use ledger::wait_for_state;
+pub use ledger::{
+    deploy_claim, dispatched, dispatched_as, event_now, fingerprint_of, fingerprint_of_byte,
+    wait_for_state,
+};
+pub use log::{Captured, captured_log, head_log_lines, log_field};
+#[cfg(feature = "postgres")]
+pub use postgres::TestSchema;
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
+pub use temp::{shm_temp_dir, temp_dir};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
 
 /// The error type every helper returns.

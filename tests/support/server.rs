@@ -274,6 +274,12 @@ impl ServerState {
         &self.faults
     }
 
+    /// Loses the next response of `tool` after its body ran (the side effect happened, the
+    /// caller never hears of it): [`Fault::DropResponseAfterTool`].
+    pub fn lose_next_response(&self, tool: &str) {
+        self.faults.schedule(tool, Fault::DropResponseAfterTool);
+    }
+
     /// The options the server was started with.
     pub fn options(&self) -> &ServerOptions {
         &self.options

@@ -1,0 +1,120 @@
+//! The built `replay-guard` binary, run as a child process: to its end, within a time limit,
+//! or blocking (for tests without a runtime).
+
+use std::{process::Output, time::Duration};
+
+use serde_json::Value;
+
+/// The built binary.
+pub const BIN: &str = env!("CARGO_BIN_EXE_replay-guard");
+
+/// One finished run of the binary.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The run an `output` describes.
+    pub fn from_output(output: &Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// `(code, stdout, stderr)`.
+    pub fn into_parts(self) -> (i32, String, String) {
+        (self.code, self.stdout, self.stderr)
+    }
+
+    /// The `--json` line of `call`.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not one JSON line ({e}): {self:#?}"))
+    }
+
+    pub fn execution_id(&self) -> String {
+        self.json()["execution_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no execution id: {self:#?}"))
+            .to_owned()
+    }
+}
+
+/// `replay-guard ARGS…` with `RUST_LOG=warn`, to its end.
+pub async fn replay_guard(args: &[&str]) -> Run {
+    let output = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("the binary runs");
+    Run::from_output(&output)
+}
+
+/// [`replay_guard`] on its own task, with owned arguments.
+pub fn spawn_replay_guard(argv: &[String]) -> tokio::task::JoinHandle<Run> {
+    let argv = argv.to_vec();
+    tokio::spawn(async move {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        replay_guard(&argv).await
+    })
+}
+
+/// Runs `n` copies of `replay-guard ARGV…` at once, as separate processes.
+pub async fn concurrently(n: usize, argv: &[&str]) -> Vec<Run> {
+    let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
+    let runs: Vec<_> = (0..n).map(|_| spawn_replay_guard(&argv)).collect();
+    let mut done = Vec::with_capacity(n);
+    for run in runs {
+        done.push(run.await.expect("the run's task ends"));
+    }
+    done
+}
+
+/// `replay-guard ARGS…` to spawn: `RUST_LOG=warn`, stdout and stderr piped, killed when
+/// dropped.
+pub fn replay_guard_command<I, S>(args: I) -> tokio::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut command = tokio::process::Command::new(BIN);
+    command
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Runs the binary (`RUST_LOG=warn`), killing it if it has not ended within `limit` (a hang is
+/// a failure, not a stuck test run). `None` when it had not.
+pub async fn replay_guard_within(args: &[&str], limit: Duration) -> Option<(Run, Duration)> {
+    let started = std::time::Instant::now();
+    let child = replay_guard_command(args).spawn().expect("the binary runs");
+    let output = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .ok()?
+        .expect("the binary ends");
+    Some((Run::from_output(&output), started.elapsed()))
+}
+
+/// `replay-guard ARGS…` to its end, blocking the thread, with the environment as it is.
+pub fn replay_guard_blocking(args: &[&str]) -> Run {
+    let output = std::process::Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    Run::from_output(&output)
+}
+
+/// `(code, stdout, stderr)` of [`replay_guard_blocking`].
+pub fn replay_guard_parts(args: &[&str]) -> (i32, String, String) {
+    replay_guard_blocking(args).into_parts()
+}
