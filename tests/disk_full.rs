@@ -8,13 +8,11 @@ mod support;
 
 use std::{
     path::PathBuf,
-    process::{Command, Output, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use support::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_replay-guard");
 
 /// A 1 MiB tmpfs mounted for one test, unmounted when dropped.
 struct SmallDisk(PathBuf);
@@ -59,14 +57,6 @@ impl Drop for SmallDisk {
     }
 }
 
-fn replay_guard(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("the binary runs")
-}
-
 fn call_argv<'a>(url: &'a str, ledger: &'a str) -> Vec<&'a str> {
     vec![
         "--json",
@@ -88,21 +78,11 @@ fn call_argv<'a>(url: &'a str, ledger: &'a str) -> Vec<&'a str> {
     ]
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 /// Starts `call` in the background.
-fn spawn_call(url: &str, ledger: &str, scope: &str) -> std::process::Child {
+fn spawn_call(url: &str, ledger: &str, scope: &str) -> tokio::process::Child {
     let mut argv = call_argv(url, ledger);
     argv.extend(["--scope", scope]);
-    Command::new(BIN)
-        .args(&argv)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    replay_guard_command(argv).spawn().expect("the binary runs")
 }
 
 async fn wait_until_started(server: &TestServer, n: usize) {
@@ -113,10 +93,8 @@ async fn wait_until_started(server: &TestServer, n: usize) {
     }
 }
 
-async fn finish(child: std::process::Child) -> Output {
-    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap()
+async fn finish(child: tokio::process::Child) -> Run {
+    Run::from_output(&child.wait_with_output().await.expect("the binary ends"))
 }
 
 const PAGE: u64 = 4096;
@@ -142,7 +120,7 @@ async fn a_disk_that_fills_after_dispatch_never_reads_as_not_sent_and_is_never_r
     wait_until_started(&server, 1).await;
     let with_one_char_scope = std::fs::metadata(&calibration).unwrap().len();
     let first = finish(child).await;
-    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(first.code, 0, "{}", first.stderr);
     let fixed = with_one_char_scope - 1;
     let scope_len = (PAGE - 16 - fixed % PAGE) % PAGE;
     let scope = format!(
@@ -162,23 +140,17 @@ async fn a_disk_that_fills_after_dispatch_never_reads_as_not_sent_and_is_never_r
     // `dispatched` is on disk and the tool runs; now the disk fills up.
     let filler = disk.fill();
     let first = finish(child).await;
-    let code = first.status.code().unwrap_or(-1);
+    let code = first.code;
     eprintln!(
         "after dispatch, disk full: exit {code}\n{}\n{}",
-        text(&first.stdout),
-        text(&first.stderr)
+        first.stdout, first.stderr
     );
-    assert_ne!(
-        code,
-        2,
-        "exit 2 claims nothing was sent: {}",
-        text(&first.stderr)
-    );
+    assert_ne!(code, 2, "exit 2 claims nothing was sent: {}", first.stderr);
     assert!(
-        code == 3 || (code == 0 && text(&first.stdout).contains("slow deployed catalog")),
+        code == 3 || (code == 0 && first.stdout.contains("slow deployed catalog")),
         "exit {code}: {} / {}",
-        text(&first.stdout),
-        text(&first.stderr)
+        first.stdout,
+        first.stderr
     );
     assert_eq!(server.state.side_effects("slow_deploy"), 2);
 
@@ -187,13 +159,8 @@ async fn a_disk_that_fills_after_dispatch_never_reads_as_not_sent_and_is_never_r
         vec!["--json", "ledger", "list", ledger.as_str()],
         vec!["audit", "verify", ledger.as_str()],
     ] {
-        let run = replay_guard(&argv);
-        assert_eq!(
-            run.status.code(),
-            Some(0),
-            "{argv:?}: {}",
-            text(&run.stderr)
-        );
+        let run = replay_guard_blocking(&argv);
+        assert_eq!(run.code, 0, "{argv:?}: {}", run.stderr);
     }
 
     // Space returns; the repeat is decided from the ledger. It runs again only if the first
@@ -201,14 +168,13 @@ async fn a_disk_that_fills_after_dispatch_never_reads_as_not_sent_and_is_never_r
     std::fs::remove_file(&filler).unwrap();
     let mut argv = call_argv(&url, &ledger);
     argv.extend(["--scope", scope.as_str()]);
-    let repeat = replay_guard(&argv);
-    let repeat_code = repeat.status.code().unwrap_or(-1);
+    let repeat = replay_guard_blocking(&argv);
+    let repeat_code = repeat.code;
     eprintln!(
         "repeat: exit {repeat_code}\n{}\n{}",
-        text(&repeat.stdout),
-        text(&repeat.stderr)
+        repeat.stdout, repeat.stderr
     );
-    assert_eq!(repeat_code, 3, "{}", text(&repeat.stderr));
+    assert_eq!(repeat_code, 3, "{}", repeat.stderr);
     assert_eq!(server.state.side_effects("slow_deploy"), 2);
     assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 2);
     drop(disk);
