@@ -1160,3 +1160,43 @@ async fn a_result_too_deep_for_a_ledger_line_is_refused_and_the_ledger_reopens()
     assert!(ledger.verify().unwrap().is_ok());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Found by the chaos soak's compactor kills: a compaction killed between linking the live
+/// file as its archive and renaming the new file into place left the archive name on the live
+/// file, and every later compaction failed with "File exists" until a line was appended. The
+/// link is the live file itself, so the next compaction takes it as its archive; a different
+/// file of that name is never replaced.
+#[tokio::test]
+async fn a_compaction_killed_after_linking_its_archive_does_not_stop_the_next_one() {
+    let dir = temp_dir("relink");
+    let path = dir.join("ledger.jsonl");
+    let ledger = FileLedger::open(&path).unwrap();
+    let claimed = ledger.claim(claim(1, "guard:a")).await.unwrap();
+    run_to_completion(&ledger, &claimed).await;
+    let head = ledger.verify().unwrap().head_seq;
+    let archive = dir.join(format!("ledger.jsonl.{head}.archive"));
+    // The state a kill between the link and the rename leaves.
+    std::fs::hard_link(&path, &archive).unwrap();
+    let report = ledger
+        .compact(mcp_replay_guard::ledger::Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(report.archived_to, archive);
+    assert!(ledger.verify().unwrap().is_ok());
+    drop(ledger);
+
+    // A foreign file under the next archive's name is never replaced.
+    let ledger = FileLedger::open(&path).unwrap();
+    let head = ledger.verify().unwrap().head_seq;
+    let taken = dir.join(format!("ledger.jsonl.{head}.archive"));
+    std::fs::write(&taken, b"an operator's notes").unwrap();
+    assert!(
+        ledger
+            .compact(mcp_replay_guard::ledger::Timestamp::now())
+            .await
+            .is_err()
+    );
+    assert_eq!(std::fs::read(&taken).unwrap(), b"an operator's notes");
+    assert!(FileLedger::open(&path).is_ok());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1306,7 +1306,7 @@ impl Writer {
             .map_err(|e| storage("cannot write the compacted ledger", e))?;
         // Keep the old chain, then put the new file in place (the lock on the old inode is
         // still held, so no other process appends in between).
-        fs::hard_link(&self.path, &archived_to)
+        link_archive(&self.path, &archived_to)
             .and_then(|()| fs::rename(&next, &self.path))
             .map_err(|e| storage("cannot swap in the compacted ledger", e))?;
         let owners = self.owners.clone();
@@ -1319,6 +1319,23 @@ impl Writer {
             kept_executions: kept,
             dropped_executions: before - kept,
         })
+    }
+}
+
+/// Links the live file as its archive. A compaction killed between this link and its rename
+/// leaves the archive name on the live file's own inode: that link is this one already, so it
+/// is taken as it is (any other file of that name is an archive and is never replaced).
+fn link_archive(live: &Path, archive: &Path) -> io::Result<()> {
+    match fs::hard_link(live, archive) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let (live_meta, archive_meta) = (fs::metadata(live)?, fs::metadata(archive)?);
+            if live_meta.ino() == archive_meta.ino() && live_meta.dev() == archive_meta.dev() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+        other => other,
     }
 }
 
