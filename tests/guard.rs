@@ -1481,3 +1481,24 @@ async fn a_result_with_an_integer_beyond_64_bits_is_never_handed_back_rewritten(
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn a_batch_carrying_a_tools_call_is_refused_and_nothing_is_sent() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = guarded(&layer(&ledger));
+    let batch = json!([
+        tool_call_body(2, "deploy_release", deploy_args()),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    ]);
+    let request = post(&server.url, session.as_deref(), "2025-03-26", batch);
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
+    let message = read_response_to_end(response).await;
+    assert_eq!(message["error"]["code"], json!(-32600), "{message}");
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+    assert!(ledger.list().await.unwrap().is_empty());
+}

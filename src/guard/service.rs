@@ -410,9 +410,7 @@ where
                 RequestKind::Resume { last_event_id } => {
                     return self.resume(parts, bytes, &last_event_id).await;
                 }
-                RequestKind::Batch(ref messages)
-                    if messages.iter().any(|m| matches!(m, Message::ToolCall(_))) =>
-                {
+                ref kind @ RequestKind::Batch(_) if kind.tool_calls().next().is_some() => {
                     return answered(answer::jsonrpc_error(
                         StatusCode::BAD_REQUEST,
                         None,

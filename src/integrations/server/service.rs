@@ -176,9 +176,7 @@ impl<S> Call<S> {
         let call = match protocol::classify(&parts.method, &parts.headers, &bytes) {
             Ok(classified) => match classified.kind {
                 RequestKind::Message(Message::ToolCall(call)) => Some(call),
-                RequestKind::Batch(ref messages)
-                    if messages.iter().any(|m| matches!(m, Message::ToolCall(_))) =>
-                {
+                ref kind @ RequestKind::Batch(_) if kind.tool_calls().next().is_some() => {
                     return answered(answer::jsonrpc_error(
                         StatusCode::BAD_REQUEST,
                         None,
