@@ -18,47 +18,6 @@ use serde_json::{Value, json};
 use support::*;
 use tokio::io::AsyncBufReadExt;
 
-/// A running proxy process, killed when dropped.
-struct Proxy {
-    url: String,
-    _child: tokio::process::Child,
-}
-
-/// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
-/// `extra`; returns the process (killed when dropped) and the first line it printed.
-async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the proxy starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::BufReader::new(stdout).read_line(&mut line),
-    )
-    .await
-    .expect("the proxy says where it listens")
-    .unwrap();
-    (child, line)
-}
-
-async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
-    let (child, line) = spawn_proxy(upstream, extra).await;
-    // "listening on http://127.0.0.1:PORT -> upstream"
-    let address = line
-        .split_whitespace()
-        .nth(2)
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
-    Proxy {
-        url: format!("{address}/mcp"),
-        _child: child,
-    }
-}
-
 type McpClient = RunningService<RoleClient, ()>;
 
 async fn connect(url: &str) -> McpClient {
@@ -651,8 +610,8 @@ async fn a_proxy_killed_before_it_records_a_delivery_hands_the_repeat_the_kept_r
             "{message}"
         );
         // The connection stays open and idle: the answer waits for the client's next move.
-        proxy._child.start_kill().unwrap();
-        proxy._child.wait().await.unwrap();
+        proxy.child.start_kill().unwrap();
+        proxy.child.wait().await.unwrap();
         drop(client);
         let records = ledger_records(&ledger);
         assert_eq!(records.len(), 1, "{records:#?}");

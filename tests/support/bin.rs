@@ -118,3 +118,44 @@ pub fn replay_guard_blocking(args: &[&str]) -> Run {
 pub fn replay_guard_parts(args: &[&str]) -> (i32, String, String) {
     replay_guard_blocking(args).into_parts()
 }
+
+/// A running proxy process, killed when dropped.
+pub struct Proxy {
+    pub url: String,
+    pub child: tokio::process::Child,
+}
+
+/// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
+/// `extra`; returns the process (killed when dropped) and the first line it printed.
+pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the proxy starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(stdout), &mut line),
+    )
+    .await
+    .expect("the proxy says where it listens")
+    .unwrap();
+    (child, line)
+}
+
+pub async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
+    let (child, line) = spawn_proxy(upstream, extra).await;
+    // "listening on http://127.0.0.1:PORT -> upstream"
+    let address = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+    Proxy {
+        url: format!("{address}/mcp"),
+        child,
+    }
+}

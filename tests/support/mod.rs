@@ -44,8 +44,8 @@ mod tools;
 
 #[cfg(feature = "cli")]
 pub use bin::{
-    BIN, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
-    replay_guard_parts, replay_guard_within, spawn_replay_guard,
+    BIN, Proxy, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
+    replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;
