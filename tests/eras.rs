@@ -258,57 +258,10 @@ async fn a_2026_reissue_of_an_idempotent_tool_carries_the_same_key() {
     assert_eq!(record.state, ExecutionState::Completed);
 }
 
-/// A minimal MCP endpoint for the Tasks extension: it loses every `tools/call` response (the
-/// connection closes after the request was read) and answers `tasks/get` for task `t-1`.
-async fn task_server() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use hyper_util::rt::TokioIo;
-    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
-    let log = seen.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    move |request: Request<hyper::body::Incoming>| {
-                        let log = log.clone();
-                        async move {
-                            use http_body_util::BodyExt;
-                            let body: Value = serde_json::from_slice(
-                                &request.into_body().collect().await.unwrap().to_bytes(),
-                            )
-                            .unwrap();
-                            let method = body["method"].as_str().unwrap_or_default().to_owned();
-                            log.lock().unwrap().push(method.clone());
-                            if method != "tasks/get" {
-                                return Err(std::io::Error::other("response lost"));
-                            }
-                            let answer = json!({"jsonrpc": "2.0", "id": body["id"], "result": {
-                            "resultType": "complete", "taskId": body["params"]["taskId"], "status": "completed",
-                            "createdAt": "2026-11-29T00:00:00Z", "lastUpdatedAt": "2026-11-29T00:00:01Z", "ttlMs": null,
-                            "result": {"content": [{"type": "text", "text": "deployed by task t-1"}], "isError": false}}});
-                            let response = Response::builder()
-                                .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from(answer.to_string())))
-                                .unwrap();
-                            Ok::<_, std::io::Error>(response)
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, seen)
-}
-
 #[tokio::test]
 async fn an_unknown_outcome_of_a_call_that_became_a_task_is_settled_by_tasks_get() {
     use mcp_replay_guard::ledger::{EventKind, LedgerEvent, Timestamp};
-    let (url, seen) = task_server().await;
+    let (url, seen) = task_server("completed").await;
     let ledger = MemoryLedger::new();
     let mut client = guarded(&ledger);
     let call = || {

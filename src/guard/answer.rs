@@ -4,13 +4,27 @@
 //! cannot hand back the target's result it answers the caller's request id with a
 //! `CallToolResult` whose `isError` is true, a plain-language text, and `structuredContent`
 //! holding the execution record and why nothing was re-sent.
+//!
+//! # Valid MCP in both eras
+//!
+//! Every answer is written for the caller's era ([`ClassifiedRequest::era`]): a 2026-07-28
+//! result carries `resultType` (`"complete"` for a `CallToolResult`), an earlier one has no
+//! such field. `tests/mcp_schema.rs` validates every kind against the official schemas.
+//!
+//! [`ClassifiedRequest::era`]: crate::protocol::ClassifiedRequest::era
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
 use serde_json::{Value, json};
 
 use super::UncertainReason;
-use crate::{ledger::ExecutionRecord, protocol::RequestId};
+use crate::{
+    ledger::ExecutionRecord,
+    protocol::{Era, RequestId},
+};
+
+/// The field a 2026-07-28 result must carry, and earlier eras do not know.
+const RESULT_TYPE: &str = "resultType";
 
 /// The key under `structuredContent` that holds the guard's record.
 pub const STRUCTURED_KEY: &str = "mcp_replay_guard";
@@ -24,8 +38,13 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Bytes>
     response
 }
 
-/// The target's kept result, re-keyed to the caller's JSON-RPC id.
-pub(crate) fn stored_result(id: &RequestId, result: &[u8]) -> Response<Bytes> {
+/// The target's kept result, re-keyed to the caller's JSON-RPC id, in the caller's era.
+///
+/// A byte splice when the kept result is already of that era; only a result kept from the
+/// other era is parsed and rewritten (`resultType` added or removed).
+pub(crate) fn stored_result(id: &RequestId, era: Era, result: &[u8]) -> Response<Bytes> {
+    let converted = in_era(era, result);
+    let result = converted.as_deref().unwrap_or(result);
     let mut body = Vec::with_capacity(result.len() + 48);
     body.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     body.extend_from_slice(&serde_json::to_vec(id).unwrap_or_else(|_| b"null".to_vec()));
@@ -39,9 +58,54 @@ pub(crate) fn stored_result(id: &RequestId, result: &[u8]) -> Response<Bytes> {
     response
 }
 
+/// A kept result rewritten for `era`, or `None` when it already is of that era (or is not a
+/// JSON object, which no rewrite could make valid).
+fn in_era(era: Era, result: &[u8]) -> Option<Vec<u8>> {
+    // Most kept results never mention the field: no parse for them in the older era, and a
+    // certain mismatch in the newer one.
+    let needle = b"\"resultType\"";
+    let mentioned = result.windows(needle.len()).any(|w| w == needle);
+    let has_field = mentioned && has_top_level_result_type(result)?;
+    let mut object = match (era, has_field) {
+        (Era::Stateless, false) | (Era::Sessions, true) => {
+            serde_json::from_slice::<serde_json::Map<String, Value>>(result).ok()?
+        }
+        _ => return None,
+    };
+    match era {
+        Era::Stateless => object.insert(RESULT_TYPE.into(), "complete".into()),
+        Era::Sessions => object.remove(RESULT_TYPE),
+    };
+    serde_json::to_vec(&object).ok()
+}
+
+/// Whether a JSON object has `resultType` among its own members (not nested), read without
+/// building the object.
+fn has_top_level_result_type(result: &[u8]) -> Option<bool> {
+    #[derive(serde::Deserialize)]
+    struct Top {
+        #[serde(rename = "resultType")]
+        result_type: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Top>(result)
+        .ok()
+        .map(|top| top.result_type.is_some())
+}
+
+/// Adds `resultType` to a result the guard writes itself for a 2026-07-28 caller.
+pub(crate) fn result_for(era: Era, mut result: Value) -> Value {
+    if era == Era::Stateless
+        && let Value::Object(map) = &mut result
+    {
+        map.insert(RESULT_TYPE.into(), "complete".into());
+    }
+    result
+}
+
 /// The honest answer when the outcome is not known or not kept.
-pub(super) fn uncertain(
+pub(crate) fn uncertain(
     id: &RequestId,
+    era: Era,
     record: &ExecutionRecord,
     reason: UncertainReason,
 ) -> Response<Bytes> {
@@ -78,21 +142,52 @@ pub(super) fn uncertain(
             "the result was not kept (contract or size cap) and re-running could repeat the effect",
         ),
     };
-    tool_error(id, record, text, why)
+    tool_error(id, era, record, text, why)
+}
+
+/// The answer when a caller stops asking and the outcome is still unknown: every attempt
+/// it allowed lost its answer.
+pub(crate) fn unanswered(id: &RequestId, era: Era, record: &ExecutionRecord) -> Response<Bytes> {
+    if record.state == crate::ledger::ExecutionState::NeedsReview {
+        return uncertain(id, era, record, UncertainReason::NeedsReview);
+    }
+    let text = format!(
+        "The outcome of {tool} is unknown: it was sent ({attempts} attempt(s), execution {id}) and every answer was lost. \
+         It was not sent again now. Asking again with the same call lets the guard decide from its ledger \
+         ({class}: {next}).",
+        tool = record.tool,
+        attempts = record.attempts,
+        id = record.execution_id,
+        class = record.retry_class,
+        next = match record.retry_class {
+            crate::contract::RetryClass::ReadOnly | crate::contract::RetryClass::Idempotent =>
+                "it is sent again under the same Idempotency-Key",
+            crate::contract::RetryClass::Recoverable => "its status is probed first",
+            crate::contract::RetryClass::Irreversible => "it is held for review, never sent again",
+        },
+    );
+    tool_error(
+        id,
+        era,
+        record,
+        text,
+        "every attempt the caller allowed lost its answer",
+    )
 }
 
 /// The recorded denial, repeated.
-pub(super) fn denied(id: &RequestId, record: &ExecutionRecord) -> Response<Bytes> {
+pub(crate) fn denied(id: &RequestId, era: Era, record: &ExecutionRecord) -> Response<Bytes> {
     let reason = record.reason.as_deref().unwrap_or("denied");
     let text = format!(
         "{} was not run: authorization denied it ({reason}). Execution {}.",
         record.tool, record.execution_id
     );
-    tool_error(id, record, text, "authorization denied this execution")
+    tool_error(id, era, record, text, "authorization denied this execution")
 }
 
 fn tool_error(
     id: &RequestId,
+    era: Era,
     record: &ExecutionRecord,
     text: String,
     why: &str,
@@ -106,24 +201,29 @@ fn tool_error(
         &json!({
             "jsonrpc": "2.0",
             "id": id,
-            "result": {
+            "result": result_for(era, json!({
                 "content": [{"type": "text", "text": text}],
                 "isError": true,
                 "structuredContent": {STRUCTURED_KEY: structured},
-            }
+            })),
         }),
     )
 }
 
-/// A JSON-RPC error the guard answers with before anything is sent.
-pub(crate) fn jsonrpc_error(
+/// A JSON-RPC error response (`application/json`) for the request `id`.
+///
+/// Without a known id the response has no `id` member: MCP's schema allows that and not
+/// `"id": null`. The error object is the same in every era.
+pub fn jsonrpc_error(
     status: StatusCode,
     id: Option<&RequestId>,
     code: i64,
     message: String,
 ) -> Response<Bytes> {
-    json_response(
-        status,
-        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
-    )
+    let error = json!({"code": code, "message": message});
+    let body = match id {
+        Some(id) => json!({"jsonrpc": "2.0", "id": id, "error": error}),
+        None => json!({"jsonrpc": "2.0", "error": error}),
+    };
+    json_response(status, &body)
 }

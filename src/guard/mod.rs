@@ -38,7 +38,7 @@ pub(crate) mod service;
 
 use std::fmt;
 
-pub use answer::STRUCTURED_KEY;
+pub use answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use decision::{Decision, Facts, UncertainReason, decide};
 pub use hooks::{

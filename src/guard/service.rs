@@ -36,7 +36,7 @@ use crate::{
         Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp,
     },
     protocol::{
-        self, Message, RequestId, RequestKind, ToolCall,
+        self, Era, Message, RequestId, RequestKind, ToolCall,
         response::{ResponseScanner, ResponseTo},
     },
 };
@@ -276,6 +276,33 @@ pub struct Guard<S> {
     inflight: Arc<Inflight>,
 }
 
+impl<S> Guard<S> {
+    /// The guard's own answer to a `tools/call` whose every attempt lost its answer, for a
+    /// caller that stops asking (the proxy, after the attempts it allows): a `CallToolResult`
+    /// with `isError: true`, the execution record as it stands in the ledger, and what asking
+    /// again would do, for the caller's request `id` and `era`. Never a second send.
+    ///
+    /// `None` when the ledger has no such execution.
+    pub async fn unanswered(
+        &self,
+        execution_id: ExecutionId,
+        id: &RequestId,
+        era: Era,
+    ) -> Result<Option<Response<Bytes>>, GuardError> {
+        let record = self
+            .config
+            .ledger
+            .get(execution_id)
+            .await
+            .map_err(GuardError::ledger)?;
+        Ok(record.map(|record| {
+            let mut response = answer::unanswered(id, era, &record);
+            response.extensions_mut().insert(execution_id);
+            response
+        }))
+    }
+}
+
 impl<S: std::fmt::Debug> std::fmt::Debug for Guard<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
@@ -367,6 +394,8 @@ struct Intent {
     max_result_bytes: usize,
     session_id: Option<String>,
     caller_key: Option<IdempotencyKey>,
+    /// The caller's era: the shape of every answer the guard writes for this call.
+    era: Era,
 }
 
 impl<S, RB> Call<S>
@@ -404,6 +433,7 @@ where
         if let Ok(c) = &classified {
             add_standard_headers(&mut parts.headers, c);
         }
+        let era = classified.as_ref().map_or(Era::Sessions, |c| c.era());
         let call = match classified {
             Ok(c) => match c.kind {
                 RequestKind::Message(Message::ToolCall(call)) => (call, c.session_id),
@@ -423,7 +453,7 @@ where
             Err(error) if parts.method == http::Method::POST => {
                 return answered(answer::jsonrpc_error(
                     StatusCode::BAD_REQUEST,
-                    None,
+                    protocol::request_id_of(&bytes).as_ref(),
                     -32600,
                     format!("{error}; nothing was sent"),
                 ));
@@ -431,7 +461,7 @@ where
             Err(_) => return self.pass_through(parts, bytes).await,
         };
         let (call, session_id) = call;
-        let intent = match self.intent(&parts, call, session_id) {
+        let intent = match self.intent(&parts, call, session_id, era) {
             Ok(intent) => intent,
             Err(response) => return answered(*response),
         };
@@ -461,6 +491,7 @@ where
         parts: &http::request::Parts,
         call: ToolCall,
         session_id: Option<String>,
+        era: Era,
     ) -> Result<Intent, Box<Response<Bytes>>> {
         let config = &self.config;
         let ext = &parts.extensions;
@@ -544,6 +575,7 @@ where
             max_result_bytes: contract.max_result_size(),
             session_id,
             caller_key,
+            era,
         })
     }
 
@@ -671,6 +703,7 @@ where
                     let claimed = self.config.claim(&intent).await?;
                     return answered(answer::uncertain(
                         &intent.call.id,
+                        intent.era,
                         claimed.record(),
                         UncertainReason::InProgress,
                     ));
@@ -731,6 +764,7 @@ where
                     None => {
                         return answered(answer::uncertain(
                             &reply_id,
+                            intent.era,
                             claimed.record(),
                             UncertainReason::InProgress,
                         ));
@@ -761,7 +795,7 @@ where
                         match self.config.authorize(&record, &intent).await {
                             Ok(Some(denied)) => {
                                 owner.settle(Settlement::Other);
-                                return answered(answer::denied(&reply_id, &denied));
+                                return answered(answer::denied(&reply_id, intent.era, &denied));
                             }
                             Ok(None) => {
                                 match self.config.append_moved(id, EventKind::Authorized).await? {
@@ -781,6 +815,7 @@ where
                 Decision::Resume | Decision::Attach => {
                     return answered(answer::uncertain(
                         &reply_id,
+                        intent.era,
                         &record,
                         UncertainReason::InProgress,
                     ));
@@ -805,7 +840,9 @@ where
                         .await?
                         .map_or_else(|| Err(foreign_link()), Ok);
                 }
-                Decision::RepeatDenial => return answered(answer::denied(&reply_id, &record)),
+                Decision::RepeatDenial => {
+                    return answered(answer::denied(&reply_id, intent.era, &record));
+                }
                 Decision::Uncertain(reason) => {
                     if reason == UncertainReason::NeedsReview
                         && record.state != ExecutionState::NeedsReview
@@ -823,7 +860,7 @@ where
                         state = record.state_label(),
                         "answered with an uncertain result"
                     );
-                    return answered(answer::uncertain(&reply_id, &record, reason));
+                    return answered(answer::uncertain(&reply_id, intent.era, &record, reason));
                 }
             };
             // Recorded before anything leaves; refused when another attempt moved the
@@ -841,6 +878,7 @@ where
         let claimed = self.config.claim(&intent).await?;
         answered(answer::uncertain(
             &reply_id,
+            intent.era,
             claimed.record(),
             UncertainReason::InProgress,
         ))
@@ -918,6 +956,7 @@ where
             }
             ProbeOutcome::InProgress => Ok(Probed::Answer(answer::uncertain(
                 reply_id,
+                intent.era,
                 &record,
                 UncertainReason::InProgress,
             ))),
@@ -928,6 +967,7 @@ where
                 Ok(match self.config.append_moved(id, review).await? {
                     Some(record) => Probed::Answer(answer::uncertain(
                         reply_id,
+                        intent.era,
                         &record,
                         UncertainReason::NeedsReview,
                     )),
@@ -990,10 +1030,13 @@ where
             // The tool ran and failed: that is an outcome, and running it again could repeat
             // whatever it did before failing.
             Some("failed") => ProbeOutcome::Applied {
-                result: Some(serde_json::json!({
-                    "content": [{"type": "text", "text": format!("task {task_id} failed")}],
-                    "isError": true,
-                })),
+                result: Some(answer::result_for(
+                    intent.era,
+                    serde_json::json!({
+                        "content": [{"type": "text", "text": format!("task {task_id} failed")}],
+                        "isError": true,
+                    }),
+                )),
             },
             Some("working" | "input_required") => ProbeOutcome::InProgress,
             other => unknown(format!("task status {other:?}")),
@@ -1186,7 +1229,8 @@ impl Config {
             if let Some(owner) = owner {
                 owner.settle(settled);
             }
-            let mut response = answer::uncertain(reply_id, record, UncertainReason::ResultNotKept);
+            let mut response =
+                answer::uncertain(reply_id, intent.era, record, UncertainReason::ResultNotKept);
             response.extensions_mut().insert(record.execution_id);
             return Ok(Some(response.map(GuardResponseBody::answer)));
         };
@@ -1202,7 +1246,7 @@ impl Config {
             owner.settle(settled);
         }
         // As on a target's answer: the caller can tell which execution it belongs to.
-        let mut response = answer::stored_result(reply_id, &result);
+        let mut response = answer::stored_result(reply_id, intent.era, &result);
         response.extensions_mut().insert(record.execution_id);
         Ok(Some(
             response.map(|data| GuardResponseBody::kept(data, delivery)),

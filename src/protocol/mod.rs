@@ -64,6 +64,45 @@ pub struct ClassifiedRequest {
     pub session_id: Option<String>,
     /// What the request is.
     pub kind: RequestKind,
+    /// Whether `version` came from the `MCP-Protocol-Version` header.
+    version_from_header: bool,
+}
+
+/// The key of a 2026-07-28 request's `_meta` that names its protocol revision.
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+
+impl ClassifiedRequest {
+    /// The era the caller speaks: the one place that decides the shape of an answer written
+    /// for this request (a 2026-07-28 result carries `resultType`, an earlier one has none).
+    ///
+    /// The `MCP-Protocol-Version` header decides; a request without it may name its revision
+    /// in a `tools/call`'s `_meta` ([`META_PROTOCOL_VERSION`]), as a stateless request does.
+    pub fn era(&self) -> Era {
+        if self.version_from_header {
+            return self.version.era();
+        }
+        let named = match &self.kind {
+            RequestKind::Message(Message::ToolCall(call)) => call
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.get(META_PROTOCOL_VERSION))
+                .and_then(serde_json::Value::as_str)
+                .and_then(|v| v.parse::<ProtocolVersion>().ok()),
+            _ => None,
+        };
+        named.unwrap_or(self.version).era()
+    }
+}
+
+/// The JSON-RPC id of a request body, read leniently: for an answer to a request that could
+/// not be classified (a header that disagrees with the body, a duplicate key), so that the
+/// caller can still match it to its request. `None` when the body has no readable id.
+pub fn request_id_of(body: &[u8]) -> Option<RequestId> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        id: Option<RequestId>,
+    }
+    serde_json::from_slice::<Envelope>(body).ok()?.id
 }
 
 /// What a request to an MCP endpoint is.
@@ -160,7 +199,8 @@ pub fn classify(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<ClassifiedRequest, ClassifyError> {
-    let version = match header_str(headers, &MCP_PROTOCOL_VERSION)? {
+    let header = header_str(headers, &MCP_PROTOCOL_VERSION)?;
+    let version = match header {
         None => ProtocolVersion::WITHOUT_HEADER,
         Some(v) => v.trim().parse()?,
     };
@@ -182,6 +222,7 @@ pub fn classify(
         version,
         session_id,
         kind,
+        version_from_header: header.is_some(),
     })
 }
 

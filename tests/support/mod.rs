@@ -37,8 +37,10 @@ mod ledger;
 mod log;
 mod postgres;
 mod retry;
+mod schema;
 mod server;
 mod sse;
+mod task_server;
 mod temp;
 mod tools;
 
@@ -64,8 +66,10 @@ pub use log::{Captured, captured_log, head_log_lines, log_field};
 pub use postgres::TestSchema;
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;
+pub use schema::{assert_valid_message, assert_valid_tool_answer};
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
+pub use task_server::{SeenMethods, task_server};
 pub use temp::{shm_temp_dir, temp_dir};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
 

@@ -77,7 +77,9 @@ impl SseEvent {
 
 /// True when `value` is a JSON-RPC response/error object.
 pub fn is_jsonrpc_response(value: &serde_json::Value) -> bool {
-    value.get("id").is_some() && (value.get("result").is_some() || value.get("error").is_some())
+    // An error to a request whose id could not be read has no id (MCP's schema allows no
+    // `"id": null`).
+    (value.get("id").is_some() && value.get("result").is_some()) || value.get("error").is_some()
 }
 
 /// Find the end of the first complete event block in `buf`: returns

@@ -30,7 +30,7 @@ use crate::{
     guard::{BoxError, answer},
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
     protocol::response::ResponseScanner,
-    protocol::{self, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
+    protocol::{self, Era, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
 };
 
 /// JSON-RPC error code: the `Idempotency-Key` was first used for another call (HTTP 422).
@@ -135,6 +135,8 @@ struct Call<S> {
 /// A keyed `tools/call`, fingerprinted.
 struct Keyed {
     call: ToolCall,
+    /// The caller's era: the shape of a replayed result.
+    era: Era,
     key: IdempotencyKey,
     actor: Actor,
     scope: IntentScope,
@@ -173,7 +175,10 @@ impl<S> Call<S> {
             Ok(collected) => collected.to_bytes(),
             Err(error) => return answered(unreadable_body(&*error)),
         };
-        let call = match protocol::classify(&parts.method, &parts.headers, &bytes) {
+        let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
+        // The caller's era: the shape of a replayed result.
+        let era = classified.as_ref().map_or(Era::Sessions, |c| c.era());
+        let call = match classified {
             Ok(classified) => match classified.kind {
                 RequestKind::Message(Message::ToolCall(call)) => Some(call),
                 ref kind @ RequestKind::Batch(_) if kind.tool_calls().next().is_some() => {
@@ -192,7 +197,7 @@ impl<S> Call<S> {
             Err(error) => {
                 return answered(answer::jsonrpc_error(
                     StatusCode::BAD_REQUEST,
-                    None,
+                    protocol::request_id_of(&bytes).as_ref(),
                     -32600,
                     format!("{error}; the call was not run"),
                 ));
@@ -224,7 +229,7 @@ impl<S> Call<S> {
                 format!("{}; the call was not run", protocol::INEXACT_INTEGER),
             ));
         }
-        let keyed = self.config.keyed(&parts, call, key);
+        let keyed = self.config.keyed(&parts, call, key, era);
         let request_id = keyed.call.id.clone();
         // From the claim on, a keyed call runs as a task of its own: a client that goes away
         // does not cancel it half-way (a claimed key left without its binding or dispatch
@@ -289,7 +294,7 @@ impl<S> Call<S> {
                     return match config.ledger.load_result(&reference).await {
                         Ok(Some(result)) => {
                             tracing::info!(execution_id = %record.execution_id, "replayed a kept response");
-                            answered(replay(&parts.headers, id, &result))
+                            answered(replay(&parts.headers, id, keyed.era, &result))
                         }
                         Ok(None) => answered(outcome_unknown(id, &record)),
                         Err(error) => answered(not_recorded(id, &error)),
@@ -398,7 +403,13 @@ impl<S> Call<S> {
 }
 
 impl Config {
-    fn keyed(&self, parts: &http::request::Parts, call: ToolCall, key: IdempotencyKey) -> Keyed {
+    fn keyed(
+        &self,
+        parts: &http::request::Parts,
+        call: ToolCall,
+        key: IdempotencyKey,
+        era: Era,
+    ) -> Keyed {
         let actor = self
             .principal
             .as_ref()
@@ -435,6 +446,7 @@ impl Config {
         let fingerprint = self.key.fingerprint(record, &rules);
         Keyed {
             call,
+            era,
             key,
             actor,
             scope,
@@ -484,8 +496,8 @@ impl Config {
 
 /// The kept result re-keyed to the repeat's id: JSON, or one SSE event when the client
 /// accepts only SSE.
-fn replay(headers: &HeaderMap, id: &RequestId, result: &[u8]) -> Response<Bytes> {
-    let mut response = answer::stored_result(id, result);
+fn replay(headers: &HeaderMap, id: &RequestId, era: Era, result: &[u8]) -> Response<Bytes> {
+    let mut response = answer::stored_result(id, era, result);
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));

@@ -29,6 +29,13 @@
 //! nothing about reading it (a client that closed its socket outright looks the same until
 //! its stack resets): such an answer is never recorded delivered, and a repeat gets the kept
 //! result.
+//!
+//! # When the upstream exchange fails
+//!
+//! A `tools/call` whose exchange failed after it may have been sent is put to the guard again
+//! on the same client request (see `answers.rs`): the client gets the guard's decision (the
+//! re-sent call's result, or its honest uncertain answer), never a bare `502`. A `502` means
+//! nothing was sent, and is a JSON-RPC error for the request's id.
 
 use std::{convert::Infallible, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
@@ -42,11 +49,12 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
 };
 use mcp_replay_guard::guard::{Guard, GuardRequestBody, redact_url};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 
+mod answers;
 mod delivery;
 
-use delivery::{Deliveries, Watched, Written};
+use delivery::{Deliveries, Watched};
 
 use crate::{
     mcp_http::{BoxError, describe},
@@ -160,24 +168,7 @@ async fn forward(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    match guard.oneshot(Request::from_parts(parts, body)).await {
-        Ok(response) => {
-            let (mut parts, mut body) = response.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            let delivery = body.defer_delivery();
-            let body = Written::new(
-                body.map_err(Into::into).boxed_unsync(),
-                delivery,
-                deliveries,
-            );
-            Ok(Response::from_parts(parts, body.boxed_unsync()))
-        }
-        Err(error) => {
-            tracing::warn!(error = %describe(&error), "upstream exchange failed");
-            let message = format!("replay-guard proxy: {}", describe(&error));
-            Ok(error_response(StatusCode::BAD_GATEWAY, &message))
-        }
-    }
+    Ok(answers::answer(guard, parts, body, deliveries).await)
 }
 
 /// The upstream endpoint, with the client's query string if it sent one.
@@ -219,8 +210,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("keep-alive");
 }
 
-/// An answer of the proxy's own. Plain text, not a JSON-RPC error: the request's id is not
-/// known here, and a JSON-RPC error without it would leave a client waiting for its answer.
+/// An answer of the proxy's own to a request that is not JSON-RPC (a GET stream, a DELETE):
+/// plain text.
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
     let mut response = Response::new(
         Full::new(Bytes::from(message.to_owned()))

@@ -1,0 +1,179 @@
+//! Honest first answers from the built `replay-guard proxy`: when the upstream exchange of a
+//! dispatched `tools/call` fails, the client's same request is answered from the guard's
+//! ledger (never a bare 502), and a 502 comes only when nothing was sent, as a JSON-RPC error
+//! for the request's id. Every answer is validated against the MCP schema of its era.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use mcp_replay_guard::integrations::server::IdempotencyLayer;
+use mcp_replay_guard::{fingerprint::FingerprintKey, ledger::MemoryLedger};
+use serde_json::{Value, json};
+use support::*;
+
+async fn server(era: Era, options: ServerOptions) -> TestServer {
+    let options = match era {
+        Era::Sessions => options,
+        Era::Stateless => ServerOptions {
+            stateless: true,
+            ..options
+        },
+    };
+    TestServer::start_with(options).await
+}
+
+/// A plain hyper client's `tools/call` through the proxy: (status, content type, message).
+async fn through(
+    proxy: &str,
+    era: Era,
+    session: Option<&str>,
+    id: i64,
+    tool: &str,
+    args: Value,
+) -> (StatusCode, String, Value) {
+    let request = era.tool_call(proxy, session, id, tool, args);
+    let response =
+        tokio::time::timeout(Duration::from_secs(30), send(&mut hyper_client(), request))
+            .await
+            .expect("the proxy answers")
+            .expect("an HTTP answer");
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, content_type, read_response_to_end(response).await)
+}
+
+fn guard_record(message: &Value) -> &Value {
+    &message["result"]["structuredContent"]["mcp_replay_guard"]
+}
+
+#[tokio::test]
+async fn a_lost_response_on_an_irreversible_call_is_answered_honestly_on_the_first_attempt() {
+    for era in Era::ALL {
+        let server = server(era, ServerOptions::default()).await;
+        let proxy = start_proxy(&server.url, &[]).await;
+        let session = era.open_session(&proxy.url).await;
+        server.state.lose_next_response("deploy_release");
+
+        let (status, content_type, answer) = through(
+            &proxy.url,
+            era,
+            session.as_deref(),
+            7,
+            "deploy_release",
+            json!({"service": "catalog", "version": "1"}),
+        )
+        .await;
+
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(content_type, "application/json");
+        assert_valid_tool_answer(era, "held for review by the proxy", &answer, &json!(7));
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        let record = guard_record(&answer);
+        assert_eq!(record["state"], "needs_review", "{answer}");
+        let execution = record["execution_id"].as_str().unwrap();
+        assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_lost_response_on_an_idempotent_call_is_resent_under_its_key_on_the_same_request() {
+    for era in Era::ALL {
+        // The server honours the key: the re-send is answered from what it kept.
+        let layer = IdempotencyLayer::new(
+            MemoryLedger::new(),
+            FingerprintKey::from_bytes(&[4; 32]).unwrap(),
+        );
+        let server = server(
+            era,
+            ServerOptions {
+                idempotency: Some(layer),
+                ..ServerOptions::default()
+            },
+        )
+        .await;
+        let dir = temp_dir("proxy-answers", "policy");
+        let policy = dir.join("policy.toml");
+        std::fs::write(&policy, "[tools.create_payment]\nclass = \"idempotent\"\n").unwrap();
+        let proxy = start_proxy(&server.url, &["--policy", &policy.to_string_lossy()]).await;
+        let session = era.open_session(&proxy.url).await;
+        server.state.lose_next_response("create_payment");
+
+        let (status, _, answer) = through(
+            &proxy.url,
+            era,
+            session.as_deref(),
+            3,
+            "create_payment",
+            json!({"amount": 12, "currency": "eur"}),
+        )
+        .await;
+
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["id"], 3);
+        assert_ne!(
+            answer["result"]["isError"], true,
+            "the real result: {answer}"
+        );
+        let requests = server.state.tool_call_requests("create_payment");
+        assert_eq!(requests.len(), 2, "sent, then re-sent by the proxy");
+        let keys: Vec<_> = requests.iter().map(|r| r.idempotency_key.clone()).collect();
+        assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
+        assert_eq!(server.state.side_effects("create_payment"), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_down_is_a_502_jsonrpc_error_with_the_request_id() {
+    for era in Era::ALL {
+        let server = server(era, ServerOptions::default()).await;
+        let url = server.url.clone();
+        server.shutdown();
+        // Nothing listens there once the accept loop has stopped.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while tokio::net::TcpStream::connect(server.addr).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the upstream goes down");
+        // A credential in the upstream URL and one from the client never reach the answer.
+        let with_userinfo = url.replace("http://", "http://ops:url-secret-9@");
+        let proxy = start_proxy(&with_userinfo, &[]).await;
+        let mut request = era.tool_call(
+            &proxy.url,
+            None,
+            11,
+            "deploy_release",
+            json!({"service": "catalog", "version": "1"}),
+        );
+        request.headers_mut().insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer client-secret-7"),
+        );
+        let response = send(&mut hyper_client(), request).await.unwrap();
+        let status = response.status();
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let answer = read_response_to_end(response).await;
+        for secret in ["url-secret-9", "client-secret-7"] {
+            assert!(!answer.to_string().contains(secret), "{answer}");
+        }
+
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{answer}");
+        assert_eq!(content_type, "application/json");
+        assert_valid_message(era, "upstream down", &answer, Some(&json!(11)));
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("nothing was sent"), "{message}");
+        assert_eq!(server.state.side_effects("deploy_release"), 0);
+    }
+}
