@@ -34,7 +34,7 @@ pub use postgres::PostgresLedger;
 #[cfg(test)]
 pub(crate) use record::fixtures;
 pub use record::{
-    Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
+    ClientInfo, Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
     LedgerEvent, Timestamp,
 };
 pub use verify::verify_file_anchored;
