@@ -33,8 +33,8 @@ use crate::{
     contract::{ContractRegistry, RetryClass},
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintKey},
     ledger::{
-        Claim, Claimed, ClientInfo, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent,
-        Timestamp,
+        Claim, Claimed, ClientInfo, EventKind, ExecutionRecord, ExecutionState, Ledger,
+        LedgerEvent, Timestamp,
     },
     protocol::{
         self, Message, RequestId, RequestKind, ToolCall,

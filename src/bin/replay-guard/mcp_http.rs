@@ -4,8 +4,8 @@
 
 use std::error::Error as StdError;
 
-use bytes::Bytes;
 use anyhow::{Context as _, bail};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};

@@ -112,7 +112,10 @@ impl GuardOptions {
             }
             None => {
                 let key = FingerprintKey::generate()?;
-                (GuardLayer::new(MemoryLedger::new(), contracts, key.clone()), key)
+                (
+                    GuardLayer::new(MemoryLedger::new(), contracts, key.clone()),
+                    key,
+                )
             }
         };
         let actor = self.actor.as_deref().unwrap_or(DEFAULT_ACTOR);

@@ -413,7 +413,11 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// A refusal of the proxy's own before anything was sent, as a JSON-RPC error for `id`
 /// (`null` when the request has none).
-fn jsonrpc_refusal(status: StatusCode, id: serde_json::Value, message: &str) -> Response<ProxyBody> {
+fn jsonrpc_refusal(
+    status: StatusCode,
+    id: serde_json::Value,
+    message: &str,
+) -> Response<ProxyBody> {
     let body = serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,

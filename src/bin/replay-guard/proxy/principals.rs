@@ -137,7 +137,9 @@ fn gateway_value(headers: &mut HeaderMap, name: &HeaderName) -> Result<String, U
         header::Entry::Occupied(entry) => entry.remove_entry_mult().1,
         header::Entry::Vacant(_) => return Err(Unidentified::Missing(name.clone())),
     };
-    let value = values.next().ok_or_else(|| Unidentified::Missing(name.clone()))?;
+    let value = values
+        .next()
+        .ok_or_else(|| Unidentified::Missing(name.clone()))?;
     // Two values would leave the choice to the order of headers: refused, as a bad value.
     if values.next().is_some() {
         return Err(Unidentified::Invalid(name.clone()));
@@ -161,12 +163,7 @@ mod tests {
     }
 
     fn by_authorization(key: &FingerprintKey) -> Principals {
-        Principals::new(
-            None,
-            None,
-            ScopeSource::Fixed(IntentScope::new("cli")),
-            key,
-        )
+        Principals::new(None, None, ScopeSource::Fixed(IntentScope::new("cli")), key)
     }
 
     fn with_authorization(value: &str) -> HeaderMap {
