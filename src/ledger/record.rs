@@ -196,13 +196,17 @@ impl ClientInfo {
     pub const MAX_LEN: usize = 128;
 
     /// The name and version of a `clientInfo` object; `None` when it has no string `name`.
+    /// Control characters become U+FFFD: a client's name never drives an operator's terminal.
     pub fn from_json(value: &serde_json::Value) -> Option<Self> {
         let bounded = |text: &str| {
             let mut end = text.len().min(Self::MAX_LEN);
             while !text.is_char_boundary(end) {
                 end -= 1;
             }
-            text[..end].to_owned()
+            text[..end]
+                .chars()
+                .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+                .collect()
         };
         Some(Self {
             name: bounded(value.get("name")?.as_str()?),
@@ -827,6 +831,33 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::{fixtures::event_at, *};
+
+    #[test]
+    fn client_info_is_bounded_and_never_carries_control_characters() {
+        let long = "é".repeat(ClientInfo::MAX_LEN);
+        let info = ClientInfo::from_json(&serde_json::json!({
+            "name": format!("agent\u{1b}[2J{long}"), "version": 7,
+        }))
+        .unwrap();
+        assert!(info.name.starts_with("agent\u{fffd}[2J"), "{info:?}");
+        assert!(
+            info.name.len() <= ClientInfo::MAX_LEN + 2,
+            "{}",
+            info.name.len()
+        );
+        assert_eq!(info.version, None);
+        assert_eq!(
+            ClientInfo::from_json(&serde_json::json!({"version": "1"})),
+            None
+        );
+        // A record written before client info existed reads as before.
+        let old: Correlation = serde_json::from_str(r#"{"session_id":"s"}"#).unwrap();
+        assert_eq!(old.client_info, None);
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"session_id":"s"}"#
+        );
+    }
 
     fn accepted(owner: &str) -> ExecutionRecord {
         fixtures::accepted(&fixtures::claim(RetryClass::Idempotent, owner))

@@ -55,9 +55,11 @@ pub fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
         let name = HeaderName::from_bytes(name.trim().as_bytes())
             .with_context(|| format!("--header: {:?} is not a header name", name.trim()))?;
         // The value may be a credential: it never appears in an error.
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| {
+        let mut value = HeaderValue::from_str(value.trim()).map_err(|_| {
             anyhow::anyhow!("--header {name}: the value is not a valid header value")
         })?;
+        // Never printed by `Debug`, never indexed by HTTP/2 header compression.
+        value.set_sensitive(true);
         map.append(name, value);
     }
     Ok(map)
