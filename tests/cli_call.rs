@@ -874,6 +874,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
             key_from_caller: false,
             jsonrpc_id: None,
             session_id: None,
+            client_info: None,
             owner: None,
         }))
         .await

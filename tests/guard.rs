@@ -1320,7 +1320,8 @@ async fn a_kept_result_is_never_handed_to_another_actor() {
 
 /// Issue 12, item 9, the resume path: a broken stream is remembered by its last event id, and
 /// only a GET of the same actor continues (and completes) its execution. Another actor's GET
-/// with that event id passes through without touching it.
+/// with that event id is refused unsent, without touching it (issue 13: passed through, the
+/// server replayed A's answer to B).
 #[tokio::test]
 async fn another_actors_resume_never_takes_over_a_broken_stream() {
     let server = TestServer::start_with(ServerOptions {
@@ -1365,9 +1366,12 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
         request.extensions_mut().insert(Actor::from(actor));
         request
     };
-    // Actor B resumes A's stream: whatever the server sends it, A's execution is not B's.
+    // Actor B resumes A's stream: refused unsent (the server would replay A's answer to B),
+    // and A's execution is not B's.
     let response = send(&mut client, resume("actor:b")).await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::FORBIDDEN);
     let _ = body_text(response.into_body()).await;
+    assert!(server.state.resume_requests().is_empty());
     let record = only_record(&ledger).await;
     assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
 
@@ -1381,6 +1385,46 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
     assert_eq!(record.execution_id, cut.execution_id);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
+}
+
+/// Issue 13: a caller's own `Idempotency-Key` that is another actor's execution id is refused
+/// unsent. Sent, it would let a server that honours keys (and sees both actors as one
+/// principal, behind a proxy that holds the token) hand A's result to B.
+#[tokio::test]
+async fn another_actors_execution_id_as_a_callers_key_is_refused_unsent() {
+    let server = TestServer::start().await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let layer = layer(&ledger);
+    let mut client = guarded(&layer);
+    let call = |id: i64, actor: &str| {
+        let mut request = post(
+            &server.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            tool_call_body(id, "deploy_release", deploy_args()),
+        );
+        request.extensions_mut().insert(Actor::from(actor));
+        request
+    };
+    let response = send(&mut client, call(1, "actor:a")).await.unwrap();
+    let _ = read_response_to_end(response).await;
+    let a = only_record(&ledger).await.execution_id.to_string();
+
+    let response = send(&mut client, with_idempotency_key(call(2, "actor:b"), &a))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
+    let refusal = read_response_to_end(response).await;
+    assert_eq!(refusal["error"]["code"], -32600, "{refusal}");
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    // Actor A's own key is its own to send again.
+    let response = send(&mut client, with_idempotency_key(call(3, "actor:a"), &a))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let _ = read_response_to_end(response).await;
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 2);
 }
 
 /// A kept result must read back as the target sent it. A result holding an integer beyond 64

@@ -40,6 +40,7 @@ pub fn lifecycle(id: mcp_replay_guard::ExecutionId) -> [LedgerEvent; 4] {
             key_from_caller: false,
             jsonrpc_id: Some(7.into()),
             session_id: None,
+            client_info: None,
             owner: Some("guard:bench".into()),
         },
         EventKind::Completed {

@@ -327,6 +327,7 @@ pub fn valid_chain() -> Vec<String> {
         key_from_caller: false,
         jsonrpc_id: Some(7.into()),
         session_id: None,
+        client_info: None,
         owner: Some("guard:fuzz".into()),
     };
     let events = [

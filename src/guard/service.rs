@@ -33,7 +33,8 @@ use crate::{
     contract::{ContractRegistry, RetryClass},
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintKey},
     ledger::{
-        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp,
+        Claim, Claimed, ClientInfo, EventKind, ExecutionRecord, ExecutionState, Ledger,
+        LedgerEvent, Timestamp,
     },
     protocol::{
         self, Era, Message, RequestId, RequestKind, ToolCall,
@@ -393,6 +394,7 @@ struct Intent {
     keep_results: bool,
     max_result_bytes: usize,
     session_id: Option<String>,
+    client_info: Option<ClientInfo>,
     caller_key: Option<IdempotencyKey>,
     /// The caller's era: the shape of every answer the guard writes for this call.
     era: Era,
@@ -474,6 +476,16 @@ where
                 Some(&intent.call.id),
                 -32602,
                 format!("{}; nothing was sent", protocol::INEXACT_INTEGER),
+            ));
+        }
+        if self.config.key_of_another_actor(&intent).await? {
+            return answered(answer::jsonrpc_error(
+                StatusCode::BAD_REQUEST,
+                Some(&intent.call.id),
+                -32600,
+                "the Idempotency-Key names an execution this caller did not start; send the call \
+                 without it, or with a key of its own; nothing was sent"
+                    .into(),
             ));
         }
         let span = tracing::info_span!(
@@ -561,6 +573,14 @@ where
             None => record,
         };
         let fingerprint = config.key.fingerprint(record, contract.fingerprint_rules());
+        // Set by whoever knows the session's `initialize` (the proxy); a 2026-07-28 request
+        // names its client itself.
+        let client_info = ext.get::<ClientInfo>().cloned().or_else(|| {
+            call.meta
+                .as_ref()?
+                .get("io.modelcontextprotocol/clientInfo")
+                .and_then(ClientInfo::from_json)
+        });
         Ok(Intent {
             call,
             fingerprint,
@@ -574,6 +594,7 @@ where
             keep_results: contract.keeps_results(),
             max_result_bytes: contract.max_result_size(),
             session_id,
+            client_info,
             caller_key,
             era,
         })
@@ -588,7 +609,8 @@ where
         last_event_id: &str,
     ) -> Answer<RB> {
         // A broken stream belongs to the actor whose call it answered: another actor's GET
-        // with the same event id is passed through and neither takes nor completes it.
+        // with its event id is refused unsent (the target would replay that call's answer
+        // to it), and neither takes nor completes the execution.
         let actor = parts
             .extensions
             .get::<Actor>()
@@ -599,6 +621,17 @@ where
             .resume_links
             .remove_if(last_event_id, |_, link| link.actor == actor)
         else {
+            if self.inflight.resume_links.contains_key(last_event_id) {
+                tracing::warn!("a resume of another actor's stream was refused");
+                return answered(answer::jsonrpc_error(
+                    StatusCode::FORBIDDEN,
+                    None,
+                    -32600,
+                    "this stream answers another caller's call: it is not resumed for this one; \
+                     nothing was sent"
+                        .into(),
+                ));
+            }
             return self.pass_through(parts, bytes).await;
         };
         tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
@@ -1150,6 +1183,20 @@ async fn send_failed<RB>(
 }
 
 impl Config {
+    /// Whether the caller's `Idempotency-Key` is the key of another actor's execution: sent,
+    /// it would let a target that honours keys hand that execution's result to this caller.
+    async fn key_of_another_actor(&self, intent: &Intent) -> Result<bool, GuardError> {
+        let Some(id) = intent
+            .caller_key
+            .as_ref()
+            .and_then(IdempotencyKey::execution_id)
+        else {
+            return Ok(false);
+        };
+        let record = self.ledger.get(id).await.map_err(GuardError::ledger)?;
+        Ok(record.is_some_and(|record| record.actor != intent.actor))
+    }
+
     /// Whether a live attempt in another process (a guard with another owner whose process is
     /// still running) owns an execution that has not left.
     async fn attempt_elsewhere(&self, claimed: &Claimed) -> bool {
@@ -1271,6 +1318,7 @@ impl Config {
             key_from_caller: intent.caller_key.is_some(),
             jsonrpc_id: Some(intent.call.id.clone()),
             session_id: intent.session_id.clone(),
+            client_info: intent.client_info.clone(),
             owner: Some(self.owner.clone()),
         };
         Ok(self

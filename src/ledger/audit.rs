@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::{EventKind, LedgerEvent, Timestamp};
+use super::{ClientInfo, EventKind, LedgerEvent, Timestamp};
 use crate::{ExecutionId, IdempotencyKey};
 
 /// The answers for one execution.
@@ -56,6 +56,30 @@ pub struct Dispatch {
     pub key_from_caller: bool,
     /// The guard that sent it.
     pub process: Option<String>,
+    /// The `Mcp-Session-Id` it was sent in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The client that sent it, as it named itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_info: Option<ClientInfo>,
+}
+
+impl Dispatch {
+    /// ` (session S, client NAME VERSION)`, or nothing when neither is known.
+    fn correlation(&self) -> String {
+        let parts: Vec<String> = [
+            self.session_id.as_ref().map(|s| format!("session {s}")),
+            self.client_info.as_ref().map(|c| format!("client {c}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join(", "))
+        }
+    }
 }
 
 /// Builds the timeline of one execution from its events (oldest first).
@@ -84,6 +108,8 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
                 idempotency_key,
                 key_from_caller,
                 owner,
+                session_id,
+                client_info,
                 ..
             } => {
                 if let Some(owner) = owner {
@@ -95,6 +121,8 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
                     idempotency_key: idempotency_key.clone(),
                     key_from_caller: *key_from_caller,
                     process: owner.clone(),
+                    session_id: session_id.clone(),
+                    client_info: client_info.clone(),
                 };
                 if t.first_dispatch.is_none() {
                     t.first_dispatch = Some(dispatch);
@@ -167,8 +195,10 @@ impl fmt::Display for Timeline {
         };
         let dispatched = match &self.first_dispatch {
             Some(d) => format!(
-                "dispatched at {} with Idempotency-Key {}",
-                d.at, d.idempotency_key
+                "dispatched at {} with Idempotency-Key {}{}",
+                d.at,
+                d.idempotency_key,
+                d.correlation()
             ),
             None => "never dispatched".to_owned(),
         };
@@ -201,8 +231,12 @@ impl fmt::Display for Timeline {
                 };
                 writeln!(
                     f,
-                    "5. attempt {} reused execution {} with {key} ({}) at {}",
-                    d.attempt, self.execution_id, d.idempotency_key, d.at
+                    "5. attempt {} reused execution {} with {key} ({}) at {}{}",
+                    d.attempt,
+                    self.execution_id,
+                    d.idempotency_key,
+                    d.at,
+                    d.correlation()
                 )?;
             }
             if self.answered_without_sending > 0 {

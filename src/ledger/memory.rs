@@ -281,6 +281,7 @@ mod tests {
                     key_from_caller: false,
                     jsonrpc_id: Some(7.into()),
                     session_id: None,
+                    client_info: None,
                     owner: None,
                 },
             ))

@@ -34,8 +34,8 @@ pub use postgres::PostgresLedger;
 #[cfg(test)]
 pub(crate) use record::fixtures;
 pub use record::{
-    Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp, InvalidTransition,
-    LedgerEvent, Timestamp,
+    ClientInfo, Correlation, EventKind, ExecutionRecord, ExecutionState, InvalidTimestamp,
+    InvalidTransition, LedgerEvent, Timestamp,
 };
 pub use verify::verify_file_anchored;
 

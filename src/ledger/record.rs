@@ -171,6 +171,60 @@ pub struct Correlation {
     /// The MCP task id, when the call became a task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// The client that sent the latest attempt, as it named itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_info: Option<ClientInfo>,
+}
+
+/// The MCP client that sent a call, as it named itself (`clientInfo` of its `initialize`, or
+/// of a 2026-07-28 request's `_meta`): `name` and `version` only, each bounded.
+///
+/// Never identity (any client can claim any name): only where to look. It can travel in
+/// [`http::Extensions`] next to a request, as the proxy sets it for a session's calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientInfo {
+    /// `clientInfo.name`.
+    pub name: String,
+    /// `clientInfo.version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl ClientInfo {
+    /// The longest `name` or `version` kept, in bytes; longer ones are cut at a character
+    /// boundary.
+    pub const MAX_LEN: usize = 128;
+
+    /// The name and version of a `clientInfo` object; `None` when it has no string `name`.
+    /// Control characters become U+FFFD: a client's name never drives an operator's terminal.
+    pub fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let bounded = |text: &str| {
+            let mut end = text.len().min(Self::MAX_LEN);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text[..end]
+                .chars()
+                .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+                .collect()
+        };
+        Some(Self {
+            name: bounded(value.get("name")?.as_str()?),
+            version: value
+                .get("version")
+                .and_then(serde_json::Value::as_str)
+                .map(bounded),
+        })
+    }
+}
+
+impl fmt::Display for ClientInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.version {
+            Some(version) => write!(f, "{} {version}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
 }
 
 /// What happened to an execution: one appended, timestamped event per transition.
@@ -231,6 +285,9 @@ pub enum EventKind {
         /// Session of the request.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session_id: Option<String>,
+        /// The client that sent the request, as it named itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_info: Option<ClientInfo>,
         /// The guard (one per agent process) that sent it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner: Option<String>,
@@ -500,6 +557,7 @@ impl ExecutionRecord {
                 idempotency_key,
                 jsonrpc_id,
                 session_id,
+                client_info,
                 owner,
                 ..
             } => {
@@ -525,6 +583,7 @@ impl ExecutionRecord {
                 self.idempotency_key = Some(idempotency_key.clone());
                 self.correlation.jsonrpc_id = jsonrpc_id.clone();
                 self.correlation.session_id = session_id.clone();
+                self.correlation.client_info = client_info.clone();
                 self.correlation.last_event_id = None;
                 self.reason = None;
             }
@@ -763,6 +822,7 @@ pub(crate) mod fixtures {
             key_from_caller: false,
             jsonrpc_id: None,
             session_id: None,
+            client_info: None,
             owner: owner.map(Into::into),
         }
     }
@@ -771,6 +831,33 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::{fixtures::event_at, *};
+
+    #[test]
+    fn client_info_is_bounded_and_never_carries_control_characters() {
+        let long = "é".repeat(ClientInfo::MAX_LEN);
+        let info = ClientInfo::from_json(&serde_json::json!({
+            "name": format!("agent\u{1b}[2J{long}"), "version": 7,
+        }))
+        .unwrap();
+        assert!(info.name.starts_with("agent\u{fffd}[2J"), "{info:?}");
+        assert!(
+            info.name.len() <= ClientInfo::MAX_LEN + 2,
+            "{}",
+            info.name.len()
+        );
+        assert_eq!(info.version, None);
+        assert_eq!(
+            ClientInfo::from_json(&serde_json::json!({"version": "1"})),
+            None
+        );
+        // A record written before client info existed reads as before.
+        let old: Correlation = serde_json::from_str(r#"{"session_id":"s"}"#).unwrap();
+        assert_eq!(old.client_info, None);
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"session_id":"s"}"#
+        );
+    }
 
     fn accepted(owner: &str) -> ExecutionRecord {
         fixtures::accepted(&fixtures::claim(RetryClass::Idempotent, owner))

@@ -128,13 +128,27 @@ pub struct Proxy {
 /// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
 /// `extra`; returns the process (killed when dropped) and the first line it printed.
 pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(BIN)
+    spawn_proxy_logging(upstream, extra, None).await
+}
+
+/// [`spawn_proxy`]; with `log`, at `RUST_LOG=log` with its stderr piped.
+async fn spawn_proxy_logging(
+    upstream: &str,
+    extra: &[&str],
+    log: Option<&str>,
+) -> (tokio::process::Child, String) {
+    let mut command = tokio::process::Command::new(BIN);
+    command
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
         .args(extra)
         .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the proxy starts");
+        .kill_on_drop(true);
+    if let Some(filter) = log {
+        command
+            .env("RUST_LOG", filter)
+            .stderr(std::process::Stdio::piped());
+    }
+    let mut child = command.spawn().expect("the proxy starts");
     let stdout = child.stdout.take().unwrap();
     let mut line = String::new();
     tokio::time::timeout(
@@ -148,7 +162,29 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Chi
 }
 
 pub async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
-    let (child, line) = spawn_proxy(upstream, extra).await;
+    proxy_from(spawn_proxy(upstream, extra).await)
+}
+
+/// [`start_proxy`] at `RUST_LOG=log`, its stderr kept for [`Proxy::stop`].
+pub async fn start_proxy_logged(upstream: &str, extra: &[&str], log: &str) -> Proxy {
+    proxy_from(spawn_proxy_logging(upstream, extra, Some(log)).await)
+}
+
+impl Proxy {
+    /// Kills the proxy; returns what it wrote to stderr (with [`start_proxy_logged`]).
+    pub async fn stop(mut self) -> String {
+        self.child.kill().await.expect("the proxy is killed");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr)
+                .await
+                .expect("the proxy's stderr reads");
+        }
+        stderr
+    }
+}
+
+fn proxy_from((child, line): (tokio::process::Child, String)) -> Proxy {
     // "listening on http://127.0.0.1:PORT -> upstream"
     let address = line
         .split_whitespace()

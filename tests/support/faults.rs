@@ -307,6 +307,7 @@ fn log_entry(parts: &http::request::Parts) -> LoggedRequest {
         protocol_version: header(&parts.headers, "mcp-protocol-version"),
         body: None,
         fault: None,
+        headers: parts.headers.clone(),
     }
 }
 

@@ -83,6 +83,7 @@ pub fn dispatched_as(
         key_from_caller: false,
         jsonrpc_id: jsonrpc_id.map(Into::into),
         session_id: None,
+        client_info: None,
         owner: owner.map(Into::into),
     }
 }

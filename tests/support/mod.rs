@@ -25,6 +25,7 @@
 #![allow(dead_code)]
 #![allow(unused_imports)]
 
+mod bearer;
 #[cfg(feature = "cli")]
 mod bin;
 mod child;
@@ -44,10 +45,14 @@ mod task_server;
 mod temp;
 mod tools;
 
+pub use bearer::{
+    AUTHORIZATION_SERVER_METADATA_PATH, BearerGate, RESOURCE_METADATA_PATH, UNAUTHORIZED_BODY,
+};
 #[cfg(feature = "cli")]
 pub use bin::{
     BIN, Proxy, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
     replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy,
+    start_proxy_logged,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;

@@ -30,6 +30,7 @@ use tower::{Layer, util::BoxCloneService};
 
 use super::{
     IDEMPOTENCY_KEY_HEADER,
+    bearer::BearerGate,
     event_store::InMemoryEventStore,
     faults::{Fault, FaultLayer, FaultPlan},
     tools::TestTools,
@@ -73,6 +74,10 @@ pub struct ServerOptions {
     /// a fault that loses the response fires after the layer kept it). Default: none.
     #[cfg(feature = "server")]
     pub idempotency: Option<mcp_replay_guard::integrations::server::IdempotencyLayer>,
+    /// Require `Authorization: Bearer <token>` on every request, as an OAuth-protected server
+    /// does: 401 with `WWW-Authenticate: Bearer resource_metadata="…"` otherwise, and the
+    /// metadata documents served on their well-known paths ([`super::bearer`]). Default: none.
+    pub bearer_token: Option<String>,
 }
 
 impl Default for ServerOptions {
@@ -87,6 +92,7 @@ impl Default for ServerOptions {
             drop_wait_timeout: Duration::from_secs(10),
             #[cfg(feature = "server")]
             idempotency: None,
+            bearer_token: None,
         }
     }
 }
@@ -136,6 +142,8 @@ pub struct LoggedRequest {
     pub body: Option<serde_json::Value>,
     /// The fault injected into this exchange, if any.
     pub fault: Option<Fault>,
+    /// Every header of the request.
+    pub headers: http::HeaderMap,
 }
 
 #[derive(Default)]
@@ -530,12 +538,19 @@ impl TestServer {
                 (state, box_rmcp(service, &options))
             };
 
-        let service = FaultLayer::new(state.clone()).layer(rmcp_service);
-
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
+        let service = FaultLayer::new(state.clone()).layer(rmcp_service);
+        let service = match &options.bearer_token {
+            None => tower::util::Either::Left(service),
+            Some(token) => tower::util::Either::Right(BearerGate {
+                inner: service,
+                token: token.as_str().into(),
+                origin: format!("http://{addr}").into(),
+            }),
+        };
         let accept_shutdown = shutdown.clone();
         tokio::spawn(async move {
             loop {

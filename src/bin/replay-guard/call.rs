@@ -27,7 +27,7 @@ use std::{
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
-use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+use http::Uri;
 use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
@@ -148,23 +148,6 @@ fn from_message(message: Value) -> Outcome {
     }
 }
 
-fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
-    let mut map = HeaderMap::new();
-    for header in headers {
-        let Some((name, value)) = header.split_once(':') else {
-            bail!("--header wants 'Name: value'; got a value without a colon");
-        };
-        let name = HeaderName::from_bytes(name.trim().as_bytes())
-            .with_context(|| format!("--header: {:?} is not a header name", name.trim()))?;
-        // The value may be a credential: it never appears in an error.
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| {
-            anyhow::anyhow!("--header {name}: the value is not a valid header value")
-        })?;
-        map.append(name, value);
-    }
-    Ok(map)
-}
-
 /// A `call` that ended without an answer to print.
 #[derive(Debug)]
 struct Failure {
@@ -222,7 +205,7 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
             "--url must be http://…: this build speaks plain HTTP (run `replay-guard proxy` beside a TLS terminator for https)"
         );
     }
-    let headers = parse_headers(&args.headers)?;
+    let headers = mcp_http::parse_headers(&args.headers)?;
     let contracts = args
         .guard
         .contracts(args.class.map(|class| (args.tool.as_str(), class)))?;

@@ -4,8 +4,9 @@
 
 use std::error::Error as StdError;
 
+use anyhow::{Context as _, bail};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::protocol::sse::SseParser;
@@ -42,6 +43,27 @@ pub fn without_userinfo(uri: Uri) -> anyhow::Result<(Uri, bool)> {
 
 /// What `call` and `proxy` say when a URL carried userinfo.
 pub const USERINFO_NOT_SENT: &str = "the URL's `user:password@` is not sent (HTTP has no place for it); give a credential with --header 'Authorization: …'";
+
+/// `--header 'Name: value'` arguments (of `call` and `proxy`), in order. A value may be a
+/// credential: it never appears in an error.
+pub fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
+    let mut map = HeaderMap::new();
+    for header in headers {
+        let Some((name, value)) = header.split_once(':') else {
+            bail!("--header wants 'Name: value'; got a value without a colon");
+        };
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .with_context(|| format!("--header: {:?} is not a header name", name.trim()))?;
+        // The value may be a credential: it never appears in an error.
+        let mut value = HeaderValue::from_str(value.trim()).map_err(|_| {
+            anyhow::anyhow!("--header {name}: the value is not a valid header value")
+        })?;
+        // Never printed by `Debug`, never indexed by HTTP/2 header compression.
+        value.set_sensitive(true);
+        map.append(name, value);
+    }
+    Ok(map)
+}
 
 /// Which era to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

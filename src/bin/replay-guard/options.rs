@@ -12,6 +12,9 @@ use mcp_replay_guard::{
     ledger::{FileLedger, MemoryLedger},
 };
 
+/// The actor of `call` without `--actor`.
+const DEFAULT_ACTOR: &str = "replay-guard";
+
 /// The guard's configuration on the command line.
 #[derive(Debug, Args)]
 pub struct GuardOptions {
@@ -24,8 +27,10 @@ pub struct GuardOptions {
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
     /// Who acts: part of every intent, so another actor's identical call is another execution.
-    #[arg(long, value_name = "A", default_value = "replay-guard")]
-    pub actor: String,
+    /// `call`: default `replay-guard`. `proxy`: one fixed actor for every client (without it,
+    /// each client's `Authorization` decides, see `proxy --help`).
+    #[arg(long, value_name = "A")]
+    pub actor: Option<String>,
     /// The window of meaning of a repeat (e.g. one agent run, `run:5f8097`): identical calls in
     /// one scope are one intent.
     #[arg(long, value_name = "S", default_value = "cli")]
@@ -83,7 +88,17 @@ impl GuardOptions {
         contracts: ContractRegistry,
         attach_timeout: Duration,
     ) -> anyhow::Result<GuardLayer> {
-        let layer = match &self.ledger {
+        Ok(self.layer_and_key(contracts, attach_timeout)?.0)
+    }
+
+    /// [`Self::layer`] and the fingerprint key it uses (the proxy derives its actor tags from
+    /// it).
+    pub fn layer_and_key(
+        &self,
+        contracts: ContractRegistry,
+        attach_timeout: Duration,
+    ) -> anyhow::Result<(GuardLayer, FingerprintKey)> {
+        let (layer, key) = match &self.ledger {
             Some(path) => {
                 // The cause says what went wrong (a full disk, a foreign file, a held lock, a
                 // missing key): no guess about permissions on top of it.
@@ -93,17 +108,24 @@ impl GuardOptions {
                 let ledger = FileLedger::open_with_lock_timeout(path, attach_timeout)
                     .with_context(context)?;
                 let key = ledger.fingerprint_key().with_context(context)?;
-                GuardLayer::new(ledger, contracts, key)
+                (GuardLayer::new(ledger, contracts, key.clone()), key)
             }
-            None => GuardLayer::new(MemoryLedger::new(), contracts, FingerprintKey::generate()?),
+            None => {
+                let key = FingerprintKey::generate()?;
+                (
+                    GuardLayer::new(MemoryLedger::new(), contracts, key.clone()),
+                    key,
+                )
+            }
         };
+        let actor = self.actor.as_deref().unwrap_or(DEFAULT_ACTOR);
         let mut layer = layer
-            .actor(Actor::new(self.actor.as_str()))
+            .actor(Actor::new(actor))
             .intent_scope(IntentScope::new(self.scope.as_str()))
             .attach_timeout(attach_timeout);
         if let Some(reference) = &self.credential_ref {
             layer = layer.credential_ref(CredentialRef::new(reference.as_str()));
         }
-        Ok(layer)
+        Ok((layer, key))
     }
 }

@@ -124,6 +124,7 @@ mod tests {
             key_from_caller: true,
             jsonrpc_id: None,
             session_id: None,
+            client_info: None,
             owner: None,
         }
     }

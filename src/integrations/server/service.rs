@@ -350,6 +350,7 @@ impl<S> Call<S> {
             key_from_caller: true,
             jsonrpc_id: Some(keyed.call.id.clone()),
             session_id,
+            client_info: None,
             owner: Some(config.owner.clone()),
         });
         for kind in events {

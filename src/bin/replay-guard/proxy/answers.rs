@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, request::Parts};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
     ExecutionId,
-    guard::{DEFAULT_MAX_BODY_BYTES, GuardError, jsonrpc_error},
+    guard::{GuardError, jsonrpc_error},
     protocol::{self, Era, Message, RequestId, RequestKind},
 };
 use tower::ServiceExt;
@@ -71,33 +71,9 @@ impl Asked {
 pub(super) async fn answer(
     guard: Upstream,
     parts: Parts,
-    body: hyper::body::Incoming,
+    bytes: Bytes,
     deliveries: Arc<Deliveries>,
 ) -> Response<ProxyBody> {
-    // Buffered (bounded as the guard bounds it; the guard buffers it anyway) so that the same
-    // bytes can be put to the guard again.
-    let bytes = match Limited::new(body, DEFAULT_MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) => {
-            let (status, message) = if error.is::<LengthLimitError>() {
-                (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "the request body is larger than the guard's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
-                    ),
-                )
-            } else {
-                (
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "the request body could not be read ({}); nothing was sent",
-                        describe(&*error)
-                    ),
-                )
-            };
-            return own(jsonrpc_error(status, None, -32600, message));
-        }
-    };
     let asked = Asked::of(&parts, &bytes);
     let mut execution: Option<ExecutionId> = None;
     let mut last_error = None;
@@ -223,7 +199,7 @@ fn failed(
 }
 
 /// An answer of the proxy's (or the guard's) own, whole.
-fn own(response: Response<Bytes>) -> Response<ProxyBody> {
+pub(super) fn own(response: Response<Bytes>) -> Response<ProxyBody> {
     response.map(|bytes| {
         Full::new(bytes)
             .map_err(|never| match never {})

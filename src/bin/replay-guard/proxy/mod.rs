@@ -2,7 +2,13 @@
 //! an MCP client in any language gets it without a code change.
 //!
 //! Every request to the proxy (any path) goes to the upstream MCP endpoint: POSTs, GET streams
-//! and resumes (`Last-Event-ID`), DELETEs, with their headers except the hop-by-hop ones.
+//! and resumes (`Last-Event-ID`), DELETEs, with their headers except the hop-by-hop ones. The
+//! OAuth metadata paths (`/.well-known/oauth-protected-resource…`,
+//! `/.well-known/oauth-authorization-server…`, `/.well-known/openid-configuration…`) go to the
+//! same path on the upstream's origin, around the guard.
+//!
+//! Who acts in each call is read from the client's request ([`principals`]), so that one
+//! client's kept result or held answer is never another's.
 //! `tools/call` POSTs are guarded: a repeat attaches to its execution instead of running again.
 //! Responses stream back as they come; a cut upstream stream is cut for the client too, so the
 //! client's own resume (GET + `Last-Event-ID`) comes back through the proxy.
@@ -42,19 +48,27 @@ use std::{convert::Infallible, net::SocketAddr, process::ExitCode, sync::Arc, ti
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
 };
-use mcp_replay_guard::guard::{Guard, GuardRequestBody, redact_url};
+use mcp_replay_guard::{
+    IntentScope,
+    guard::{DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url},
+    protocol,
+};
 use tower::ServiceBuilder;
 
 mod answers;
+mod clients;
 mod delivery;
+mod principals;
 
+use clients::Sessions;
 use delivery::{Deliveries, Watched};
+use principals::{Principals, ScopeSource};
 
 use crate::{
     mcp_http::{BoxError, describe},
@@ -73,8 +87,34 @@ pub struct ProxyArgs {
     /// How long a repeated call waits for the in-flight execution it attaches to.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     attach_timeout: Duration,
+    /// Take each client's actor from this header, which a trusted gateway in front of the
+    /// proxy sets (instead of a tag of the client's `Authorization`). A request without it is
+    /// refused unsent; it is not forwarded.
+    #[arg(long, value_name = "NAME", conflicts_with = "actor")]
+    actor_header: Option<String>,
+    /// Take each client's intent scope from this header, which a trusted gateway in front of
+    /// the proxy sets (instead of `--scope`). A request without it is refused unsent; it is not
+    /// forwarded.
+    #[arg(long, value_name = "NAME", conflicts_with = "scope")]
+    scope_header: Option<String>,
+    /// A header set on every upstream request, `'Name: value'` (repeatable), in place of the
+    /// client's header of that name: a token the proxy holds (`'Authorization: Bearer …'`).
+    /// The actor still comes from what the client sent. Never recorded or logged.
+    #[arg(long = "header", value_name = "'K: V'")]
+    headers: Vec<String>,
     #[command(flatten)]
     guard: GuardOptions,
+}
+
+/// What every request shares besides the guard.
+#[derive(Debug)]
+struct Front {
+    principals: Principals,
+    /// `--header`: set on every upstream request.
+    held: HeaderMap,
+    sessions: Sessions,
+    /// Around the guard: the OAuth metadata requests.
+    metadata: Client<HttpConnector, Full<Bytes>>,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -104,7 +144,26 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
     }
     let contracts = args.guard.contracts(None)?;
-    let layer = args.guard.layer(contracts, args.attach_timeout)?;
+    let (layer, key) = args.guard.layer_and_key(contracts, args.attach_timeout)?;
+    let header_name = |flag: &str, name: &str| {
+        HeaderName::from_bytes(name.trim().as_bytes())
+            .with_context(|| format!("{flag}: {name:?} is not a header name"))
+    };
+    let actor_header = args
+        .actor_header
+        .as_deref()
+        .map(|name| header_name("--actor-header", name))
+        .transpose()?;
+    let scope = match &args.scope_header {
+        Some(name) => ScopeSource::Header(header_name("--scope-header", name)?),
+        None => ScopeSource::Fixed(IntentScope::new(args.guard.scope.as_str())),
+    };
+    let front = Arc::new(Front {
+        principals: Principals::new(args.guard.actor.as_deref(), actor_header, scope, &key),
+        held: crate::mcp_http::parse_headers(&args.headers)?,
+        sessions: Sessions::default(),
+        metadata: Client::builder(TokioExecutor::new()).build_http(),
+    });
     let guard: Upstream = ServiceBuilder::new()
         .layer(layer)
         .service(Client::builder(TokioExecutor::new()).build_http());
@@ -129,10 +188,17 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         };
         let guard = guard.clone();
         let upstream = upstream.clone();
+        let front = front.clone();
         let deliveries = Arc::new(Deliveries::default());
         let io = TokioIo::new(Watched::new(stream, deliveries.clone()));
         let handler = hyper::service::service_fn(move |request| {
-            forward(guard.clone(), upstream.clone(), deliveries.clone(), request)
+            forward(
+                guard.clone(),
+                upstream.clone(),
+                deliveries.clone(),
+                front.clone(),
+                request,
+            )
         });
         tokio::spawn(async move {
             // A half-closed client still gets its answer (see the module docs).
@@ -148,14 +214,68 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Forwards one request through the guard to the upstream endpoint.
+/// Forwards one request through the guard to the upstream endpoint, as its client's actor.
 async fn forward(
     guard: Upstream,
     upstream: Uri,
     deliveries: Arc<Deliveries>,
+    front: Arc<Front>,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let (mut parts, body) = request.into_parts();
+    // Read whole (as the guard would): the proxy reads who the client is from it.
+    let bytes = match Limited::new(body, DEFAULT_MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            return Ok(answers::own(jsonrpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                -32600,
+                format!(
+                    "the request body is larger than the proxy's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
+                ),
+            )));
+        }
+        Err(error) => {
+            let message = format!(
+                "replay-guard proxy: the request body could not be read ({}); nothing was sent",
+                describe(&*error)
+            );
+            return Ok(error_response(StatusCode::BAD_REQUEST, &message));
+        }
+    };
+    if is_oauth_metadata(parts.uri.path()) {
+        return Ok(metadata(&front, &upstream, parts, bytes).await);
+    }
+    // Before `--header` replaces anything: the actor is who the client says it is.
+    match front.principals.identify(&mut parts.headers) {
+        Ok((actor, scope)) => {
+            parts.extensions.insert(actor);
+            parts.extensions.insert(scope);
+        }
+        Err(unidentified) => {
+            let id = protocol::request_id_of(&bytes);
+            let message = format!("replay-guard proxy: {unidentified}; nothing was sent");
+            return Ok(answers::own(jsonrpc_error(
+                StatusCode::BAD_REQUEST,
+                id.as_ref(),
+                -32600,
+                message,
+            )));
+        }
+    }
+    let session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(client) = session.as_deref().and_then(|s| front.sessions.client(s)) {
+        parts.extensions.insert(client);
+    }
+    let initializing = clients::initialize_client(&bytes);
+    let deleting = (parts.method == http::Method::DELETE)
+        .then_some(session)
+        .flatten();
     parts.uri = match upstream_uri(&upstream, parts.uri.query()) {
         Some(uri) => uri,
         None => {
@@ -168,7 +288,81 @@ async fn forward(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    Ok(answers::answer(guard, parts, body, deliveries).await)
+    hold_headers(&front.held, &mut parts.headers);
+    let response = answers::answer(guard, parts, bytes, deliveries).await;
+    if let Some(client) = initializing
+        && let Some(session) = response.headers().get("mcp-session-id")
+        && let Ok(session) = session.to_str()
+    {
+        front.sessions.remember(session, client);
+    }
+    if let Some(session) = deleting
+        && response.status().is_success()
+    {
+        front.sessions.forget(&session);
+    }
+    Ok(response)
+}
+
+/// Whether `path` asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
+/// authorization server, OpenID discovery), with or without a suffix.
+fn is_oauth_metadata(path: &str) -> bool {
+    [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/openid-configuration",
+    ]
+    .iter()
+    .any(|prefix| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
+/// An OAuth metadata request, sent to the same path on the upstream's origin (not through the
+/// guard: it is no MCP message), its answer passed back as it came.
+async fn metadata(
+    front: &Front,
+    upstream: &Uri,
+    mut parts: http::request::Parts,
+    bytes: Bytes,
+) -> Response<ProxyBody> {
+    let mut uri = upstream.clone().into_parts();
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    parts.uri = match Uri::from_parts(uri) {
+        Ok(uri) => uri,
+        Err(_) => return error_response(StatusCode::BAD_REQUEST, "the path is not valid"),
+    };
+    parts.version = http::Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    hold_headers(&front.held, &mut parts.headers);
+    match front
+        .metadata
+        .request(Request::from_parts(parts, Full::new(bytes)))
+        .await
+    {
+        Ok(response) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+        }
+        Err(error) => {
+            tracing::warn!(error = %describe(&error), "upstream metadata request failed");
+            let message = format!("replay-guard proxy: {}", describe(&error));
+            error_response(StatusCode::BAD_GATEWAY, &message)
+        }
+    }
+}
+
+/// Sets the `--header` headers, each in place of the client's header of that name.
+fn hold_headers(held: &HeaderMap, headers: &mut HeaderMap) {
+    for name in held.keys() {
+        headers.remove(name);
+    }
+    for (name, value) in held {
+        headers.append(name, value.clone());
+    }
 }
 
 /// The upstream endpoint, with the client's query string if it sent one.
