@@ -26,6 +26,7 @@ mod deploy_server;
 mod mcp_http;
 mod options;
 mod proxy;
+mod tls;
 
 use std::{
     path::{Path, PathBuf},
