@@ -40,6 +40,7 @@ mod retry;
 mod server;
 mod sse;
 mod temp;
+mod tls;
 mod tools;
 
 #[cfg(feature = "cli")]
@@ -67,6 +68,7 @@ pub use retry::RetryEveryError;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
 pub use temp::{shm_temp_dir, temp_dir};
+pub use tls::{SERVER_NAMES, TestCerts};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
 
 /// The error type every helper returns.
