@@ -178,18 +178,15 @@ impl Service<Uri> for Connector {
 pub fn is_tls_failure(error: &(dyn StdError + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
-        // An `io::Error` hides the error it wraps from `source()`: look inside it.
-        let wrapped = e
-            .downcast_ref::<io::Error>()
-            .and_then(io::Error::get_ref)
-            .map(|inner| inner as &(dyn StdError + 'static));
-        if e.is::<rustls::Error>()
-            || e.is::<HandshakeTimeout>()
-            || wrapped.is_some_and(|inner| inner.is::<rustls::Error>())
-        {
+        if e.is::<rustls::Error>() || e.is::<HandshakeTimeout>() {
             return true;
         }
-        current = e.source();
+        // An `io::Error` hides the error it wraps from `source()` (hyper-rustls wraps
+        // tokio-rustls's, which wraps rustls's): look inside it.
+        current = match e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner),
+            None => e.source(),
+        };
     }
     false
 }
