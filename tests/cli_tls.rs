@@ -100,20 +100,27 @@ async fn call_to_a_server_it_does_not_trust_exits_2_and_records_not_sent() {
     let other = TestCerts::generate("call-other");
     let expired = TestCerts::expired("call-expired");
     let misnamed = TestCerts::for_names("call-misnamed", &["example.invalid"]);
-    let cases: [(&str, &TestCerts, Vec<String>, Vec<(&str, &str)>); 4] = [
-        ("another CA", &other, trusted.ca_cert_arg().to_vec(), vec![]),
+    let no_env: Vec<(&str, &str)> = Vec::new();
+    let platform_roots = vec![("SSL_CERT_FILE", trusted_ca.as_str())];
+    let cases = [
+        (
+            "another CA",
+            &other,
+            trusted.ca_cert_arg().to_vec(),
+            &no_env,
+        ),
         (
             "not among the platform's roots",
             &other,
             vec![],
-            vec![("SSL_CERT_FILE", trusted_ca.as_str())],
+            &platform_roots,
         ),
-        ("expired", &expired, expired.ca_cert_arg().to_vec(), vec![]),
+        ("expired", &expired, expired.ca_cert_arg().to_vec(), &no_env),
         (
             "another name",
             &misnamed,
             misnamed.ca_cert_arg().to_vec(),
-            vec![],
+            &no_env,
         ),
     ];
     for (case, certs, tls_args, env) in cases {
@@ -122,7 +129,7 @@ async fn call_to_a_server_it_does_not_trust_exits_2_and_records_not_sent() {
         let ledger = path(&ledger);
         let mut extra: Vec<&str> = vec!["--protocol", "2026-07-28", "--ledger", &ledger];
         extra.extend(tls_args.iter().map(String::as_str));
-        let run = call(&server.url, &extra, &env).await;
+        let run = call(&server.url, &extra, env).await;
         assert_eq!(run.code, 2, "{case}: {run:#?}");
         assert!(run.stderr.contains("Nothing was sent"), "{case}: {run:#?}");
         assert!(run.stderr.contains("--ca-cert"), "{case}: {run:#?}");
