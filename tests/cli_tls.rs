@@ -234,7 +234,7 @@ async fn the_proxy_serves_https_and_a_stalled_handshake_blocks_no_one() {
         .to_owned();
 
     // Connected, and silent: the handshake waits on this connection's own task.
-    let _silent = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let silent = tokio::net::TcpStream::connect(&authority).await.unwrap();
 
     let mut client = certs.https_client();
     for id in [1, 2] {
@@ -252,6 +252,14 @@ async fn the_proxy_serves_https_and_a_stalled_handshake_blocks_no_one() {
         );
     }
     assert_eq!(server.state.side_effects("deploy_release"), 2);
+    // ... answered while the silent connection still waits for its handshake: had it held the
+    // accept loop, the others would have waited for its timeout, which closes it.
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        silent.try_read(&mut byte).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "the silent connection is still open, unanswered"
+    );
     // The second request on the TLS connection showed the first answer was read.
     let records = ledger_records(&ledger).await;
     assert_eq!(records.len(), 2, "{records:#?}");
