@@ -208,6 +208,43 @@ async fn an_upstream_the_proxy_does_not_trust_is_a_502_and_not_sent() {
     assert_eq!(server.state.side_effects("deploy_release"), 0);
 }
 
+/// An upstream that accepts the connection and never answers the ClientHello: the proxy's
+/// connect gives up after its handshake bound (10 s) with a 502, and nothing was sent.
+#[tokio::test]
+async fn a_stalled_upstream_handshake_is_a_502_and_not_sent() {
+    let certs = TestCerts::generate("proxy-stalled");
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("https://{}/mcp", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let ledger = path(&certs.dir.join("ledger.jsonl"));
+    let ca = path(&certs.ca_pem);
+    let proxy = start_proxy(&upstream, &["--ca-cert", &ca, "--ledger", &ledger]).await;
+
+    let request = post(
+        &proxy.url,
+        None,
+        STATELESS_PROTOCOL_VERSION,
+        stateless_tool_call_body(1, "deploy_release", deploy_args()),
+    );
+    let response =
+        tokio::time::timeout(Duration::from_secs(60), send(&mut hyper_client(), request))
+            .await
+            .expect("the proxy's connect is bounded")
+            .unwrap();
+    assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
+    let text = body_text(response.into_body()).await.unwrap();
+    assert!(text.contains("did not finish within"), "{text}");
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["state"], "not_sent", "{records:#?}");
+    held.abort();
+}
+
 /// The proxy's own listener over TLS: an HTTPS client that trusts the test CA gets its
 /// answers, delivered as over HTTP (its next request on the connection confirms the last);
 /// a client that connects and never sends its ClientHello blocks nobody.

@@ -141,7 +141,7 @@ impl fmt::Display for HandshakeTimeout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "the connection and TLS handshake did not finish within {}s",
+            "the connection (TCP and TLS handshake) did not finish within {}s",
             HANDSHAKE_TIMEOUT.as_secs()
         )
     }
@@ -173,12 +173,12 @@ impl Service<Uri> for Connector {
     }
 }
 
-/// Whether `error` came from TLS (a certificate rustls refused, a failed or stalled
-/// handshake): then [`CA_CERT_HINT`] applies.
+/// Whether `error` came from rustls (a certificate it refused, a failed handshake): then
+/// [`CA_CERT_HINT`] applies. (A stalled handshake says so itself.)
 pub fn is_tls_failure(error: &(dyn StdError + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
-        if e.is::<rustls::Error>() || e.is::<HandshakeTimeout>() {
+        if e.is::<rustls::Error>() {
             return true;
         }
         // An `io::Error` hides the error it wraps from `source()` (hyper-rustls wraps
