@@ -271,7 +271,7 @@ async fn the_proxy_serves_https_and_a_stalled_handshake_blocks_no_one() {
         .to_owned();
 
     // Connected, and silent: the handshake waits on this connection's own task.
-    let silent = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let mut silent = tokio::net::TcpStream::connect(&authority).await.unwrap();
 
     let mut client = certs.https_client();
     for id in [1, 2] {
@@ -297,6 +297,14 @@ async fn the_proxy_serves_https_and_a_stalled_handshake_blocks_no_one() {
         Err(std::io::ErrorKind::WouldBlock),
         "the silent connection is still open, unanswered"
     );
+    // ... and the proxy gives up on it at its handshake bound: it closes the connection.
+    let closed = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::AsyncReadExt::read(&mut silent, &mut byte),
+    )
+    .await
+    .expect("the proxy closes a connection that never sends its ClientHello");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
     // The second request on the TLS connection showed the first answer was read.
     let records = ledger_records(&ledger).await;
     assert_eq!(records.len(), 2, "{records:#?}");
