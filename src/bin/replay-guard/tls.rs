@@ -30,8 +30,8 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_util::either::Either;
 use tower::Service;
 
-/// The longest a TLS handshake may take, on either side: a peer that stalls it holds nothing
-/// but its own connection.
+/// The longest a client connect (TCP and TLS handshake) may take, and a client's handshake
+/// with the proxy's listener: a peer that stalls it holds nothing but its own connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a TLS failure suggests to the person running the command.
@@ -280,7 +280,10 @@ impl Listener {
             Ok(accepted) => accepted.map(Either::Right),
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                HandshakeTimeout.to_string(),
+                format!(
+                    "the client did not finish its TLS handshake within {}s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                ),
             )),
         }
     }
