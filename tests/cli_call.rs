@@ -400,13 +400,6 @@ async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `replay-guard --json ledger list PATH`, parsed.
-async fn ledger_records(ledger: &str) -> Vec<Value> {
-    let list = replay_guard(&["--json", "ledger", "list", ledger]).await;
-    assert_eq!(list.code, 0, "{list:#?}");
-    serde_json::from_str(&list.stdout).unwrap_or_else(|e| panic!("{e}: {list:#?}"))
-}
-
 /// Issue 12, item 2. A `call` killed once its teardown began (the session DELETE, which this
 /// server never answers) has printed its answer; and whenever stdout is empty, the ledger does
 /// not say delivered and the repeat prints the kept result without running the tool again.

@@ -96,7 +96,20 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl DeployServer {
     /// Starts the server on 127.0.0.1 (port 0) in the current tokio runtime.
+    #[allow(dead_code)] // the TLS example uses `start_tls`
     pub async fn start() -> std::io::Result<Self> {
+        Self::serve(None).await
+    }
+
+    /// Starts the server behind TLS: `https://127.0.0.1:PORT/mcp`, each handshake on its
+    /// connection's own task.
+    #[allow(dead_code)] // an example uses it; the demo does not
+    pub async fn start_tls(tls: tokio_rustls::TlsAcceptor) -> std::io::Result<Self> {
+        Self::serve(Some(tls)).await
+    }
+
+    async fn serve(tls: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<Self> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let deployments = Arc::new(AtomicUsize::new(0));
         let lose_responses = Arc::new(AtomicUsize::new(0));
         let service = rmcp_service(deployments.clone());
@@ -110,15 +123,29 @@ impl DeployServer {
                 let handler = hyper::service::service_fn(move |request| {
                     serve(service.clone(), lose.clone(), request)
                 });
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), handler)
-                        .await;
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => {
+                            builder
+                                .serve_connection(TokioIo::new(stream), handler)
+                                .await
+                        }
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => {
+                                builder
+                                    .serve_connection(TokioIo::new(stream), handler)
+                                    .await
+                            }
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
         Ok(Self {
-            url: format!("http://{addr}/mcp"),
+            url: format!("{scheme}://{addr}/mcp"),
             deployments,
             lose_responses,
         })

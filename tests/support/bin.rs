@@ -119,6 +119,13 @@ pub fn replay_guard_parts(args: &[&str]) -> (i32, String, String) {
     replay_guard_blocking(args).into_parts()
 }
 
+/// `replay-guard --json ledger list PATH`, parsed: one record per execution.
+pub async fn ledger_records(ledger: &str) -> Vec<Value> {
+    let list = replay_guard(&["--json", "ledger", "list", ledger]).await;
+    assert_eq!(list.code, 0, "{list:#?}");
+    serde_json::from_str(&list.stdout).unwrap_or_else(|e| panic!("{e}: {list:#?}"))
+}
+
 /// A running proxy process, killed when dropped.
 pub struct Proxy {
     pub url: String,

@@ -43,6 +43,7 @@ mod server;
 mod sse;
 mod task_server;
 mod temp;
+mod tls;
 mod tools;
 
 pub use bearer::{
@@ -50,9 +51,9 @@ pub use bearer::{
 };
 #[cfg(feature = "cli")]
 pub use bin::{
-    BIN, Proxy, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
-    replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy,
-    start_proxy_logged,
+    BIN, Proxy, Run, concurrently, ledger_records, replay_guard, replay_guard_blocking,
+    replay_guard_command, replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard,
+    start_proxy, start_proxy_logged,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;
@@ -76,6 +77,7 @@ pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun}
 pub use sse::{SseEvent, SseReader};
 pub use task_server::{SeenMethods, task_server};
 pub use temp::{shm_temp_dir, temp_dir};
+pub use tls::{SERVER_NAMES, TestCerts};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};
 
 /// The error type every helper returns.

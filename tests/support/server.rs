@@ -25,6 +25,7 @@ use rmcp::{
         session::{local::LocalSessionManager, never::NeverSessionManager},
     },
 };
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, util::BoxCloneService};
 
@@ -33,6 +34,7 @@ use super::{
     bearer::BearerGate,
     event_store::InMemoryEventStore,
     faults::{Fault, FaultLayer, FaultPlan},
+    tls::TestCerts,
     tools::TestTools,
 };
 
@@ -486,6 +488,16 @@ impl TestServer {
     }
 
     pub async fn start_with(options: ServerOptions) -> TestServer {
+        TestServer::serve(options, None).await
+    }
+
+    /// The server behind rustls, presenting `certs`' server certificate:
+    /// `https://127.0.0.1:PORT/mcp`.
+    pub async fn start_tls(options: ServerOptions, certs: &TestCerts) -> TestServer {
+        TestServer::serve(options, Some(TlsAcceptor::from(certs.server_config()))).await
+    }
+
+    async fn serve(options: ServerOptions, tls: Option<TlsAcceptor>) -> TestServer {
         let shutdown = CancellationToken::new();
         let event_store = options.event_store.then(InMemoryEventStore::default);
 
@@ -552,6 +564,7 @@ impl TestServer {
             }),
         };
         let accept_shutdown = shutdown.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -563,11 +576,28 @@ impl TestServer {
                 };
                 let service = TowerToHyperService::new(service.clone());
                 let conn_shutdown = accept_shutdown.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let builder = auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let served = async {
+                        match tls {
+                            None => {
+                                let _ = builder
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            }
+                            // The handshake on the connection's own task, as a real server does.
+                            Some(tls) => {
+                                if let Ok(stream) = tls.accept(stream).await {
+                                    let _ = builder
+                                        .serve_connection(TokioIo::new(stream), service)
+                                        .await;
+                                }
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = conn => {}
+                        _ = served => {}
                         _ = conn_shutdown.cancelled() => {}
                     }
                 });
@@ -576,7 +606,7 @@ impl TestServer {
 
         TestServer {
             addr,
-            url: format!("http://{addr}/mcp"),
+            url: format!("{scheme}://{addr}/mcp"),
             state,
             shutdown,
         }

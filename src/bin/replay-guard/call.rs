@@ -44,6 +44,7 @@ use tower::{Service, ServiceBuilder, ServiceExt, timeout::TimeoutLayer, util::Ma
 use crate::{
     mcp_http::{self, BoxError, Endpoint, ProtocolChoice, ReadError, Reply},
     options::{ClassArg, GuardOptions},
+    tls::{self, ClientTls},
 };
 
 /// How many times the call is put to the guard. The first attempt sends; each later one is the
@@ -53,7 +54,7 @@ const ATTEMPTS: i64 = 3;
 
 #[derive(Debug, Args)]
 pub struct CallArgs {
-    /// The MCP endpoint (`http://host:port/mcp`).
+    /// The MCP endpoint (`http://host:port/mcp` or `https://…`).
     #[arg(long)]
     url: String,
     /// The tool to call.
@@ -75,6 +76,8 @@ pub struct CallArgs {
     /// How long to wait for the tool's answer (e.g. `30s`, `2m`).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    #[command(flatten)]
+    tls: ClientTls,
     #[command(flatten)]
     guard: GuardOptions,
 }
@@ -200,11 +203,7 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     if had_userinfo {
         eprintln!("warning: {}", mcp_http::USERINFO_NOT_SENT);
     }
-    if url.scheme_str() != Some("http") {
-        bail!(
-            "--url must be http://…: this build speaks plain HTTP (run `replay-guard proxy` beside a TLS terminator for https)"
-        );
-    }
+    let connector = args.tls.connector(&url, "--url")?;
     let headers = mcp_http::parse_headers(&args.headers)?;
     let contracts = args
         .guard
@@ -220,7 +219,7 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     // call may have been sent.
     let handed_over = Arc::new(AtomicBool::new(false));
     let flag = handed_over.clone();
-    let connector = Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>();
+    let connector = Client::builder(TokioExecutor::new()).build::<_, GuardRequestBody>(connector);
     let mut client = ServiceBuilder::new()
         .layer(layer)
         .layer(MapRequestLayer::new(
@@ -238,8 +237,13 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     let mut endpoint = Endpoint::new(url, headers);
     if let Err(error) = endpoint.open(&mut client, args.protocol).await {
         bail!(
-            "cannot open an MCP connection to {shown_url}: {}. Nothing was sent. Check --url, that the server runs, and --protocol",
-            mcp_http::describe(&*error)
+            "cannot open an MCP connection to {shown_url}: {}. Nothing was sent. {}",
+            mcp_http::describe(&*error),
+            if tls::is_tls_failure(&*error) {
+                tls::CA_CERT_HINT
+            } else {
+                "Check --url, that the server runs, and --protocol"
+            }
         );
     }
     handed_over.store(false, Ordering::Release);
@@ -341,11 +345,16 @@ where
             Ok(response) => response,
             Err(error) if error.is_not_sent() && execution.is_none() => {
                 return Err(Failure::before_sending(anyhow::anyhow!(
-                    "cannot reach {shown_url}: {}. Nothing was sent (execution {} is recorded as not sent)",
+                    "cannot reach {shown_url}: {}. Nothing was sent (execution {} is recorded as not sent){}",
                     mcp_http::describe(&error),
                     error
                         .execution_id()
                         .map_or_else(|| "-".to_owned(), |id| id.to_string()),
+                    if tls::is_tls_failure(&error) {
+                        format!("; {}", tls::CA_CERT_HINT)
+                    } else {
+                        String::new()
+                    }
                 )));
             }
             Err(error) if error.is_unknown() || error.is_not_sent() => {

@@ -163,7 +163,7 @@ fn failed(
             StatusCode::BAD_GATEWAY,
             format!(
                 "replay-guard proxy: the upstream exchange failed ({}); nothing was sent",
-                describe(error)
+                crate::tls::described(error)
             ),
         )
     } else if execution.is_none() && error.is_inner() {

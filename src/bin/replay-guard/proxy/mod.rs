@@ -51,7 +51,7 @@ use clap::Args;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
+    client::legacy::Client,
     rt::{TokioExecutor, TokioIo},
 };
 use mcp_replay_guard::{
@@ -73,6 +73,7 @@ use principals::{Principals, ScopeSource};
 use crate::{
     mcp_http::{BoxError, describe},
     options::GuardOptions,
+    tls::{self, ClientTls, ListenerTls},
 };
 
 #[derive(Debug, Args)]
@@ -81,7 +82,7 @@ pub struct ProxyArgs {
     /// Where to listen (`127.0.0.1:8080`; port 0 picks one and prints it).
     #[arg(long, value_name = "ADDR")]
     listen: SocketAddr,
-    /// The upstream MCP endpoint (`http://host:port/mcp`).
+    /// The upstream MCP endpoint (`http://host:port/mcp` or `https://…`).
     #[arg(long, value_name = "URL")]
     upstream: String,
     /// How long a repeated call waits for the in-flight execution it attaches to.
@@ -103,6 +104,10 @@ pub struct ProxyArgs {
     #[arg(long = "header", value_name = "'K: V'")]
     headers: Vec<String>,
     #[command(flatten)]
+    upstream_tls: ClientTls,
+    #[command(flatten)]
+    listener_tls: ListenerTls,
+    #[command(flatten)]
     guard: GuardOptions,
 }
 
@@ -114,7 +119,7 @@ struct Front {
     held: HeaderMap,
     sessions: Sessions,
     /// Around the guard: the OAuth metadata requests.
-    metadata: Client<HttpConnector, Full<Bytes>>,
+    metadata: Client<tls::Connector, Full<Bytes>>,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -125,7 +130,7 @@ connection and the client then sent its next request on that connection or close
 A connection that breaks or is reset first leaves the answer undelivered, so the client's repeat \
 gets the kept result instead of running the tool again. Served over HTTP/1.1.";
 
-type Upstream = Guard<Client<HttpConnector, GuardRequestBody>>;
+type Upstream = Guard<Client<tls::Connector, GuardRequestBody>>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
@@ -140,9 +145,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     if had_userinfo {
         eprintln!("warning: {}", crate::mcp_http::USERINFO_NOT_SENT);
     }
-    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
-        bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
+    if upstream.authority().is_none() {
+        bail!("--upstream must be http://host:port/path or https://host:port/path");
     }
+    let connector = args.upstream_tls.connector(&upstream, "--upstream")?;
+    let listener_tls = args.listener_tls.listener()?;
     let contracts = args.guard.contracts(None)?;
     let (layer, key) = args.guard.layer_and_key(contracts, args.attach_timeout)?;
     let header_name = |flag: &str, name: &str| {
@@ -162,17 +169,20 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         principals: Principals::new(args.guard.actor.as_deref(), actor_header, scope, &key),
         held: crate::mcp_http::parse_headers(&args.headers)?,
         sessions: Sessions::default(),
-        metadata: Client::builder(TokioExecutor::new()).build_http(),
+        metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
     });
     let guard: Upstream = ServiceBuilder::new()
         .layer(layer)
-        .service(Client::builder(TokioExecutor::new()).build_http());
+        .service(Client::builder(TokioExecutor::new()).build(connector));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
     let local = listener.local_addr()?;
     // One line on stdout a script (or a test) can wait for.
-    println!("listening on http://{local} -> {shown_upstream}");
+    println!(
+        "listening on {}://{local} -> {shown_upstream}",
+        listener_tls.scheme()
+    );
     let shutdown = tokio::signal::ctrl_c();
     tokio::pin!(shutdown);
     loop {
@@ -190,7 +200,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         let upstream = upstream.clone();
         let front = front.clone();
         let deliveries = Arc::new(Deliveries::default());
-        let io = TokioIo::new(Watched::new(stream, deliveries.clone()));
+        let watched = deliveries.clone();
         let handler = hyper::service::service_fn(move |request| {
             forward(
                 guard.clone(),
@@ -200,7 +210,17 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
                 request,
             )
         });
+        let listener_tls = listener_tls.clone();
         tokio::spawn(async move {
+            // The TLS handshake runs here, bounded: a client that stalls it holds only this task.
+            let stream = match listener_tls.accept(stream).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%error, "TLS handshake with a client failed");
+                    return;
+                }
+            };
+            let io = TokioIo::new(Watched::new(stream, watched));
             // A half-closed client still gets its answer (see the module docs).
             if let Err(error) = hyper::server::conn::http1::Builder::new()
                 .half_close(true)
@@ -349,7 +369,7 @@ async fn metadata(
         }
         Err(error) => {
             tracing::warn!(error = %describe(&error), "upstream metadata request failed");
-            let message = format!("replay-guard proxy: {}", describe(&error));
+            let message = format!("replay-guard proxy: {}", tls::described(&error));
             error_response(StatusCode::BAD_GATEWAY, &message)
         }
     }

@@ -1,0 +1,300 @@
+//! HTTPS for `call` and `proxy`, on rustls with the ring provider: the client side
+//! (`--ca-cert`, the platform's roots by default) and the proxy listener's (`--tls-cert`,
+//! `--tls-key`).
+//!
+//! A request leaves only once the handshake is done (no TLS early data), so a handshake that
+//! fails or never finishes is a connect error: the guard records the execution `not_sent`.
+
+use std::{
+    error::Error as StdError,
+    fmt, io,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use http::Uri;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
+use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioIo};
+use rustls::{
+    ClientConfig, RootCertStore, ServerConfig,
+    crypto::{CryptoProvider, ring},
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+};
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_util::either::Either;
+use tower::Service;
+
+/// The longest a client connect (TCP and TLS handshake) may take, and a client's handshake
+/// with the proxy's listener: a peer that stalls it holds nothing but its own connection.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a TLS failure suggests to the person running the command.
+pub const CA_CERT_HINT: &str = "the TLS handshake failed: if the server's certificate is signed by a private CA, pass --ca-cert PATH (its CA certificate in PEM)";
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(ring::default_provider())
+}
+
+/// Whom an `https://` client trusts.
+#[derive(Debug, Args)]
+pub struct ClientTls {
+    /// For https:// — a PEM file of CA certificates (one or several) to trust instead of the
+    /// platform's roots, for a server with a private CA.
+    #[arg(long, value_name = "PATH")]
+    ca_cert: Option<PathBuf>,
+}
+
+/// The connector `call` and the proxy send through: `http://` as before, `https://` over
+/// rustls, the whole connect (TCP and handshake) bounded by [`HANDSHAKE_TIMEOUT`].
+#[derive(Clone, Debug)]
+pub struct Connector {
+    inner: HttpsConnector<HttpConnector>,
+}
+
+impl ClientTls {
+    /// The connector for `url` (`http` or `https`; `flag` names the option in errors). The
+    /// roots are loaded only for an `https` URL or when `--ca-cert` names a file.
+    pub fn connector(&self, url: &Uri, flag: &str) -> anyhow::Result<Connector> {
+        let roots = match (url.scheme_str(), &self.ca_cert) {
+            (_, Some(path)) => ca_roots(path)?,
+            (Some("https"), None) => platform_roots()?,
+            (Some("http"), None) => RootCertStore::empty(),
+            _ => bail!("{flag} must be http://… or https://…"),
+        };
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .context("the TLS provider has no protocol version")?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let inner = HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Connector { inner })
+    }
+}
+
+/// Only the CAs in `path`.
+fn ca_roots(path: &Path) -> anyhow::Result<RootCertStore> {
+    let shown = path.display();
+    let certs = read_certificates(path, "--ca-cert")?;
+    let mut roots = RootCertStore::empty();
+    for (n, cert) in certs.into_iter().enumerate() {
+        roots.add(cert).map_err(|error| {
+            anyhow::anyhow!(
+                "--ca-cert {shown}: certificate {} is not a usable CA certificate ({error}): give the CA's certificate in PEM",
+                n + 1
+            )
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The platform's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` override them, as for OpenSSL).
+fn platform_roots() -> anyhow::Result<RootCertStore> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map(|error| format!(" ({error})"))
+            .unwrap_or_default();
+        bail!(
+            "no trusted root certificates found on this system{why}: pass --ca-cert PATH with the CA that signed the server's certificate"
+        );
+    }
+    Ok(roots)
+}
+
+/// Every certificate of a PEM file; an error names the file and the option.
+fn read_certificates(path: &Path, flag: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let shown = path.display();
+    let pem =
+        std::fs::read(path).with_context(|| format!("{flag} {shown}: cannot read the file"))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| anyhow::anyhow!("{flag} {shown}: not valid PEM ({error})"))?;
+    if certs.is_empty() {
+        bail!(
+            "{flag} {shown}: no certificate in it: give PEM certificates (-----BEGIN CERTIFICATE-----)"
+        );
+    }
+    Ok(certs)
+}
+
+/// The connect never finished its handshake in time.
+#[derive(Debug)]
+struct HandshakeTimeout;
+
+impl fmt::Display for HandshakeTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the connection (TCP and TLS handshake) did not finish within {}s",
+            HANDSHAKE_TIMEOUT.as_secs()
+        )
+    }
+}
+
+impl StdError for HandshakeTimeout {}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+type Connection = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+impl Service<Uri> for Connector {
+    type Response = Connection;
+    type Error = BoxError;
+    // Boxed: hyper-util wants an `Unpin` connect future, and a timer is not.
+    type Future = Pin<Box<dyn Future<Output = Result<Connection, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connect = self.inner.call(uri);
+        Box::pin(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+                Ok(connected) => connected,
+                Err(_) => Err(HandshakeTimeout.into()),
+            }
+        })
+    }
+}
+
+/// An error on one line, with the `--ca-cert` hint when a certificate was refused.
+pub fn described(error: &(dyn StdError + 'static)) -> String {
+    let text = crate::mcp_http::describe(error);
+    if is_tls_failure(error) {
+        format!("{text}; {CA_CERT_HINT}")
+    } else {
+        text
+    }
+}
+
+/// Whether `error` came from rustls (a certificate it refused, a failed handshake): then
+/// [`CA_CERT_HINT`] applies. (A stalled handshake says so itself.)
+pub fn is_tls_failure(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        // An `io::Error` hides the error it wraps from `source()` (hyper-rustls wraps
+        // tokio-rustls's, which wraps rustls's): look inside it.
+        current = match e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner),
+            None => e.source(),
+        };
+    }
+    false
+}
+
+/// The proxy listener's certificate and key.
+#[derive(Debug, Args)]
+pub struct ListenerTls {
+    /// Serve HTTPS to clients: the certificate chain in PEM, the server's certificate first
+    /// (with --tls-key).
+    #[arg(long, value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert in PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ListenerTls {
+    /// The listener's TLS: none without `--tls-cert`.
+    pub fn listener(&self) -> anyhow::Result<Listener> {
+        let (Some(cert_path), Some(key_path)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(Listener { acceptor: None });
+        };
+        let chain = read_certificates(cert_path, "--tls-cert")?;
+        let key = read_key(key_path)?;
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .context("the TLS provider has no protocol version")?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|error| {
+                anyhow::anyhow!(
+                    "--tls-cert {} with --tls-key {}: {error}: give a certificate and the private key it was issued for",
+                    cert_path.display(),
+                    key_path.display()
+                )
+            })?;
+        // The proxy serves HTTP/1.1 only (its delivery rule reads one connection's order).
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Listener {
+            acceptor: Some(TlsAcceptor::from(Arc::new(config))),
+        })
+    }
+}
+
+/// A private key; an error never shows the file's content.
+fn read_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
+    let shown = path.display();
+    let pem =
+        std::fs::read(path).with_context(|| format!("--tls-key {shown}: cannot read the file"))?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|_| {
+        anyhow::anyhow!(
+            "--tls-key {shown}: no private key in it: give the key in PEM (-----BEGIN PRIVATE KEY-----, RSA or EC)"
+        )
+    })
+}
+
+/// A client connection of the proxy: plain, or TLS once its handshake is done.
+pub type ClientStream = Either<TcpStream, TlsStream<TcpStream>>;
+
+/// How the proxy's listener speaks: plain HTTP, or HTTPS with its certificate.
+#[derive(Clone)]
+pub struct Listener {
+    acceptor: Option<TlsAcceptor>,
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("tls", &self.acceptor.is_some())
+            .finish()
+    }
+}
+
+impl Listener {
+    /// `http` or `https`.
+    pub fn scheme(&self) -> &'static str {
+        if self.acceptor.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// An accepted connection, ready for HTTP: for TLS, after its handshake, bounded by
+    /// [`HANDSHAKE_TIMEOUT`]. Call it on the connection's own task, never in the accept loop.
+    pub async fn accept(&self, stream: TcpStream) -> io::Result<ClientStream> {
+        let Some(acceptor) = &self.acceptor else {
+            return Ok(Either::Left(stream));
+        };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(accepted) => accepted.map(Either::Right),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the client did not finish its TLS handshake within {}s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                ),
+            )),
+        }
+    }
+}
