@@ -128,9 +128,14 @@ pub struct Proxy {
 /// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
 /// `extra`; returns the process (killed when dropped) and the first line it printed.
 pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-        .args(extra)
+    let mut command = tokio::process::Command::new(BIN);
+    command.args(proxy_args(upstream, extra));
+    spawn_listening(command).await
+}
+
+/// Spawns `command` with stdout piped, killed when dropped, and reads its first line.
+async fn spawn_listening(mut command: tokio::process::Command) -> (tokio::process::Child, String) {
+    let mut child = command
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -147,8 +152,29 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Chi
     (child, line)
 }
 
+/// The arguments of `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`,
+/// then `extra`: for a proxy run through another program (`prlimit`, say).
+pub fn proxy_args(upstream: &str, extra: &[&str]) -> Vec<String> {
+    ["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream]
+        .iter()
+        .chain(extra)
+        .map(|arg| (*arg).to_owned())
+        .collect()
+}
+
+/// Starts `command` (a proxy, maybe through another program; stdout is piped, the rest as the
+/// command says) and waits for the line that says where it listens.
+pub async fn start_proxy_command(command: tokio::process::Command) -> Proxy {
+    let (child, line) = spawn_listening(command).await;
+    proxy_listening(child, &line)
+}
+
 pub async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     let (child, line) = spawn_proxy(upstream, extra).await;
+    proxy_listening(child, &line)
+}
+
+fn proxy_listening(child: tokio::process::Child, line: &str) -> Proxy {
     // "listening on http://127.0.0.1:PORT -> upstream"
     let address = line
         .split_whitespace()

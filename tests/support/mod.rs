@@ -44,8 +44,9 @@ mod tools;
 
 #[cfg(feature = "cli")]
 pub use bin::{
-    BIN, Proxy, Run, concurrently, replay_guard, replay_guard_blocking, replay_guard_command,
-    replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy,
+    BIN, Proxy, Run, concurrently, proxy_args, replay_guard, replay_guard_blocking,
+    replay_guard_command, replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard,
+    start_proxy, start_proxy_command,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;

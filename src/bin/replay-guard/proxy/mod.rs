@@ -39,14 +39,15 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioIo},
+    rt::TokioExecutor,
 };
 use mcp_replay_guard::guard::{Guard, GuardRequestBody, redact_url};
 use tower::{ServiceBuilder, ServiceExt};
 
 mod delivery;
+mod serve;
 
-use delivery::{Deliveries, Watched, Written};
+use delivery::{Deliveries, Written};
 
 use crate::{
     mcp_http::{BoxError, describe},
@@ -67,6 +68,8 @@ pub struct ProxyArgs {
     attach_timeout: Duration,
     #[command(flatten)]
     guard: GuardOptions,
+    #[command(flatten)]
+    serve: serve::ServeOptions,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -90,7 +93,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let (upstream, had_userinfo) =
         crate::mcp_http::without_userinfo(upstream).context("--upstream")?;
     if had_userinfo {
-        eprintln!("warning: {}", crate::mcp_http::USERINFO_NOT_SENT);
+        tracing::warn!("{}", crate::mcp_http::USERINFO_NOT_SENT);
     }
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
         bail!("--upstream must be http://host:port/path: this build speaks plain HTTP upstream");
@@ -98,46 +101,22 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let contracts = args.guard.contracts(None)?;
     let layer = args.guard.layer(contracts, args.attach_timeout)?;
     let guard: Upstream = ServiceBuilder::new()
-        .layer(layer)
+        .layer(layer.clone())
         .service(Client::builder(TokioExecutor::new()).build_http());
+    let signals = serve::Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
     let local = listener.local_addr()?;
     // One line on stdout a script (or a test) can wait for.
     println!("listening on http://{local} -> {shown_upstream}");
-    let shutdown = tokio::signal::ctrl_c();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let guard = guard.clone();
-        let upstream = upstream.clone();
-        let deliveries = Arc::new(Deliveries::default());
-        let io = TokioIo::new(Watched::new(stream, deliveries.clone()));
-        let handler = hyper::service::service_fn(move |request| {
+    let handler = move |deliveries: Arc<Deliveries>| {
+        let (guard, upstream) = (guard.clone(), upstream.clone());
+        hyper::service::service_fn(move |request| {
             forward(guard.clone(), upstream.clone(), deliveries.clone(), request)
-        });
-        tokio::spawn(async move {
-            // A half-closed client still gets its answer (see the module docs).
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .half_close(true)
-                .serve_connection(io, handler)
-                .await
-            {
-                tracing::debug!(error = %describe(&error), "client connection ended");
-            }
-        });
-    }
-    Ok(ExitCode::SUCCESS)
+        })
+    };
+    Ok(serve::serve(listener, signals, &args.serve, &layer, handler).await)
 }
 
 /// Forwards one request through the guard to the upstream endpoint.
