@@ -566,17 +566,23 @@ async fn log_format_json_writes_one_json_object_per_line_and_no_secret() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn a_zero_header_timeout_is_refused_with_a_clear_error() {
-    let run = replay_guard_blocking(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        "http://127.0.0.1:9/mcp",
-        "--header-timeout",
-        "0s",
-    ]);
+/// A zero `--header-timeout` (it would close every connection at once) is a usage error.
+#[tokio::test]
+async fn a_zero_header_timeout_is_refused_with_a_clear_error() {
+    let (run, _) = replay_guard_within(
+        &[
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9/mcp",
+            "--header-timeout",
+            "0s",
+        ],
+        HANG,
+    )
+    .await
+    .expect("the proxy refuses to start");
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("--header-timeout"), "{run:?}");
     assert!(!run.stderr.contains("panicked"), "{run:?}");
