@@ -344,8 +344,17 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
     .await;
     let dir = proxy_temp_dir("ctrl-c");
     let ledger = dir.join("ledger.jsonl");
-    let (mut child, line) =
-        spawn_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    // The abandoned drain may take the shutdown's whole grace: keep it short.
+    let (mut child, line) = spawn_proxy(
+        &server.url,
+        &[
+            "--ledger",
+            &ledger.to_string_lossy(),
+            "--shutdown-timeout",
+            "2s",
+        ],
+    )
+    .await;
     let url = format!("{}/mcp", line.split_whitespace().nth(2).unwrap());
 
     let mut client = hyper_client();

@@ -441,6 +441,7 @@ impl Drop for Watch {
             observation.dropped_early();
             return;
         };
+        let (task, stopped) = observation.background();
         let mut rest = Watch {
             body: self.body.take(),
             observation: Some(observation),
@@ -454,20 +455,29 @@ impl Drop for Watch {
             delivery: None,
         };
         drop(handle.spawn(async move {
-            let drain = async {
-                while rest.observation.as_ref().is_some_and(|o| !o.has_outcome()) {
-                    match std::future::poll_fn(|cx| rest.poll_next(cx)).await {
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => break,
+            let _task = task;
+            let drained = {
+                let drain = async {
+                    while rest.observation.as_ref().is_some_and(|o| !o.has_outcome()) {
+                        match std::future::poll_fn(|cx| rest.poll_next(cx)).await {
+                            Some(Ok(_)) => {}
+                            Some(Err(_)) | None => break,
+                        }
                     }
-                }
-                if let Some(write) = rest.pending.take() {
-                    write.await;
-                }
+                };
+                let mut drain = std::pin::pin!(tokio::time::timeout(drain_for, drain));
+                let mut stopped = std::pin::pin!(stopped);
+                std::future::poll_fn(|cx| match drain.as_mut().poll(cx) {
+                    Poll::Ready(drained) => Poll::Ready(drained.is_ok()),
+                    Poll::Pending => stopped.as_mut().poll(cx).map(|()| false),
+                })
+                .await
             };
-            if tokio::time::timeout(drain_for, drain).await.is_err()
-                && let Some(observation) = rest.observation.take()
-            {
+            // A write under way (the outcome just found) is finished, never cut.
+            if let Some(write) = rest.pending.take() {
+                write.await;
+            }
+            if !drained && let Some(observation) = rest.observation.take() {
                 observation.dropped_early();
             }
             // Whatever is left (an outcome recorded, not delivered) stays as it is; taking it

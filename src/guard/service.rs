@@ -234,6 +234,28 @@ impl GuardLayer {
     }
 }
 
+impl GuardLayer {
+    /// Ends the guard's background work, for a process that is about to exit.
+    ///
+    /// Drains of response bodies that callers dropped before the JSON-RPC response (see
+    /// [`drain_timeout`](Self::drain_timeout)) get up to `grace` to learn their outcome; then
+    /// they stop, and their calls are recorded `unknown`. Returns once every ledger write the
+    /// guard started in the background has finished, among them the `unknown` of a call that
+    /// was dropped between dispatch and outcome. A drain that starts later stops at once.
+    pub async fn shut_down(&self, grace: Duration) {
+        let background = &self.inflight.background;
+        let mut running = background.running.subscribe();
+        if tokio::time::timeout(grace, running.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            background.stop.send_replace(true);
+        }
+        // The sender lives in `self`.
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+}
+
 /// Records an operator's (or any settler's) resolution.
 pub async fn resolve(
     ledger: &dyn Ledger,
@@ -1592,6 +1614,34 @@ type IntentKey = (Actor, IntentScope, Fingerprint);
 struct Inflight {
     intents: DashMap<IntentKey, watch::Sender<Option<Settlement>>>,
     resume_links: DashMap<String, ResumeLink>,
+    background: Background,
+}
+
+/// The guard's work that outlives a call: ledger writes started from a `Drop` (a call dropped
+/// between dispatch and outcome) and drains of response bodies a caller dropped. Counted, so
+/// that a process can wait for it before it exits ([`GuardLayer::shut_down`]).
+#[derive(Debug)]
+struct Background {
+    running: watch::Sender<usize>,
+    stop: watch::Sender<bool>,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Self {
+            running: watch::Sender::new(0),
+            stop: watch::Sender::new(false),
+        }
+    }
+}
+
+/// One piece of background work, counted until it is dropped.
+pub(super) struct BackgroundTask(Arc<Inflight>);
+
+impl Drop for BackgroundTask {
+    fn drop(&mut self) {
+        self.0.background.running.send_modify(|n| *n -= 1);
+    }
 }
 
 /// Bound on remembered broken streams (each is a few dozen bytes).
@@ -1610,6 +1660,29 @@ struct ResumeLink {
 }
 
 impl Inflight {
+    fn background_task(self: &Arc<Self>) -> BackgroundTask {
+        self.background.running.send_modify(|n| *n += 1);
+        BackgroundTask(self.clone())
+    }
+
+    /// `write`, counted as background work until it finishes (or is dropped).
+    fn tracked(self: &Arc<Self>, write: Write) -> Write {
+        let task = self.background_task();
+        Box::pin(async move {
+            write.await;
+            drop(task);
+        })
+    }
+
+    /// Resolves once [`GuardLayer::shut_down`] tells background drains to stop.
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stop = self.background.stop.subscribe();
+        async move {
+            // The sender lives as long as the `Inflight` a background task holds.
+            let _ = stop.wait_for(|stop| *stop).await;
+        }
+    }
+
     fn link(&self, last_event_id: String, link: ResumeLink) {
         if self.resume_links.len() >= MAX_RESUME_LINKS {
             self.resume_links.clear();
@@ -1692,7 +1765,7 @@ impl Drop for Owner {
                     tracing::warn!(execution_id = %id, %error, "could not record an abandoned attempt");
                 }
             };
-            write_from_drop(Box::pin(record));
+            write_from_drop(self.inflight.tracked(Box::pin(record)));
         }
         if self.sender.borrow().is_none() {
             self.sender.send_replace(Some(Settlement::Other));
@@ -1844,7 +1917,13 @@ impl Observation {
         }
         let write = self
             .unknown("the caller dropped the response before the JSON-RPC response arrived".into());
-        write_from_drop(write);
+        write_from_drop(self.local.tracked(write));
+    }
+
+    /// For a drain of the body this observes: its place in the guard's background work, and
+    /// the signal that it must stop ([`GuardLayer::shut_down`]).
+    pub(super) fn background(&self) -> (BackgroundTask, impl Future<Output = ()> + Send + 'static) {
+        (self.local.background_task(), self.local.stopped())
     }
 }
 

@@ -135,27 +135,18 @@ pub struct Proxy {
 /// Starts `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`, then
 /// `extra`; returns the process (killed when dropped) and the first line it printed.
 pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> (tokio::process::Child, String) {
-    spawn_proxy_logging(upstream, extra, None).await
+    let mut command = tokio::process::Command::new(BIN);
+    command.args(proxy_args(upstream, extra));
+    spawn_listening(command).await
 }
 
-/// [`spawn_proxy`]; with `log`, at `RUST_LOG=log` with its stderr piped.
-async fn spawn_proxy_logging(
-    upstream: &str,
-    extra: &[&str],
-    log: Option<&str>,
-) -> (tokio::process::Child, String) {
-    let mut command = tokio::process::Command::new(BIN);
-    command
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-        .args(extra)
+/// Spawns `command` with stdout piped, killed when dropped, and reads its first line.
+async fn spawn_listening(mut command: tokio::process::Command) -> (tokio::process::Child, String) {
+    let mut child = command
         .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    if let Some(filter) = log {
-        command
-            .env("RUST_LOG", filter)
-            .stderr(std::process::Stdio::piped());
-    }
-    let mut child = command.spawn().expect("the proxy starts");
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the proxy starts");
     let stdout = child.stdout.take().unwrap();
     let mut line = String::new();
     tokio::time::timeout(
@@ -168,13 +159,36 @@ async fn spawn_proxy_logging(
     (child, line)
 }
 
+/// The arguments of `replay-guard proxy` on a free port of 127.0.0.1 in front of `upstream`,
+/// then `extra`: for a proxy run through another program (`prlimit`, say).
+pub fn proxy_args(upstream: &str, extra: &[&str]) -> Vec<String> {
+    ["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream]
+        .iter()
+        .chain(extra)
+        .map(|arg| (*arg).to_owned())
+        .collect()
+}
+
+/// Starts `command` (a proxy, maybe through another program; stdout is piped, the rest as the
+/// command says) and waits for the line that says where it listens.
+pub async fn start_proxy_command(command: tokio::process::Command) -> Proxy {
+    let (child, line) = spawn_listening(command).await;
+    proxy_listening(child, &line)
+}
+
 pub async fn start_proxy(upstream: &str, extra: &[&str]) -> Proxy {
-    proxy_from(spawn_proxy(upstream, extra).await)
+    let (child, line) = spawn_proxy(upstream, extra).await;
+    proxy_listening(child, &line)
 }
 
 /// [`start_proxy`] at `RUST_LOG=log`, its stderr kept for [`Proxy::stop`].
 pub async fn start_proxy_logged(upstream: &str, extra: &[&str], log: &str) -> Proxy {
-    proxy_from(spawn_proxy_logging(upstream, extra, Some(log)).await)
+    let mut command = tokio::process::Command::new(BIN);
+    command
+        .args(proxy_args(upstream, extra))
+        .env("RUST_LOG", log)
+        .stderr(std::process::Stdio::piped());
+    start_proxy_command(command).await
 }
 
 impl Proxy {
@@ -191,7 +205,7 @@ impl Proxy {
     }
 }
 
-fn proxy_from((child, line): (tokio::process::Child, String)) -> Proxy {
+fn proxy_listening(child: tokio::process::Child, line: &str) -> Proxy {
     // "listening on http://127.0.0.1:PORT -> upstream"
     let address = line
         .split_whitespace()

@@ -50,10 +50,7 @@ use bytes::Bytes;
 use clap::Args;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
-use hyper_util::{
-    client::legacy::Client,
-    rt::{TokioExecutor, TokioIo},
-};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     IntentScope,
     guard::{DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url},
@@ -65,9 +62,10 @@ mod answers;
 mod clients;
 mod delivery;
 mod principals;
+mod serve;
 
 use clients::Sessions;
-use delivery::{Deliveries, Watched};
+use delivery::Deliveries;
 use principals::{Principals, ScopeSource};
 
 use crate::{
@@ -109,6 +107,8 @@ pub struct ProxyArgs {
     listener_tls: ListenerTls,
     #[command(flatten)]
     guard: GuardOptions,
+    #[command(flatten)]
+    serve: serve::ServeOptions,
 }
 
 /// What every request shares besides the guard.
@@ -143,7 +143,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let (upstream, had_userinfo) =
         crate::mcp_http::without_userinfo(upstream).context("--upstream")?;
     if had_userinfo {
-        eprintln!("warning: {}", crate::mcp_http::USERINFO_NOT_SENT);
+        tracing::warn!("{}", crate::mcp_http::USERINFO_NOT_SENT);
     }
     if upstream.authority().is_none() {
         bail!("--upstream must be http://host:port/path or https://host:port/path");
@@ -172,8 +172,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
     });
     let guard: Upstream = ServiceBuilder::new()
-        .layer(layer)
+        .layer(layer.clone())
         .service(Client::builder(TokioExecutor::new()).build(connector));
+    let signals = serve::Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
@@ -183,25 +184,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         "listening on {}://{local} -> {shown_upstream}",
         listener_tls.scheme()
     );
-    let shutdown = tokio::signal::ctrl_c();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let guard = guard.clone();
-        let upstream = upstream.clone();
-        let front = front.clone();
-        let deliveries = Arc::new(Deliveries::default());
-        let watched = deliveries.clone();
-        let handler = hyper::service::service_fn(move |request| {
+    let handler = move |deliveries: Arc<Deliveries>| {
+        let (guard, upstream, front) = (guard.clone(), upstream.clone(), front.clone());
+        hyper::service::service_fn(move |request| {
             forward(
                 guard.clone(),
                 upstream.clone(),
@@ -209,29 +194,17 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
                 front.clone(),
                 request,
             )
-        });
-        let listener_tls = listener_tls.clone();
-        tokio::spawn(async move {
-            // The TLS handshake runs here, bounded: a client that stalls it holds only this task.
-            let stream = match listener_tls.accept(stream).await {
-                Ok(stream) => stream,
-                Err(error) => {
-                    tracing::debug!(%error, "TLS handshake with a client failed");
-                    return;
-                }
-            };
-            let io = TokioIo::new(Watched::new(stream, watched));
-            // A half-closed client still gets its answer (see the module docs).
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .half_close(true)
-                .serve_connection(io, handler)
-                .await
-            {
-                tracing::debug!(error = %describe(&error), "client connection ended");
-            }
-        });
-    }
-    Ok(ExitCode::SUCCESS)
+        })
+    };
+    Ok(serve::serve(
+        listener,
+        listener_tls,
+        signals,
+        &args.serve,
+        &layer,
+        handler,
+    )
+    .await)
 }
 
 /// Forwards one request through the guard to the upstream endpoint, as its client's actor.

@@ -1,0 +1,346 @@
+//! The proxy's listener: accepting client connections (bounded, backing off when accepting
+//! fails), serving each over HTTP/1.1 with a header timeout, and the graceful shutdown on
+//! SIGTERM or SIGINT.
+//!
+//! # Shutdown
+//!
+//! On the first SIGTERM or SIGINT the proxy stops accepting (the listening socket closes),
+//! tells every connection to close once its answer is written (an idle one closes at once),
+//! and lets the calls in flight finish for up to `--shutdown-timeout`. At that deadline the
+//! connections still open are cut: a call whose outcome was not seen yet is recorded `unknown`
+//! (never left `dispatched`, never a made-up failure), and the proxy exits 0 only once those
+//! ledger writes are done. A second signal exits at once, with 128 + the signal's number (130
+//! for SIGINT, 143 for SIGTERM); the ledger stays valid (every append is whole or absent) and
+//! a call cut that way reads as unknown to every later decision.
+
+use std::{
+    convert::Infallible,
+    io,
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::{GracefulShutdown, Watcher},
+};
+use mcp_replay_guard::guard::GuardLayer;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore},
+    task::JoinSet,
+};
+
+use super::{
+    ProxyBody,
+    delivery::{Deliveries, Watched},
+};
+use crate::{mcp_http::describe, tls};
+
+/// How the proxy holds up under many, slow or stuck clients, and how it shuts down.
+#[derive(Debug, Args)]
+pub(super) struct ServeOptions {
+    /// How long a client connection may take to send a request's head, counted from when the
+    /// proxy waits for it: a new connection's first request, and the next one on a kept-alive
+    /// connection, so a connection idle that long is closed too. An answer that waited on that
+    /// connection for the client's next request stays undelivered (kept for a repeat).
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = positive_duration)]
+    header_timeout: Duration,
+    /// The most client connections open at once; at the bound the proxy accepts no more until
+    /// one closes (the kernel's backlog holds the rest).
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// After SIGTERM or SIGINT, how long calls in flight may take to finish; what is still in
+    /// flight then is recorded `unknown`.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    shutdown_timeout: Duration,
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be longer than 0s".into()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// How long the guard's last ledger writes may take after the drain deadline before the proxy
+/// exits anyway.
+const FINAL_WRITES_BOUND: Duration = Duration::from_secs(10);
+
+/// Serves `listener` until a signal, then shuts down (see the module docs). `handler` makes
+/// the service of one connection from that connection's deliveries.
+pub(super) async fn serve<F, S>(
+    listener: TcpListener,
+    tls: tls::Listener,
+    mut signals: Signals,
+    options: &ServeOptions,
+    guard: &GuardLayer,
+    handler: F,
+) -> ExitCode
+where
+    F: Fn(Arc<Deliveries>) -> S + Send + Sync + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let limit = Arc::new(Semaphore::new(options.max_connections as usize));
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    let mut errors = AcceptErrors::default();
+    let header_timeout = options.header_timeout;
+    let signal = loop {
+        while connections.try_join_next().is_some() {}
+        let (stream, permit) = tokio::select! {
+            accepted = accept(&listener, &limit, &mut errors) => accepted,
+            signal = signals.recv() => break signal,
+        };
+        let handler = handler.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            // The TLS handshake runs here, bounded: a client that stalls it holds only this task.
+            let stream = match tls.accept(stream).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%error, "TLS handshake with a client failed");
+                    return;
+                }
+            };
+            serve_connection(stream, &*handler, watcher, header_timeout).await;
+        });
+    };
+    drop(listener);
+    let deadline = Instant::now() + options.shutdown_timeout;
+    tracing::info!(
+        signal = signal.name(),
+        connections = connections.len(),
+        "shutting down: no new connections; calls in flight may finish for up to {:?}",
+        options.shutdown_timeout
+    );
+    tokio::spawn(async move {
+        let second = signals.recv().await;
+        tracing::warn!(
+            signal = second.name(),
+            "second signal: exiting at once, calls in flight are cut"
+        );
+        std::process::exit(128 + second.number());
+    });
+    let deadline = tokio::time::Instant::from_std(deadline);
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = connections.len(),
+            "shutdown deadline: cutting the connections still open; their calls in flight are recorded unknown"
+        );
+        connections.abort_all();
+    }
+    // Every connection's task has ended, and with it every call it carried: what a cut call
+    // records is now the guard's background work.
+    while connections.join_next().await.is_some() {}
+    let grace = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if tokio::time::timeout(grace + FINAL_WRITES_BOUND, guard.shut_down(grace))
+        .await
+        .is_err()
+    {
+        tracing::warn!("the ledger's last writes did not finish; exiting without them");
+    }
+    ExitCode::SUCCESS
+}
+
+/// The next client connection, with its place under the connection bound. Waits for a place
+/// before it accepts, so at the bound nothing is accepted (and nothing spins).
+async fn accept(
+    listener: &TcpListener,
+    limit: &Arc<Semaphore>,
+    errors: &mut AcceptErrors,
+) -> (TcpStream, OwnedSemaphorePermit) {
+    let Ok(permit) = limit.clone().acquire_owned().await else {
+        unreachable!("the connection bound is never closed")
+    };
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                errors.recovered();
+                return (stream, permit);
+            }
+            Err(error) => tokio::time::sleep(errors.failed(&error)).await,
+        }
+    }
+}
+
+/// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
+async fn serve_connection<IO, F, S>(
+    io: IO,
+    handler: &F,
+    shutdown: Watcher,
+    header_timeout: Duration,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Arc<Deliveries>) -> S,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let deliveries = Arc::new(Deliveries::default());
+    let io = TokioIo::new(Watched::new(io, deliveries.clone()));
+    let connection = hyper::server::conn::http1::Builder::new()
+        // A half-closed client still gets its answer (see the module docs).
+        .half_close(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(io, handler(deliveries));
+    if let Err(error) = shutdown.watch(connection).await {
+        tracing::debug!(error = %describe(&error), "client connection ended");
+    }
+}
+
+/// Accept errors, reported once per spell rather than once per error: a warning when a spell
+/// starts, one at most every [`REPEAT_WARNING`] while it lasts, and a summary when it ends.
+#[derive(Debug, Default)]
+struct AcceptErrors {
+    /// Errors in this spell.
+    count: u64,
+    backoff: Duration,
+    last_warning: Option<Instant>,
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+const REPEAT_WARNING: Duration = Duration::from_secs(60);
+
+impl AcceptErrors {
+    /// An accept failed: how long to wait before accepting again.
+    fn failed(&mut self, error: &io::Error) -> Duration {
+        if is_one_connection(error) {
+            // That client's connection failed, not the listener: take the next one.
+            tracing::debug!(%error, "a client connection failed while it was accepted");
+            return Duration::ZERO;
+        }
+        self.count += 1;
+        let now = Instant::now();
+        if self.count == 1 {
+            tracing::warn!(
+                %error,
+                "cannot accept connections; retrying with a backoff of up to {MAX_BACKOFF:?} (a summary follows when it stops)"
+            );
+            self.last_warning = Some(now);
+        } else if self
+            .last_warning
+            .is_none_or(|at| now.duration_since(at) >= REPEAT_WARNING)
+        {
+            tracing::warn!(%error, errors = self.count, "still cannot accept connections");
+            self.last_warning = Some(now);
+        }
+        self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+        self.backoff
+    }
+
+    /// A connection was accepted: the spell, if there was one, is over.
+    fn recovered(&mut self) {
+        if self.count > 0 {
+            tracing::warn!(
+                errors = self.count,
+                "accepting connections again: accept errors stopped after {}",
+                self.count
+            );
+            *self = Self::default();
+        }
+    }
+}
+
+/// An accept error that belongs to one client's connection (it was reset or aborted before
+/// it was accepted), not to the listener or the process (out of descriptors or memory).
+fn is_one_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// The signals that shut the proxy down.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Terminate,
+    Interrupt,
+}
+
+impl Stop {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Terminate => "SIGTERM",
+            Self::Interrupt => "SIGINT",
+        }
+    }
+
+    /// The signal's number, for the exit code of a second signal.
+    fn number(self) -> i32 {
+        match self {
+            Self::Terminate => 15,
+            Self::Interrupt => 2,
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, caught from the moment this is made (before the proxy says it listens,
+/// so an early signal shuts down instead of killing).
+#[derive(Debug)]
+pub(super) struct Signals {
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn catch() -> io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                terminate: signal(SignalKind::terminate())?,
+                interrupt: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    async fn recv(&mut self) -> Stop {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.terminate.recv() => Stop::Terminate,
+                _ = self.interrupt.recv() => Stop::Interrupt,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            Stop::Interrupt
+        }
+    }
+}
