@@ -177,3 +177,50 @@ async fn an_upstream_that_is_down_is_a_502_jsonrpc_error_with_the_request_id() {
         assert_eq!(server.state.side_effects("deploy_release"), 0);
     }
 }
+
+/// What a client gets through the proxy when the upstream's answer head arrived and its body
+/// was then cut with nothing resumable in it: a JSON answer cut mid-body.
+#[tokio::test]
+async fn a_response_cut_after_its_head_with_nothing_to_resume_is_answered_honestly_on_the_first_attempt()
+ {
+    let cases = [(
+        Era::Stateless,
+        ServerOptions {
+            json_response: true,
+            ..ServerOptions::default()
+        },
+    )];
+    for (era, options) in cases {
+        let server = server(era, options).await;
+        let proxy = start_proxy(&server.url, &[]).await;
+        let session = era.open_session(&proxy.url).await;
+        server
+            .state
+            .faults()
+            .schedule("deploy_release", Fault::CutStreamAfterFirstEvent);
+
+        let request = era.tool_call(
+            &proxy.url,
+            session.as_deref(),
+            9,
+            "deploy_release",
+            json!({"service": "catalog", "version": "1"}),
+        );
+        let response =
+            tokio::time::timeout(Duration::from_secs(30), send(&mut hyper_client(), request))
+                .await
+                .expect("the proxy answers")
+                .expect("an HTTP answer");
+        let status = response.status();
+        let answer = read_jsonrpc_response(response, &json!(9)).await;
+
+        let answer = answer
+            .unwrap_or_else(|error| panic!("{}: the first answer is lost: {error}", era.label()));
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_valid_tool_answer(era, "a cut answer held for review", &answer, &json!(9));
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        assert_eq!(guard_record(&answer)["state"], "needs_review", "{answer}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    }
+}

@@ -324,11 +324,7 @@ where
     B::Error: Into<BoxError>,
 {
     let status = response.status();
-    let sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse = is_event_stream(response.headers());
     let mut body = std::pin::pin!(response.into_body());
     if status == StatusCode::ACCEPTED {
         return Ok(Reply::Accepted);
@@ -392,6 +388,14 @@ where
         }
     }
     Ok(bytes)
+}
+
+/// Whether a response's `Content-Type` says SSE.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// An error and its sources on one line (`a: b: c`), for messages that say what went wrong.

@@ -4,14 +4,19 @@
 //! hold an irreversible one and answer that it is held). A client gets a `502` only when
 //! nothing was sent, and then as a JSON-RPC error for its request id.
 
-use std::sync::Arc;
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response, StatusCode, request::Parts};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
     ExecutionId,
-    guard::{GuardError, jsonrpc_error},
+    guard::{DEFAULT_MAX_BODY_BYTES, Delivery, GuardError, GuardResponseBody, jsonrpc_error},
     protocol::{self, Era, Message, RequestId, RequestKind},
 };
 use tower::ServiceExt;
@@ -20,7 +25,7 @@ use super::{
     ProxyBody, Upstream,
     delivery::{Deliveries, Written},
 };
-use crate::mcp_http::describe;
+use crate::mcp_http::{BoxError, describe, is_event_stream};
 
 /// How many times one client request is put to the guard: the first attempt sends; each later
 /// one asks the guard again after an unknown outcome (as `replay-guard call` does).
@@ -79,7 +84,15 @@ pub(super) async fn answer(
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => return streamed(response, deliveries),
+            Ok(response) => match ready(asked.tool_call, response).await {
+                Ok(ready) => return streamed(ready, deliveries),
+                // The guard recorded the cut before it reported it: it decides again.
+                Err(cut) => {
+                    execution = cut.execution.or(execution);
+                    tracing::warn!(attempt, error = %describe(&*cut.error), "the upstream answer was cut; asking the guard again");
+                    continue;
+                }
+            },
             Err(error) => error,
         };
         // An unknown outcome, a later attempt not sent after an earlier one may have been, or
@@ -132,21 +145,119 @@ fn again(parts: &Parts, bytes: &Bytes) -> Request<Full<Bytes>> {
     request
 }
 
-/// The guard's answer (the target's, or its own), streamed to the client; delivered when
-/// the client showed it took it (see the module docs of `proxy`).
-fn streamed(
-    response: Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
-    deliveries: Arc<Deliveries>,
-) -> Response<ProxyBody> {
+/// A guarded call's answer, ready to go to the client: its head, its body and its delivery.
+struct Ready {
+    parts: http::response::Parts,
+    body: ProxyBody,
+    delivery: Option<Delivery>,
+}
+
+/// An answer's body cut before its end, before anything of it went to the client.
+struct Cut {
+    execution: Option<ExecutionId>,
+    error: BoxError,
+}
+
+/// The guard's answer, made ready for the client. A JSON answer to a `tools/call` is read
+/// whole first (up to the body bound; past it the rest streams): a body cut before its end is
+/// then still the exchange's failure, on which the guard decides again for the same request,
+/// and never a cut answer the client takes for a failure. An event stream goes on as it comes
+/// (a cut one is resumed by the client with GET + `Last-Event-ID`).
+async fn ready(
+    tool_call: bool,
+    response: Response<GuardResponseBody<hyper::body::Incoming>>,
+) -> Result<Ready, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
     let delivery = body.defer_delivery();
-    let body = Written::new(
-        body.map_err(Into::into).boxed_unsync(),
+    if !tool_call || is_event_stream(&parts.headers) {
+        let body = body.map_err(Into::into).boxed_unsync();
+        return Ok(Ready {
+            parts,
+            body,
+            delivery,
+        });
+    }
+    let mut whole = BytesMut::new();
+    while whole.len() <= DEFAULT_MAX_BODY_BYTES {
+        match body.frame().await {
+            None => {
+                let body = Full::new(whole.freeze())
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+                return Ok(Ready {
+                    parts,
+                    body,
+                    delivery,
+                });
+            }
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    whole.extend_from_slice(data);
+                }
+            }
+            Some(Err(error)) => {
+                return Err(Cut {
+                    execution: delivery.map(|d| d.execution_id()),
+                    error,
+                });
+            }
+        }
+    }
+    // Past the bound: what was read, then the rest as it comes.
+    let body = ReadAhead {
+        read: Some(whole.freeze()),
+        rest: body.map_err(Into::into).boxed_unsync(),
+    }
+    .boxed_unsync();
+    Ok(Ready {
+        parts,
+        body,
         delivery,
-        deliveries,
-    );
-    Response::from_parts(parts, body.boxed_unsync())
+    })
+}
+
+/// A body of which `read` was read already: that, then the `rest`.
+struct ReadAhead {
+    read: Option<Bytes>,
+    rest: ProxyBody,
+}
+
+impl Body for ReadAhead {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.read.take() {
+            Some(read) => Poll::Ready(Some(Ok(Frame::data(read)))),
+            None => Pin::new(&mut self.rest).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read = self.read.as_ref().map_or(0, |read| read.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + read);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + read);
+        }
+        hint
+    }
+}
+
+/// The guard's answer (the target's, or its own), streamed to the client; delivered when
+/// the client showed it took it (see the module docs of `proxy`).
+fn streamed(ready: Ready, deliveries: Arc<Deliveries>) -> Response<ProxyBody> {
+    let body = Written::new(ready.body, ready.delivery, deliveries);
+    Response::from_parts(ready.parts, body.boxed_unsync())
 }
 
 /// A failure with no answer to hand on. `502` only when nothing was sent.
