@@ -7,7 +7,7 @@
 use std::{
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
 };
 
 use bytes::{Bytes, BytesMut};
@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
     ExecutionId,
     guard::{DEFAULT_MAX_BODY_BYTES, Delivery, GuardError, GuardResponseBody, jsonrpc_error},
-    protocol::{self, Era, Message, RequestId, RequestKind},
+    protocol::{self, Era, Message, RequestId, RequestKind, sse::SseParser},
 };
 use tower::ServiceExt;
 
@@ -84,8 +84,8 @@ pub(super) async fn answer(
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => match ready(asked.tool_call, response).await {
-                Ok(ready) => return streamed(ready, deliveries),
+            Ok(response) => match prepared(&guard, &asked, response).await {
+                Ok(prepared) => return streamed(prepared, deliveries),
                 // The guard recorded the cut before it reported it: it decides again.
                 Err(cut) => {
                     execution = cut.execution.or(execution);
@@ -146,7 +146,7 @@ fn again(parts: &Parts, bytes: &Bytes) -> Request<Full<Bytes>> {
 }
 
 /// A guarded call's answer, ready to go to the client: its head, its body and its delivery.
-struct Ready {
+struct Prepared {
     parts: http::response::Parts,
     body: ProxyBody,
     delivery: Option<Delivery>,
@@ -163,16 +163,32 @@ struct Cut {
 /// then still the exchange's failure, on which the guard decides again for the same request,
 /// and never a cut answer the client takes for a failure. An event stream goes on as it comes
 /// (a cut one is resumed by the client with GET + `Last-Event-ID`).
-async fn ready(
-    tool_call: bool,
+async fn prepared(
+    guard: &Upstream,
+    asked: &Asked,
     response: Response<GuardResponseBody<hyper::body::Incoming>>,
-) -> Result<Ready, Cut> {
+) -> Result<Prepared, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
     let delivery = body.defer_delivery();
-    if !tool_call || is_event_stream(&parts.headers) {
-        let body = body.map_err(Into::into).boxed_unsync();
-        return Ok(Ready {
+    let sse = is_event_stream(&parts.headers);
+    if !asked.tool_call || sse {
+        let mut body = body.map_err(Into::into).boxed_unsync();
+        if let (true, Some(delivery), Some(id)) = (sse, &delivery, &asked.id) {
+            body = Unresumable {
+                inner: body,
+                delivery: delivery.clone(),
+                guard: guard.clone(),
+                id: id.clone(),
+                era: asked.era,
+                events: SseParser::new(),
+                tail: Vec::new(),
+                asking: None,
+                ended: false,
+            }
+            .boxed_unsync();
+        }
+        return Ok(Prepared {
             parts,
             body,
             delivery,
@@ -185,7 +201,7 @@ async fn ready(
                 let body = Full::new(whole.freeze())
                     .map_err(|never| match never {})
                     .boxed_unsync();
-                return Ok(Ready {
+                return Ok(Prepared {
                     parts,
                     body,
                     delivery,
@@ -210,7 +226,7 @@ async fn ready(
         rest: body.map_err(Into::into).boxed_unsync(),
     }
     .boxed_unsync();
-    Ok(Ready {
+    Ok(Prepared {
         parts,
         body,
         delivery,
@@ -253,11 +269,107 @@ impl Body for ReadAhead {
     }
 }
 
+/// An event stream of a guarded call's answer that the client could not resume if it broke:
+/// one cut before the answer, with no event id (a server without priming events) and at the
+/// end of an event, ends instead with one more event, the guard's uncertain answer for the
+/// request (read from the ledger, which recorded the cut before it was reported); never a
+/// second send. A stream with an event id is cut for the client too: it resumes it.
+struct Unresumable {
+    inner: ProxyBody,
+    delivery: Delivery,
+    guard: Upstream,
+    id: RequestId,
+    era: Era,
+    /// What went to the client, parsed for its event ids.
+    events: SseParser,
+    /// The last bytes that went to the client: whether they end an event.
+    tail: Vec<u8>,
+    /// After the cut: the guard's answer being read, as an SSE event, and the cut to report
+    /// if there is none.
+    asking: Option<(Asking, BoxError)>,
+    ended: bool,
+}
+
+/// The guard's answer for a cut stream, as one SSE event (`None`: there is none).
+type Asking = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+impl Unresumable {
+    /// Whether a cut now leaves the client nothing to resume and nothing half-sent.
+    fn unresumable(&self) -> bool {
+        let at_event_end = self.tail.is_empty()
+            || [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
+                .iter()
+                .any(|end| self.tail.ends_with(end));
+        !self.delivery.is_answered() && self.events.last_event_id().is_empty() && at_event_end
+    }
+
+    fn sent(&mut self, data: &[u8]) {
+        // An oversize event poisons the parser; the stream is then left as it comes.
+        if self.events.push(data, |_| {}).is_err() {
+            self.tail = b"-".to_vec();
+        }
+        self.tail.extend_from_slice(data);
+        let keep = self.tail.len().saturating_sub(4);
+        self.tail.drain(..keep);
+    }
+}
+
+impl Body for Unresumable {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some((mut asking, cut)) = this.asking.take() {
+            let Poll::Ready(answer) = asking.as_mut().poll(cx) else {
+                this.asking = Some((asking, cut));
+                return Poll::Pending;
+            };
+            this.ended = true;
+            return Poll::Ready(Some(answer.map(Frame::data).ok_or(cut)));
+        }
+        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.sent(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(cut)) if this.unresumable() => {
+                tracing::warn!(error = %describe(&*cut), "the upstream stream was cut before the answer, with nothing to resume; answering from the ledger");
+                let (guard, execution) = (this.guard.clone(), this.delivery.execution_id());
+                let (id, era) = (this.id.clone(), this.era);
+                let asking = Box::pin(async move {
+                    let response = guard.unanswered(execution, &id, era).await.ok()??;
+                    let json = String::from_utf8_lossy(response.body());
+                    Some(Bytes::from(format!("event: message\ndata: {json}\n\n")))
+                });
+                this.asking = Some((asking, cut));
+                self.poll_frame(cx)
+            }
+            other => {
+                this.ended = !matches!(other, Some(Ok(_)));
+                Poll::Ready(other)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || (self.asking.is_none() && self.inner.is_end_stream())
+    }
+}
+
 /// The guard's answer (the target's, or its own), streamed to the client; delivered when
 /// the client showed it took it (see the module docs of `proxy`).
-fn streamed(ready: Ready, deliveries: Arc<Deliveries>) -> Response<ProxyBody> {
-    let body = Written::new(ready.body, ready.delivery, deliveries);
-    Response::from_parts(ready.parts, body.boxed_unsync())
+fn streamed(prepared: Prepared, deliveries: Arc<Deliveries>) -> Response<ProxyBody> {
+    let body = Written::new(prepared.body, prepared.delivery, deliveries);
+    Response::from_parts(prepared.parts, body.boxed_unsync())
 }
 
 /// A failure with no answer to hand on. `502` only when nothing was sent.
