@@ -19,11 +19,13 @@ use mcp_replay_guard::{
     guard::{DEFAULT_MAX_BODY_BYTES, Delivery, GuardError, GuardResponseBody, jsonrpc_error},
     protocol::{self, Era, Message, RequestId, RequestKind, sse::SseParser},
 };
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::{
     ProxyBody, Upstream,
     delivery::{Deliveries, Written},
+    serve,
 };
 use crate::mcp_http::{BoxError, describe, is_event_stream};
 
@@ -41,6 +43,8 @@ struct Asked {
     era: Era,
     /// A JSON-RPC request (a POST): its failures are answered as JSON-RPC errors.
     jsonrpc: bool,
+    /// A GET that opens a listen stream (no call's answer rides on it).
+    listen: bool,
 }
 
 impl Asked {
@@ -60,6 +64,7 @@ impl Asked {
                     id,
                     era: classified.era(),
                     jsonrpc,
+                    listen: matches!(classified.kind, RequestKind::Listen),
                 }
             }
             Err(_) => Self {
@@ -67,6 +72,7 @@ impl Asked {
                 id: jsonrpc.then(|| protocol::request_id_of(bytes)).flatten(),
                 era: Era::Sessions,
                 jsonrpc,
+                listen: false,
             },
         }
     }
@@ -78,13 +84,14 @@ pub(super) async fn answer(
     parts: Parts,
     bytes: Bytes,
     deliveries: Arc<Deliveries>,
+    stopping: &CancellationToken,
 ) -> Response<ProxyBody> {
     let asked = Asked::of(&parts, &bytes);
     let mut execution: Option<ExecutionId> = None;
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => match prepared(&guard, &asked, response).await {
+            Ok(response) => match prepared(&guard, &asked, response, stopping).await {
                 Ok(prepared) => return streamed(prepared, deliveries),
                 // The guard recorded the cut before it reported it: it decides again.
                 Err(cut) => {
@@ -167,6 +174,7 @@ async fn prepared(
     guard: &Upstream,
     asked: &Asked,
     response: Response<GuardResponseBody<hyper::body::Incoming>>,
+    stopping: &CancellationToken,
 ) -> Result<Prepared, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
@@ -174,6 +182,9 @@ async fn prepared(
     let sse = is_event_stream(&parts.headers);
     if !asked.tool_call || sse {
         let mut body = body.map_err(Into::into).boxed_unsync();
+        if asked.listen {
+            body = serve::until_stopping(body, stopping);
+        }
         if let (true, Some(delivery), Some(id)) = (sse, &delivery, &asked.id) {
             body = Unresumable {
                 inner: body,

@@ -59,6 +59,7 @@ use mcp_replay_guard::{
     guard::{DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url},
     protocol,
 };
+use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 mod answers;
@@ -123,6 +124,8 @@ struct Front {
     sessions: Sessions,
     /// Around the guard: the OAuth metadata requests.
     metadata: Client<tls::Connector, Full<Bytes>>,
+    /// Cancelled at shutdown: listen streams end.
+    stopping: CancellationToken,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -173,7 +176,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         held: crate::mcp_http::parse_headers(&args.headers)?,
         sessions: Sessions::default(),
         metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
+        stopping: CancellationToken::new(),
     });
+    let stopping = front.stopping.clone();
     let guard: Upstream = ServiceBuilder::new()
         .layer(layer.clone())
         .service(Client::builder(TokioExecutor::new()).build(connector));
@@ -205,6 +210,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         signals,
         &args.serve,
         &layer,
+        stopping,
         handler,
     )
     .await)
@@ -285,7 +291,7 @@ async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
     hold_headers(&front.held, &mut parts.headers);
-    let response = answers::answer(guard, parts, bytes, deliveries).await;
+    let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping).await;
     if let Some(client) = initializing
         && let Some(session) = response.headers().get("mcp-session-id")
         && let Ok(session) = session.to_str()
