@@ -526,3 +526,45 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The OAuth metadata paths go around the guard, so only what a metadata request is passes
+/// that way: a GET of a path without dot segments. A `tools/call` POSTed to a metadata path
+/// (the test server, like many, serves MCP on any path) is guarded like any other, and a path
+/// that climbs out of `/.well-known/` (`/../`, or `%2e%2e`, which an upstream may normalise to
+/// its MCP endpoint) is refused unsent. (Before, both went to the upstream unguarded, with a
+/// token the proxy holds: the call was never recorded, so nothing stopped its repeat.)
+#[tokio::test]
+async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
+    let server = json_server(None).await;
+    let dir = temp_dir("cli-proxy-principals", "metadata-bypass");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    let proxy_origin = proxy.url.trim_end_matches("/mcp").to_owned();
+    let mut client = hyper_client();
+
+    let around = format!("{proxy_origin}/.well-known/oauth-protected-resource");
+    let (_, message) = deployed_as(&around, 1, &[]).await;
+    assert!(message.get("result").is_some(), "{message}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger_records(&ledger);
+    assert_eq!(records.len(), 1, "the call is guarded: {records:#?}");
+
+    let before = server.state.all_requests().len();
+    for climb in [
+        "/.well-known/oauth-protected-resource/../../mcp",
+        "/.well-known/openid-configuration/%2E%2e/%2e%2E/mcp",
+    ] {
+        let request = Request::get(format!("{proxy_origin}{climb}"))
+            .header("accept", "text/event-stream")
+            .body(Full::default())
+            .unwrap();
+        let response = send(&mut client, request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{climb}");
+    }
+    assert_eq!(
+        server.state.all_requests().len(),
+        before,
+        "nothing was sent"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

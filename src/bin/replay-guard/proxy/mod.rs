@@ -5,7 +5,9 @@
 //! and resumes (`Last-Event-ID`), DELETEs, with their headers except the hop-by-hop ones. The
 //! OAuth metadata paths (`/.well-known/oauth-protected-resource…`,
 //! `/.well-known/oauth-authorization-server…`, `/.well-known/openid-configuration…`) go to the
-//! same path on the upstream's origin, around the guard.
+//! same path on the upstream's origin, around the guard: GETs (and HEADs) only, and never a
+//! path with a dot segment, which could leave `/.well-known/` at an upstream that normalises
+//! paths.
 //!
 //! Who acts in each call is read from the client's request ([`principals`]), so that one
 //! client's kept result or held answer is never another's.
@@ -246,7 +248,13 @@ async fn forward(
             return Ok(error_response(StatusCode::BAD_REQUEST, &message));
         }
     };
-    if is_oauth_metadata(parts.uri.path()) {
+    if is_oauth_metadata(&parts.method, parts.uri.path()) {
+        if climbs(parts.uri.path()) {
+            return Ok(error_response(
+                StatusCode::BAD_REQUEST,
+                "replay-guard proxy: a metadata path with a `.` or `..` segment is refused; nothing was sent",
+            ));
+        }
         return Ok(metadata(&front, &upstream, parts, bytes).await);
     }
     // Before `--header` replaces anything: the actor is who the client says it is.
@@ -306,9 +314,14 @@ async fn forward(
     Ok(response)
 }
 
-/// Whether `path` asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
-/// authorization server, OpenID discovery), with or without a suffix.
-fn is_oauth_metadata(path: &str) -> bool {
+/// Whether the request asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
+/// authorization server, OpenID discovery), with or without a suffix: a GET (or HEAD), as those
+/// documents are fetched. Any other method goes through the guard like every request: the
+/// metadata path goes around it, and an upstream may serve MCP on any path.
+fn is_oauth_metadata(method: &http::Method, path: &str) -> bool {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        return false;
+    }
     [
         "/.well-known/oauth-protected-resource",
         "/.well-known/oauth-authorization-server",
@@ -319,6 +332,20 @@ fn is_oauth_metadata(path: &str) -> bool {
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     })
+}
+
+/// Whether `path` has a `.` or `..` segment, also percent-encoded or after a backslash, by which an
+/// upstream that normalises paths would leave `/.well-known/` (for its MCP endpoint, say).
+fn climbs(path: &str) -> bool {
+    let decoded = path
+        .to_ascii_lowercase()
+        .replace("%2e", ".")
+        .replace("%2f", "/")
+        .replace("%5c", "/")
+        .replace('\\', "/");
+    decoded
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
 }
 
 /// An OAuth metadata request, sent to the same path on the upstream's origin (not through the
