@@ -194,8 +194,8 @@ async fn a_held_answer_for_one_client_is_never_another_clients() {
 }
 
 /// Alice's stream is cut after its first event; Bob's GET with her session and Last-Event-ID
-/// is refused unsent (the upstream would replay her answer to him), and Alice's own resume
-/// still completes her execution.
+/// is refused unsent (the upstream would replay her answer to him), also when he sends it to
+/// an OAuth metadata path, and Alice's own resume still completes her execution.
 #[tokio::test]
 async fn another_clients_resume_of_a_cut_stream_is_refused() {
     let server = TestServer::start_with(ServerOptions {
@@ -257,23 +257,27 @@ async fn another_clients_resume_of_a_cut_stream_is_refused() {
         .expect("an event id")
         .to_owned();
 
-    let resume = |token: &str| {
-        let request = get_stream(
-            &proxy.url,
-            Some(&session),
-            PROTOCOL_VERSION,
-            Some(&last_event_id),
-        );
+    let resume_at = |url: &str, token: &str| {
+        let request = get_stream(url, Some(&session), PROTOCOL_VERSION, Some(&last_event_id));
         authorized(request, token)
     };
-    let mut bob = hyper_client();
-    let response = send(&mut bob, resume(BOB)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::FORBIDDEN);
-    let refusal = body_text(response.into_body()).await.unwrap();
-    assert!(!refusal.contains("deployed"), "{refusal}");
-    assert!(server.state.resume_requests().is_empty());
+    // Also at a metadata path, which goes around the guard (the test server, like many,
+    // serves MCP on any path): a GET with Last-Event-ID is a resume wherever it is sent.
+    let metadata_path = proxy
+        .url
+        .replace("/mcp", "/.well-known/oauth-protected-resource");
+    for url in [proxy.url.as_str(), &metadata_path] {
+        let mut bob = hyper_client();
+        let response = send(&mut bob, resume_at(url, BOB)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{url}");
+        let refusal = body_text(response.into_body()).await.unwrap();
+        assert!(!refusal.contains("deployed"), "{refusal}");
+        assert!(server.state.resume_requests().is_empty(), "{url}");
+    }
 
-    let response = send(&mut client, resume(ALICE)).await.unwrap();
+    let response = send(&mut client, resume_at(&proxy.url, ALICE))
+        .await
+        .unwrap();
     let answer = read_response_to_end(response).await;
     assert_eq!(deployment(&answer), 1, "{answer}");
     assert_eq!(server.state.resume_requests().len(), 1);

@@ -5,7 +5,8 @@
 //! and resumes (`Last-Event-ID`), DELETEs, with their headers except the hop-by-hop ones. The
 //! OAuth metadata paths (`/.well-known/oauth-protected-resource…`,
 //! `/.well-known/oauth-authorization-server…`, `/.well-known/openid-configuration…`) go to the
-//! same path on the upstream's origin, around the guard: GETs (and HEADs) only, and never a
+//! same path on the upstream's origin, around the guard: GETs (and HEADs) that are no resume
+//! (`Last-Event-ID`) only, and never a
 //! path with a dot segment, which could leave `/.well-known/` at an upstream that normalises
 //! paths.
 //!
@@ -248,7 +249,7 @@ async fn forward(
             return Ok(error_response(StatusCode::BAD_REQUEST, &message));
         }
     };
-    if is_oauth_metadata(&parts.method, parts.uri.path()) {
+    if is_oauth_metadata(&parts) {
         if climbs(parts.uri.path()) {
             return Ok(error_response(
                 StatusCode::BAD_REQUEST,
@@ -316,12 +317,15 @@ async fn forward(
 
 /// Whether the request asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
 /// authorization server, OpenID discovery), with or without a suffix: a GET (or HEAD), as those
-/// documents are fetched. Any other method goes through the guard like every request: the
-/// metadata path goes around it, and an upstream may serve MCP on any path.
-fn is_oauth_metadata(method: &http::Method, path: &str) -> bool {
-    if method != http::Method::GET && method != http::Method::HEAD {
+/// documents are fetched, that is no resume (`Last-Event-ID`). Anything else goes through the
+/// guard like every request: the metadata path goes around it, and an upstream may serve MCP
+/// on any path.
+fn is_oauth_metadata(parts: &http::request::Parts) -> bool {
+    let fetch = parts.method == http::Method::GET || parts.method == http::Method::HEAD;
+    if !fetch || parts.headers.contains_key(protocol::LAST_EVENT_ID) {
         return false;
     }
+    let path = parts.uri.path();
     [
         "/.well-known/oauth-protected-resource",
         "/.well-known/oauth-authorization-server",
