@@ -6,9 +6,8 @@
 //! OAuth metadata paths (`/.well-known/oauth-protected-resource…`,
 //! `/.well-known/oauth-authorization-server…`, `/.well-known/openid-configuration…`) go to the
 //! same path on the upstream's origin, around the guard: GETs (and HEADs) that are no resume
-//! (`Last-Event-ID`) only, and never a
-//! path with a dot segment, which could leave `/.well-known/` at an upstream that normalises
-//! paths.
+//! (`Last-Event-ID`) only, and never a path with a dot segment, which could leave
+//! `/.well-known/` at an upstream that normalises paths.
 //!
 //! Who acts in each call is read from the client's request ([`principals`]), so that one
 //! client's kept result or held answer is never another's.
