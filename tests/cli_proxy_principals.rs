@@ -301,7 +301,8 @@ async fn wait_until<T>(done: impl Fn() -> Option<T>) -> T {
 }
 
 /// `--actor-header`: two gateway identities are two actors (two effects); a request without
-/// the header is refused unsent; the header never reaches the upstream.
+/// the header is refused unsent; the header never reaches the upstream, an OAuth metadata
+/// request's included.
 #[tokio::test]
 async fn a_gateway_header_names_the_actor_and_is_required() {
     let server = json_server(None).await;
@@ -349,6 +350,26 @@ async fn a_gateway_header_names_the_actor_and_is_required() {
     assert!(message.contains("x-gateway-user"), "{message}");
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 2);
     assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Nor on an OAuth metadata request, which goes around the guard.
+    let metadata = Request::get(
+        proxy
+            .url
+            .replace("/mcp", "/.well-known/oauth-protected-resource"),
+    )
+    .header("x-gateway-user", "user:alice")
+    .body(Full::default())
+    .unwrap();
+    let _ = send(&mut hyper_client(), metadata).await.unwrap();
+    let requests = server.state.all_requests();
+    let fetched = requests
+        .last()
+        .expect("the metadata request reached the upstream");
+    assert_eq!(fetched.method, http::Method::GET);
+    assert!(
+        fetched.headers.get("x-gateway-user").is_none(),
+        "{fetched:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

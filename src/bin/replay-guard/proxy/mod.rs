@@ -368,6 +368,7 @@ async fn metadata(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
+    front.principals.remove_gateway_headers(&mut parts.headers);
     hold_headers(&front.held, &mut parts.headers);
     match front
         .metadata
