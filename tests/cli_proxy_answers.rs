@@ -240,3 +240,51 @@ async fn a_response_cut_after_its_head_with_nothing_to_resume_is_answered_honest
         assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
     }
 }
+
+/// An upstream that answers a `tools/call` with an event stream that ends cleanly, with no
+/// answer and no event id to resume from (a server that finished the stream early): the
+/// client gets the guard's uncertain answer on that stream, not an empty one.
+#[tokio::test]
+async fn an_event_stream_that_ends_without_an_answer_or_an_event_id_ends_with_the_honest_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = served.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 65536];
+                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut request).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let empty = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n";
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, empty.as_bytes()).await;
+            });
+        }
+    });
+    let proxy = start_proxy(&upstream, &[]).await;
+
+    let (status, content_type, answer) = through(
+        &proxy.url,
+        Era::Stateless,
+        None,
+        5,
+        "deploy_release",
+        json!({"service": "catalog", "version": "1"}),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(content_type, "text/event-stream");
+    assert_valid_tool_answer(Era::Stateless, "an empty stream", &answer, &json!(5));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
+    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_eq!(
+        served.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
+    server.abort();
+}

@@ -186,6 +186,8 @@ async fn prepared(
             body = serve::until_stopping(body, stopping);
         }
         if let (true, Some(delivery), Some(id)) = (sse, &delivery, &asked.id) {
+            // The stream may end with one more event than the upstream sent.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
             body = Unresumable {
                 inner: body,
                 delivery: delivery.clone(),
@@ -281,8 +283,8 @@ impl Body for ReadAhead {
 }
 
 /// An event stream of a guarded call's answer that the client could not resume if it broke:
-/// one cut before the answer, with no event id (a server without priming events) and at the
-/// end of an event, ends instead with one more event, the guard's uncertain answer for the
+/// one cut (or ended) before the answer, with no event id (a server without priming events)
+/// and at the end of an event, ends instead with one more event, the guard's uncertain answer for the
 /// request (read from the ledger, which recorded the cut before it was reported); never a
 /// second send. A stream with an event id is cut for the client too: it resumes it.
 struct Unresumable {
@@ -295,9 +297,9 @@ struct Unresumable {
     events: SseParser,
     /// The last bytes that went to the client: whether they end an event.
     tail: Vec<u8>,
-    /// After the cut: the guard's answer being read, as an SSE event, and the cut to report
-    /// if there is none.
-    asking: Option<(Asking, BoxError)>,
+    /// After the cut (or the end): the guard's answer being read, as an SSE event, and the cut
+    /// to report if there is none.
+    asking: Option<(Asking, Option<BoxError>)>,
     ended: bool,
 }
 
@@ -343,17 +345,26 @@ impl Body for Unresumable {
                 return Poll::Pending;
             };
             this.ended = true;
-            return Poll::Ready(Some(answer.map(Frame::data).ok_or(cut)));
+            return Poll::Ready(match answer {
+                Some(event) => Some(Ok(Frame::data(event))),
+                None => cut.map(Err),
+            });
         }
-        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+        let next = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match next {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     this.sent(data);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(cut)) if this.unresumable() => {
-                tracing::warn!(error = %describe(&*cut), "the upstream stream was cut before the answer, with nothing to resume; answering from the ledger");
+            // Cut, or ended, before the answer with nothing to resume from.
+            Some(Err(_)) | None if this.unresumable() => {
+                let cut = next.and_then(Result::err);
+                tracing::warn!(
+                    cut = cut.is_some(),
+                    "the upstream stream ended before the answer, with nothing to resume; answering from the ledger"
+                );
                 let (guard, execution) = (this.guard.clone(), this.delivery.execution_id());
                 let (id, era) = (this.id.clone(), this.era);
                 let asking = Box::pin(async move {
@@ -365,14 +376,15 @@ impl Body for Unresumable {
                 self.poll_frame(cx)
             }
             other => {
-                this.ended = !matches!(other, Some(Ok(_)));
+                this.ended = true;
                 Poll::Ready(other)
             }
         }
     }
 
+    /// Not before the guard had its say on how the stream ended.
     fn is_end_stream(&self) -> bool {
-        self.ended || (self.asking.is_none() && self.inner.is_end_stream())
+        self.ended
     }
 }
 
