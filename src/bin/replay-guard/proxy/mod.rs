@@ -44,9 +44,9 @@
 //! on the same client request (see `answers.rs`): the client gets the guard's decision (the
 //! re-sent call's result, or its honest uncertain answer), never a bare `502`. A JSON answer
 //! is read whole before its head goes out, so one cut after its head is such a failure too;
-//! an event stream cut (or ended) before its answer with no event id to resume from ends with the guard's
-//! uncertain answer as one more event. A `502` means nothing was sent, and is a JSON-RPC error
-//! for the request's id.
+//! an event stream cut (or ended) before its answer with no event id to resume from ends with
+//! the guard's uncertain answer as one more event. A `502` means nothing was sent, and is a
+//! JSON-RPC error for the request's id.
 
 use std::{convert::Infallible, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
