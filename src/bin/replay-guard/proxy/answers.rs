@@ -196,6 +196,7 @@ async fn prepared(
                 era: asked.era,
                 events: SseParser::new(),
                 tail: Vec::new(),
+                lost_track: false,
                 asking: None,
                 ended: false,
             }
@@ -297,6 +298,8 @@ struct Unresumable {
     events: SseParser,
     /// The last bytes that went to the client: whether they end an event.
     tail: Vec<u8>,
+    /// An event was too large to follow: whether it had an id is not known.
+    lost_track: bool,
     /// After the cut (or the end): the guard's answer being read, as an SSE event, and the cut
     /// to report if there is none.
     asking: Option<(Asking, Option<BoxError>)>,
@@ -313,13 +316,16 @@ impl Unresumable {
             || [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
                 .iter()
                 .any(|end| self.tail.ends_with(end));
-        !self.delivery.is_answered() && self.events.last_event_id().is_empty() && at_event_end
+        !self.lost_track
+            && !self.delivery.is_answered()
+            && self.events.last_event_id().is_empty()
+            && at_event_end
     }
 
     fn sent(&mut self, data: &[u8]) {
-        // An oversize event poisons the parser; the stream is then left as it comes.
+        // An oversize event poisons the parser: the stream is then left as it comes.
         if self.events.push(data, |_| {}).is_err() {
-            self.tail = b"-".to_vec();
+            self.lost_track = true;
         }
         self.tail.extend_from_slice(data);
         let keep = self.tail.len().saturating_sub(4);
