@@ -398,13 +398,18 @@ fn hold_headers(held: &HeaderMap, headers: &mut HeaderMap) {
     }
 }
 
-/// The upstream endpoint, with the client's query string if it sent one.
+/// The upstream endpoint, with the client's query string, if it sent one, after the
+/// upstream URL's own (which may carry a key the upstream handed out: never dropped).
 fn upstream_uri(upstream: &Uri, query: Option<&str>) -> Option<Uri> {
     let Some(query) = query else {
         return Some(upstream.clone());
     };
     let mut parts = upstream.clone().into_parts();
     let path = upstream.path();
+    let query = match upstream.query() {
+        Some(own) => format!("{own}&{query}"),
+        None => query.to_owned(),
+    };
     parts.path_and_query = Some(format!("{path}?{query}").parse().ok()?);
     Uri::from_parts(parts).ok()
 }
