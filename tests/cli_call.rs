@@ -1494,3 +1494,25 @@ async fn a_handshake_answer_that_never_ends_exits_2_at_the_timeout() {
     assert!(run.stderr.contains("Nothing was sent"), "{run:#?}");
     silent.abort();
 }
+
+/// A `--header` typed with a space where its colon belongs (`Authorization Bearer tok:…`):
+/// the error says so without echoing the text, which is a credential.
+#[tokio::test]
+async fn a_malformed_header_argument_is_refused_without_echoing_the_credential() {
+    for header in [
+        "Authorization Bearer sk-S3CRET-7:x",
+        "Authorization=Bearer sk-S3CRET-7:x",
+    ] {
+        let run = call(
+            "http://127.0.0.1:9/mcp",
+            "deploy_release",
+            deploy_args(),
+            &["--header", header],
+        )
+        .await;
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(run.stderr.contains("--header"), "{run:#?}");
+        assert!(!run.stderr.contains("S3CRET"), "{run:#?}");
+        assert!(!run.stdout.contains("S3CRET"), "{run:#?}");
+    }
+}

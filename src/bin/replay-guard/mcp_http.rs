@@ -4,7 +4,7 @@
 
 use std::error::Error as StdError;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
@@ -52,8 +52,12 @@ pub fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
         let Some((name, value)) = header.split_once(':') else {
             bail!("--header wants 'Name: value'; got a value without a colon");
         };
-        let name = HeaderName::from_bytes(name.trim().as_bytes())
-            .with_context(|| format!("--header: {:?} is not a header name", name.trim()))?;
+        // Not echoed either: a name typed with a space for its colon holds the credential.
+        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+            anyhow::anyhow!(
+                "--header wants 'Name: value'; the text before the first ':' is not a header name"
+            )
+        })?;
         // The value may be a credential: it never appears in an error.
         let mut value = HeaderValue::from_str(value.trim()).map_err(|_| {
             anyhow::anyhow!("--header {name}: the value is not a valid header value")
