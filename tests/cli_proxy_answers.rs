@@ -288,3 +288,66 @@ async fn an_event_stream_that_ends_without_an_answer_or_an_event_id_ends_with_th
     );
     server.abort();
 }
+
+/// A cut stream resumed (GET + `Last-Event-ID`) after the server let go of its events (the
+/// call finished, and the server keeps no event store): the resume stream ends empty. The
+/// client gets the guard's uncertain answer for its call on that stream, instead of an empty
+/// stream it would resume again and again, or take for a failure.
+#[tokio::test]
+async fn a_resume_that_finds_the_answer_gone_ends_with_the_honest_answer() {
+    let server = server(Era::Sessions, ServerOptions::default()).await;
+    let proxy = start_proxy(&server.url, &[]).await;
+    let session = Era::Sessions.open_session(&proxy.url).await;
+    server
+        .state
+        .faults()
+        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
+    let call = Era::Sessions.tool_call(
+        &proxy.url,
+        session.as_deref(),
+        4,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+    );
+    let response = send(&mut hyper_client(), call).await.unwrap();
+    let mut cut = SseReader::new(response.into_body());
+    let mut last_event_id = None;
+    while let Ok(Some(event)) = cut.next_event().await {
+        last_event_id = event.id.or(last_event_id);
+    }
+    let last_event_id = last_event_id.expect("the priming event has an id");
+    // The call runs to its end meanwhile; the server then has nothing to replay.
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
+            .await,
+        1
+    );
+    // rmcp lets go of a request's stream as soon as its tool returned, which nothing on the
+    // wire shows: a moment for that, so that the resume comes after (it is not what is tested).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let resume = get_stream(
+        &proxy.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        Some(&last_event_id),
+    );
+    let response = send(&mut hyper_client(), resume).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = read_jsonrpc_response(response, &json!(4)).await;
+
+    let answer = answer.unwrap_or_else(|error| panic!("the resume answers nothing: {error}"));
+    assert_valid_tool_answer(
+        Era::Sessions,
+        "a resume with nothing left",
+        &answer,
+        &json!(4),
+    );
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
+    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+}

@@ -185,14 +185,14 @@ async fn prepared(
         if asked.listen {
             body = serve::until_stopping(body, stopping);
         }
-        if let (true, Some(delivery), Some(id)) = (sse, &delivery, &asked.id) {
+        if let (true, Some(delivery)) = (sse, &delivery) {
             // The stream may end with one more event than the upstream sent.
             parts.headers.remove(http::header::CONTENT_LENGTH);
             body = Unresumable {
                 inner: body,
                 delivery: delivery.clone(),
                 guard: guard.clone(),
-                id: id.clone(),
+                id: delivery.request_id().clone(),
                 era: asked.era,
                 events: SseParser::new(),
                 tail: Vec::new(),
@@ -283,11 +283,12 @@ impl Body for ReadAhead {
     }
 }
 
-/// An event stream of a guarded call's answer that the client could not resume if it broke:
-/// one cut (or ended) before the answer, with no event id (a server without priming events)
-/// and at the end of an event, ends instead with one more event, the guard's uncertain answer for the
-/// request (read from the ledger, which recorded the cut before it was reported); never a
-/// second send. A stream with an event id is cut for the client too: it resumes it.
+/// An event stream of a guarded call's answer (or of its resume) that the client could not
+/// resume if it broke: one cut (or ended) before the answer, with no new event id (a server
+/// without priming events, or one that let go of a finished call's events) and at the end of
+/// an event, ends instead with one more event, the guard's uncertain answer for the request
+/// (read from the ledger, which recorded the cut before it was reported); never a second
+/// send. A stream with an event id is cut for the client too: it resumes it.
 struct Unresumable {
     inner: ProxyBody,
     delivery: Delivery,
