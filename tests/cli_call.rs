@@ -1447,3 +1447,72 @@ async fn secrets_in_the_url_and_headers_reach_no_output_even_at_trace() {
         leaks.join("\n")
     );
 }
+
+/// A server that answers the handshake (`server/discover`, then `initialize`) with an event
+/// stream and then says nothing: `call` gives up at `--timeout` with exit 2 ("Nothing was
+/// sent": the `tools/call` never left), instead of waiting for the handshake forever.
+#[tokio::test]
+async fn a_handshake_answer_that_never_ends_exits_2_at_the_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let silent = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 65536];
+                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut request).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, head.as_bytes()).await;
+                // Silent from here on, the connection held open.
+                std::future::pending::<()>().await;
+                drop(stream);
+            });
+        }
+    });
+    let (_dir, ledger) = ledger_dir("silent-handshake");
+    let args = deploy_args().to_string();
+    let argv = [
+        "--json",
+        "call",
+        "--url",
+        &url,
+        "--tool",
+        "deploy_release",
+        "--args",
+        &args,
+        "--timeout",
+        "2s",
+        "--ledger",
+        &ledger,
+    ];
+
+    let (run, _) = replay_guard_within(&argv, Duration::from_secs(60))
+        .await
+        .expect("call gives up on a handshake that never ends");
+
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("Nothing was sent"), "{run:#?}");
+    silent.abort();
+}
+
+/// A `--header` typed with a space where its colon belongs (`Authorization Bearer tok:…`):
+/// the error says so without echoing the text, which is a credential.
+#[tokio::test]
+async fn a_malformed_header_argument_is_refused_without_echoing_the_credential() {
+    for header in [
+        "Authorization Bearer sk-S3CRET-7:x",
+        "Authorization=Bearer sk-S3CRET-7:x",
+    ] {
+        let run = call(
+            "http://127.0.0.1:9/mcp",
+            "deploy_release",
+            deploy_args(),
+            &["--header", header],
+        )
+        .await;
+        assert_eq!(run.code, 2, "{run:#?}");
+        assert!(run.stderr.contains("--header"), "{run:#?}");
+        assert!(!run.stderr.contains("S3CRET"), "{run:#?}");
+        assert!(!run.stdout.contains("S3CRET"), "{run:#?}");
+    }
+}

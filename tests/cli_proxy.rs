@@ -737,3 +737,45 @@ async fn no_secret_reaches_the_proxy_output_at_trace() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An upstream URL with a query (`?key=…`, as hosted MCP servers hand out) keeps it when the
+/// client adds a query of its own: the upstream gets both, its own first. (Before, the
+/// client's query replaced the upstream's, and with it the key.)
+#[tokio::test]
+async fn a_client_query_is_added_to_the_upstreams_query_not_put_in_its_place() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/mcp?key=held-1", listener.local_addr().unwrap());
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let seen_tx = seen_tx.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 65536];
+                let n = tokio::io::AsyncReadExt::read(&mut stream, &mut request)
+                    .await
+                    .unwrap_or(0);
+                let head = String::from_utf8_lossy(&request[..n]);
+                let _ = seen_tx.send(head.lines().next().unwrap_or_default().to_owned());
+                let answer = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, answer.as_bytes()).await;
+            });
+        }
+    });
+    let proxy = start_proxy(&upstream, &[]).await;
+
+    let request = get_stream(
+        &format!("{}?trace=1", proxy.url),
+        None,
+        STATELESS_PROTOCOL_VERSION,
+        None,
+    );
+    let _ = send(&mut hyper_client(), request).await.unwrap();
+
+    let line = tokio::time::timeout(Duration::from_secs(30), seen.recv())
+        .await
+        .expect("the upstream is asked")
+        .unwrap();
+    assert_eq!(line, "GET /mcp?key=held-1&trace=1 HTTP/1.1");
+    server.abort();
+}

@@ -177,3 +177,177 @@ async fn an_upstream_that_is_down_is_a_502_jsonrpc_error_with_the_request_id() {
         assert_eq!(server.state.side_effects("deploy_release"), 0);
     }
 }
+
+/// What a client gets through the proxy when the upstream's answer head arrived and its body
+/// was then cut with nothing resumable in it: a JSON answer cut mid-body, or an SSE stream
+/// with no event id (a server without priming events) cut before the result.
+#[tokio::test]
+async fn a_response_cut_after_its_head_with_nothing_to_resume_is_answered_honestly_on_the_first_attempt()
+ {
+    let cases = [
+        (
+            Era::Stateless,
+            ServerOptions {
+                json_response: true,
+                ..ServerOptions::default()
+            },
+        ),
+        (
+            Era::Sessions,
+            ServerOptions {
+                sse_retry: None,
+                ..ServerOptions::default()
+            },
+        ),
+    ];
+    for (era, options) in cases {
+        let server = server(era, options).await;
+        let proxy = start_proxy(&server.url, &[]).await;
+        let session = era.open_session(&proxy.url).await;
+        server
+            .state
+            .faults()
+            .schedule("deploy_release", Fault::CutStreamAfterFirstEvent);
+
+        let request = era.tool_call(
+            &proxy.url,
+            session.as_deref(),
+            9,
+            "deploy_release",
+            json!({"service": "catalog", "version": "1"}),
+        );
+        let response =
+            tokio::time::timeout(Duration::from_secs(30), send(&mut hyper_client(), request))
+                .await
+                .expect("the proxy answers")
+                .expect("an HTTP answer");
+        let status = response.status();
+        let answer = read_jsonrpc_response(response, &json!(9)).await;
+
+        let answer = answer
+            .unwrap_or_else(|error| panic!("{}: the first answer is lost: {error}", era.label()));
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_valid_tool_answer(era, "a cut answer held for review", &answer, &json!(9));
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        let record = guard_record(&answer);
+        assert!(
+            ["unknown", "needs_review"].contains(&record["state"].as_str().unwrap()),
+            "{answer}"
+        );
+        let execution = record["execution_id"].as_str().unwrap();
+        assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+        assert_eq!(server.state.side_effects("deploy_release"), 1);
+        assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    }
+}
+
+/// An upstream that answers a `tools/call` with an event stream that ends cleanly, with no
+/// answer and no event id to resume from (a server that finished the stream early): the
+/// client gets the guard's uncertain answer on that stream, not an empty one.
+#[tokio::test]
+async fn an_event_stream_that_ends_without_an_answer_or_an_event_id_ends_with_the_honest_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = served.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 65536];
+                let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut request).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let empty = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n";
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, empty.as_bytes()).await;
+            });
+        }
+    });
+    let proxy = start_proxy(&upstream, &[]).await;
+
+    let (status, content_type, answer) = through(
+        &proxy.url,
+        Era::Stateless,
+        None,
+        5,
+        "deploy_release",
+        json!({"service": "catalog", "version": "1"}),
+    )
+    .await;
+
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(content_type, "text/event-stream");
+    assert_valid_tool_answer(Era::Stateless, "an empty stream", &answer, &json!(5));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
+    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_eq!(
+        served.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "sent once"
+    );
+    server.abort();
+}
+
+/// A cut stream resumed (GET + `Last-Event-ID`) after the server let go of its events (the
+/// call finished, and the server keeps no event store): the resume stream ends empty. The
+/// client gets the guard's uncertain answer for its call on that stream, instead of an empty
+/// stream it would resume again and again, or take for a failure.
+#[tokio::test]
+async fn a_resume_that_finds_the_answer_gone_ends_with_the_honest_answer() {
+    let server = server(Era::Sessions, ServerOptions::default()).await;
+    let proxy = start_proxy(&server.url, &[]).await;
+    let session = Era::Sessions.open_session(&proxy.url).await;
+    server
+        .state
+        .faults()
+        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
+    let call = Era::Sessions.tool_call(
+        &proxy.url,
+        session.as_deref(),
+        4,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+    );
+    let response = send(&mut hyper_client(), call).await.unwrap();
+    let mut cut = SseReader::new(response.into_body());
+    let mut last_event_id = None;
+    while let Ok(Some(event)) = cut.next_event().await {
+        last_event_id = event.id.or(last_event_id);
+    }
+    let last_event_id = last_event_id.expect("the priming event has an id");
+    // The call runs to its end meanwhile; the server then has nothing to replay.
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
+            .await,
+        1
+    );
+    // rmcp lets go of a request's stream as soon as its tool returned, which nothing on the
+    // wire shows: a moment for that, so that the resume comes after (it is not what is tested).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let resume = get_stream(
+        &proxy.url,
+        session.as_deref(),
+        PROTOCOL_VERSION,
+        Some(&last_event_id),
+    );
+    let response = send(&mut hyper_client(), resume).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = read_jsonrpc_response(response, &json!(4)).await;
+
+    let answer = answer.unwrap_or_else(|error| panic!("the resume answers nothing: {error}"));
+    assert_valid_tool_answer(
+        Era::Sessions,
+        "a resume with nothing left",
+        &answer,
+        &json!(4),
+    );
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
+    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+}

@@ -194,8 +194,8 @@ async fn a_held_answer_for_one_client_is_never_another_clients() {
 }
 
 /// Alice's stream is cut after its first event; Bob's GET with her session and Last-Event-ID
-/// is refused unsent (the upstream would replay her answer to him), and Alice's own resume
-/// still completes her execution.
+/// is refused unsent (the upstream would replay her answer to him), also when he sends it to
+/// an OAuth metadata path, and Alice's own resume still completes her execution.
 #[tokio::test]
 async fn another_clients_resume_of_a_cut_stream_is_refused() {
     let server = TestServer::start_with(ServerOptions {
@@ -257,23 +257,27 @@ async fn another_clients_resume_of_a_cut_stream_is_refused() {
         .expect("an event id")
         .to_owned();
 
-    let resume = |token: &str| {
-        let request = get_stream(
-            &proxy.url,
-            Some(&session),
-            PROTOCOL_VERSION,
-            Some(&last_event_id),
-        );
+    let resume_at = |url: &str, token: &str| {
+        let request = get_stream(url, Some(&session), PROTOCOL_VERSION, Some(&last_event_id));
         authorized(request, token)
     };
-    let mut bob = hyper_client();
-    let response = send(&mut bob, resume(BOB)).await.unwrap();
-    assert_eq!(response.status(), StatusCode::FORBIDDEN);
-    let refusal = body_text(response.into_body()).await.unwrap();
-    assert!(!refusal.contains("deployed"), "{refusal}");
-    assert!(server.state.resume_requests().is_empty());
+    // Also at a metadata path, which goes around the guard (the test server, like many,
+    // serves MCP on any path): a GET with Last-Event-ID is a resume wherever it is sent.
+    let metadata_path = proxy
+        .url
+        .replace("/mcp", "/.well-known/oauth-protected-resource");
+    for url in [proxy.url.as_str(), &metadata_path] {
+        let mut bob = hyper_client();
+        let response = send(&mut bob, resume_at(url, BOB)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{url}");
+        let refusal = body_text(response.into_body()).await.unwrap();
+        assert!(!refusal.contains("deployed"), "{refusal}");
+        assert!(server.state.resume_requests().is_empty(), "{url}");
+    }
 
-    let response = send(&mut client, resume(ALICE)).await.unwrap();
+    let response = send(&mut client, resume_at(&proxy.url, ALICE))
+        .await
+        .unwrap();
     let answer = read_response_to_end(response).await;
     assert_eq!(deployment(&answer), 1, "{answer}");
     assert_eq!(server.state.resume_requests().len(), 1);
@@ -297,7 +301,8 @@ async fn wait_until<T>(done: impl Fn() -> Option<T>) -> T {
 }
 
 /// `--actor-header`: two gateway identities are two actors (two effects); a request without
-/// the header is refused unsent; the header never reaches the upstream.
+/// the header is refused unsent; the header never reaches the upstream, an OAuth metadata
+/// request's included.
 #[tokio::test]
 async fn a_gateway_header_names_the_actor_and_is_required() {
     let server = json_server(None).await;
@@ -345,6 +350,26 @@ async fn a_gateway_header_names_the_actor_and_is_required() {
     assert!(message.contains("x-gateway-user"), "{message}");
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 2);
     assert_eq!(server.state.side_effects("deploy_release"), 2);
+
+    // Nor on an OAuth metadata request, which goes around the guard.
+    let metadata = Request::get(
+        proxy
+            .url
+            .replace("/mcp", "/.well-known/oauth-protected-resource"),
+    )
+    .header("x-gateway-user", "user:alice")
+    .body(Full::default())
+    .unwrap();
+    let _ = send(&mut hyper_client(), metadata).await.unwrap();
+    let requests = server.state.all_requests();
+    let fetched = requests
+        .last()
+        .expect("the metadata request reached the upstream");
+    assert_eq!(fetched.method, http::Method::GET);
+    assert!(
+        fetched.headers.get("x-gateway-user").is_none(),
+        "{fetched:?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -523,6 +548,48 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
         correlation["client_info"],
         json!({"name": "support-client", "version": "0.0.0"}),
         "{correlation}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The OAuth metadata paths go around the guard, so only what a metadata request is passes
+/// that way: a GET of a path without dot segments. A `tools/call` POSTed to a metadata path
+/// (the test server, like many, serves MCP on any path) is guarded like any other, and a path
+/// that climbs out of `/.well-known/` (`/../`, or `%2e%2e`, which an upstream may normalise to
+/// its MCP endpoint) is refused unsent. (Before, both went to the upstream unguarded, with a
+/// token the proxy holds: the call was never recorded, so nothing stopped its repeat.)
+#[tokio::test]
+async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
+    let server = json_server(None).await;
+    let dir = temp_dir("cli-proxy-principals", "metadata-bypass");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
+    let proxy_origin = proxy.url.trim_end_matches("/mcp").to_owned();
+    let mut client = hyper_client();
+
+    let around = format!("{proxy_origin}/.well-known/oauth-protected-resource");
+    let (_, message) = deployed_as(&around, 1, &[]).await;
+    assert!(message.get("result").is_some(), "{message}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger_records(&ledger);
+    assert_eq!(records.len(), 1, "the call is guarded: {records:#?}");
+
+    let before = server.state.all_requests().len();
+    for climb in [
+        "/.well-known/oauth-protected-resource/../../mcp",
+        "/.well-known/openid-configuration/%2E%2e/%2e%2E/mcp",
+    ] {
+        let request = Request::get(format!("{proxy_origin}{climb}"))
+            .header("accept", "text/event-stream")
+            .body(Full::default())
+            .unwrap();
+        let response = send(&mut client, request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{climb}");
+    }
+    assert_eq!(
+        server.state.all_requests().len(),
+        before,
+        "nothing was sent"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

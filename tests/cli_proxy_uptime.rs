@@ -6,6 +6,7 @@ mod support;
 
 use std::{path::Path, time::Duration};
 
+use http_body_util::BodyExt;
 use mcp_replay_guard::integrations::rmcp::TowerHttpClient;
 use rmcp::{
     RoleClient, ServiceError, ServiceExt,
@@ -586,4 +587,31 @@ async fn a_zero_header_timeout_is_refused_with_a_clear_error() {
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("--header-timeout"), "{run:?}");
     assert!(!run.stderr.contains("panicked"), "{run:?}");
+}
+
+/// SIGTERM while a client holds the session's GET listen stream open (as an rmcp client does
+/// for as long as it is connected), with no call in flight: the listen stream carries no call,
+/// so the proxy ends it and exits 0 at once instead of waiting out `--shutdown-timeout`, and
+/// the client sees its stream end.
+#[tokio::test]
+async fn a_signal_ends_open_listen_streams_instead_of_waiting_out_the_shutdown_timeout() {
+    let server = TestServer::start().await;
+    let mut proxy = start_proxy(&server.url, &["--shutdown-timeout", "1h"]).await;
+    let session = Era::Sessions.open_session(&proxy.url).await.unwrap();
+    let mut client = hyper_client();
+    let listen = send(
+        &mut client,
+        get_stream(&proxy.url, Some(&session), PROTOCOL_VERSION, None),
+    )
+    .await
+    .expect("the listen stream opens");
+    assert!(listen.status().is_success(), "{listen:?}");
+
+    send_signal(&proxy.child, "TERM");
+
+    assert_eq!(exit_code(&mut proxy.child).await, Some(0));
+    let rest = tokio::time::timeout(HANG, listen.into_body().collect())
+        .await
+        .expect("the listen stream ends");
+    assert!(rest.is_ok(), "it ends, not cut: {:?}", rest.err());
 }

@@ -217,6 +217,12 @@ impl Delivery {
         self.execution_id
     }
 
+    /// The JSON-RPC id of the request the answer is for (also on a resume stream, whose GET
+    /// has none).
+    pub fn request_id(&self) -> &RequestId {
+        &self.request_id
+    }
+
     /// Whether the body carried the target's answer, so that there is a delivery to record.
     pub fn is_answered(&self) -> bool {
         self.answered.load(Ordering::Acquire)

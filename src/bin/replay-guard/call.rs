@@ -73,7 +73,8 @@ pub struct CallArgs {
     /// The protocol era to speak.
     #[arg(long, value_enum, default_value = "auto")]
     protocol: ProtocolChoice,
-    /// How long to wait for the tool's answer (e.g. `30s`, `2m`).
+    /// How long to wait for the tool's answer (e.g. `30s`, `2m`), and for the handshake before
+    /// it (`server/discover` or `initialize`).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
     #[command(flatten)]
@@ -235,7 +236,14 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         .service(connector);
 
     let mut endpoint = Endpoint::new(url, headers);
-    if let Err(error) = endpoint.open(&mut client, args.protocol).await {
+    // The handshake's answers are read whole: a server that starts one and never ends it
+    // would hold the command forever.
+    let opened = tokio::time::timeout(args.timeout, endpoint.open(&mut client, args.protocol))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!("no answer to the handshake within {:?}", args.timeout).into())
+        });
+    if let Err(error) = opened {
         bail!(
             "cannot open an MCP connection to {shown_url}: {}. Nothing was sent. {}",
             mcp_http::describe(&*error),

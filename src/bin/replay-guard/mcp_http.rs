@@ -4,7 +4,7 @@
 
 use std::error::Error as StdError;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
@@ -52,8 +52,12 @@ pub fn parse_headers(headers: &[String]) -> anyhow::Result<HeaderMap> {
         let Some((name, value)) = header.split_once(':') else {
             bail!("--header wants 'Name: value'; got a value without a colon");
         };
-        let name = HeaderName::from_bytes(name.trim().as_bytes())
-            .with_context(|| format!("--header: {:?} is not a header name", name.trim()))?;
+        // Not echoed either: a name typed with a space for its colon holds the credential.
+        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+            anyhow::anyhow!(
+                "--header wants 'Name: value'; the text before the first ':' is not a header name"
+            )
+        })?;
         // The value may be a credential: it never appears in an error.
         let mut value = HeaderValue::from_str(value.trim()).map_err(|_| {
             anyhow::anyhow!("--header {name}: the value is not a valid header value")
@@ -324,11 +328,7 @@ where
     B::Error: Into<BoxError>,
 {
     let status = response.status();
-    let sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse = is_event_stream(response.headers());
     let mut body = std::pin::pin!(response.into_body());
     if status == StatusCode::ACCEPTED {
         return Ok(Reply::Accepted);
@@ -392,6 +392,14 @@ where
         }
     }
     Ok(bytes)
+}
+
+/// Whether a response's `Content-Type` says SSE.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// An error and its sources on one line (`a: b: c`), for messages that say what went wrong.

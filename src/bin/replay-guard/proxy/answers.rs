@@ -4,23 +4,30 @@
 //! hold an irreversible one and answer that it is held). A client gets a `502` only when
 //! nothing was sent, and then as a JSON-RPC error for its request id.
 
-use std::sync::Arc;
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response, StatusCode, request::Parts};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
     ExecutionId,
-    guard::{GuardError, jsonrpc_error},
-    protocol::{self, Era, Message, RequestId, RequestKind},
+    guard::{DEFAULT_MAX_BODY_BYTES, Delivery, GuardError, GuardResponseBody, jsonrpc_error},
+    protocol::{self, Era, Message, RequestId, RequestKind, sse::SseParser},
 };
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::{
     ProxyBody, Upstream,
     delivery::{Deliveries, Written},
+    serve,
 };
-use crate::mcp_http::describe;
+use crate::mcp_http::{BoxError, describe, is_event_stream};
 
 /// How many times one client request is put to the guard: the first attempt sends; each later
 /// one asks the guard again after an unknown outcome (as `replay-guard call` does).
@@ -36,6 +43,8 @@ struct Asked {
     era: Era,
     /// A JSON-RPC request (a POST): its failures are answered as JSON-RPC errors.
     jsonrpc: bool,
+    /// A GET that opens a listen stream (no call's answer rides on it).
+    listen: bool,
 }
 
 impl Asked {
@@ -55,6 +64,7 @@ impl Asked {
                     id,
                     era: classified.era(),
                     jsonrpc,
+                    listen: matches!(classified.kind, RequestKind::Listen),
                 }
             }
             Err(_) => Self {
@@ -62,6 +72,7 @@ impl Asked {
                 id: jsonrpc.then(|| protocol::request_id_of(bytes)).flatten(),
                 era: Era::Sessions,
                 jsonrpc,
+                listen: false,
             },
         }
     }
@@ -73,13 +84,22 @@ pub(super) async fn answer(
     parts: Parts,
     bytes: Bytes,
     deliveries: Arc<Deliveries>,
+    stopping: &CancellationToken,
 ) -> Response<ProxyBody> {
     let asked = Asked::of(&parts, &bytes);
     let mut execution: Option<ExecutionId> = None;
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => return streamed(response, deliveries),
+            Ok(response) => match prepared(&guard, &asked, response, stopping).await {
+                Ok(prepared) => return streamed(prepared, deliveries),
+                // The guard recorded the cut before it reported it: it decides again.
+                Err(cut) => {
+                    execution = cut.execution.or(execution);
+                    tracing::warn!(attempt, error = %describe(&*cut.error), "the upstream answer was cut; asking the guard again");
+                    continue;
+                }
+            },
             Err(error) => error,
         };
         // An unknown outcome, a later attempt not sent after an earlier one may have been, or
@@ -132,21 +152,254 @@ fn again(parts: &Parts, bytes: &Bytes) -> Request<Full<Bytes>> {
     request
 }
 
-/// The guard's answer (the target's, or its own), streamed to the client; delivered when
-/// the client showed it took it (see the module docs of `proxy`).
-fn streamed(
-    response: Response<mcp_replay_guard::guard::GuardResponseBody<hyper::body::Incoming>>,
-    deliveries: Arc<Deliveries>,
-) -> Response<ProxyBody> {
+/// A guarded call's answer, ready to go to the client: its head, its body and its delivery.
+struct Prepared {
+    parts: http::response::Parts,
+    body: ProxyBody,
+    delivery: Option<Delivery>,
+}
+
+/// An answer's body cut before its end, before anything of it went to the client.
+struct Cut {
+    execution: Option<ExecutionId>,
+    error: BoxError,
+}
+
+/// The guard's answer, made ready for the client. A JSON answer to a `tools/call` is read
+/// whole first (up to the body bound; past it the rest streams): a body cut before its end is
+/// then still the exchange's failure, on which the guard decides again for the same request,
+/// and never a cut answer the client takes for a failure. An event stream goes on as it comes
+/// (a cut one is resumed by the client with GET + `Last-Event-ID`).
+async fn prepared(
+    guard: &Upstream,
+    asked: &Asked,
+    response: Response<GuardResponseBody<hyper::body::Incoming>>,
+    stopping: &CancellationToken,
+) -> Result<Prepared, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
     let delivery = body.defer_delivery();
-    let body = Written::new(
-        body.map_err(Into::into).boxed_unsync(),
+    let sse = is_event_stream(&parts.headers);
+    if !asked.tool_call || sse {
+        let mut body = body.map_err(Into::into).boxed_unsync();
+        if asked.listen {
+            body = serve::until_stopping(body, stopping);
+        }
+        if let (true, Some(delivery)) = (sse, &delivery) {
+            // The stream may end with one more event than the upstream sent.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            body = Unresumable {
+                inner: body,
+                delivery: delivery.clone(),
+                guard: guard.clone(),
+                id: delivery.request_id().clone(),
+                era: asked.era,
+                events: SseParser::new(),
+                tail: Vec::new(),
+                lost_track: false,
+                asking: None,
+                ended: false,
+            }
+            .boxed_unsync();
+        }
+        return Ok(Prepared {
+            parts,
+            body,
+            delivery,
+        });
+    }
+    let mut whole = BytesMut::new();
+    while whole.len() <= DEFAULT_MAX_BODY_BYTES {
+        match body.frame().await {
+            None => {
+                let body = Full::new(whole.freeze())
+                    .map_err(|never| match never {})
+                    .boxed_unsync();
+                return Ok(Prepared {
+                    parts,
+                    body,
+                    delivery,
+                });
+            }
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    whole.extend_from_slice(data);
+                }
+            }
+            Some(Err(error)) => {
+                return Err(Cut {
+                    execution: delivery.map(|d| d.execution_id()),
+                    error,
+                });
+            }
+        }
+    }
+    // Past the bound: what was read, then the rest as it comes.
+    let body = ReadAhead {
+        read: Some(whole.freeze()),
+        rest: body.map_err(Into::into).boxed_unsync(),
+    }
+    .boxed_unsync();
+    Ok(Prepared {
+        parts,
+        body,
         delivery,
-        deliveries,
-    );
-    Response::from_parts(parts, body.boxed_unsync())
+    })
+}
+
+/// A body of which `read` was read already: that, then the `rest`.
+struct ReadAhead {
+    read: Option<Bytes>,
+    rest: ProxyBody,
+}
+
+impl Body for ReadAhead {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.read.take() {
+            Some(read) => Poll::Ready(Some(Ok(Frame::data(read)))),
+            None => Pin::new(&mut self.rest).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read = self.read.as_ref().map_or(0, |read| read.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + read);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + read);
+        }
+        hint
+    }
+}
+
+/// An event stream of a guarded call's answer (or of its resume) that the client could not
+/// resume if it broke: one cut (or ended) before the answer, with no new event id (a server
+/// without priming events, or one that let go of a finished call's events) and at the end of
+/// an event, ends instead with one more event, the guard's uncertain answer for the request
+/// (read from the ledger, which recorded the cut before it was reported); never a second
+/// send. A stream with an event id is cut for the client too: it resumes it.
+struct Unresumable {
+    inner: ProxyBody,
+    delivery: Delivery,
+    guard: Upstream,
+    id: RequestId,
+    era: Era,
+    /// What went to the client, parsed for its event ids.
+    events: SseParser,
+    /// The last bytes that went to the client: whether they end an event.
+    tail: Vec<u8>,
+    /// An event was too large to follow: whether it had an id is not known.
+    lost_track: bool,
+    /// After the cut (or the end): the guard's answer being read, as an SSE event, and the cut
+    /// to report if there is none.
+    asking: Option<(Asking, Option<BoxError>)>,
+    ended: bool,
+}
+
+/// The guard's answer for a cut stream, as one SSE event (`None`: there is none).
+type Asking = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+impl Unresumable {
+    /// Whether a cut now leaves the client nothing to resume and nothing half-sent.
+    fn unresumable(&self) -> bool {
+        let at_event_end = self.tail.is_empty()
+            || [&b"\n\n"[..], b"\r\r", b"\r\n\r\n"]
+                .iter()
+                .any(|end| self.tail.ends_with(end));
+        !self.lost_track
+            && !self.delivery.is_answered()
+            && self.events.last_event_id().is_empty()
+            && at_event_end
+    }
+
+    fn sent(&mut self, data: &[u8]) {
+        // An oversize event poisons the parser: the stream is then left as it comes.
+        if self.events.push(data, |_| {}).is_err() {
+            self.lost_track = true;
+        }
+        self.tail.extend_from_slice(data);
+        let keep = self.tail.len().saturating_sub(4);
+        self.tail.drain(..keep);
+    }
+}
+
+impl Body for Unresumable {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some((mut asking, cut)) = this.asking.take() {
+            let Poll::Ready(answer) = asking.as_mut().poll(cx) else {
+                this.asking = Some((asking, cut));
+                return Poll::Pending;
+            };
+            this.ended = true;
+            return Poll::Ready(match answer {
+                Some(event) => Some(Ok(Frame::data(event))),
+                None => cut.map(Err),
+            });
+        }
+        let next = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match next {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    this.sent(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            // Cut, or ended, before the answer with nothing to resume from.
+            Some(Err(_)) | None if this.unresumable() => {
+                let cut = next.and_then(Result::err);
+                tracing::warn!(
+                    cut = cut.is_some(),
+                    "the upstream stream ended before the answer, with nothing to resume; answering from the ledger"
+                );
+                let (guard, execution) = (this.guard.clone(), this.delivery.execution_id());
+                let (id, era) = (this.id.clone(), this.era);
+                let asking = Box::pin(async move {
+                    let response = guard.unanswered(execution, &id, era).await.ok()??;
+                    let json = String::from_utf8_lossy(response.body());
+                    Some(Bytes::from(format!("event: message\ndata: {json}\n\n")))
+                });
+                this.asking = Some((asking, cut));
+                self.poll_frame(cx)
+            }
+            other => {
+                this.ended = true;
+                Poll::Ready(other)
+            }
+        }
+    }
+
+    /// Not before the guard had its say on how the stream ended.
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+/// The guard's answer (the target's, or its own), streamed to the client; delivered when
+/// the client showed it took it (see the module docs of `proxy`).
+fn streamed(prepared: Prepared, deliveries: Arc<Deliveries>) -> Response<ProxyBody> {
+    let body = Written::new(prepared.body, prepared.delivery, deliveries);
+    Response::from_parts(prepared.parts, body.boxed_unsync())
 }
 
 /// A failure with no answer to hand on. `502` only when nothing was sent.

@@ -5,7 +5,9 @@
 //! and resumes (`Last-Event-ID`), DELETEs, with their headers except the hop-by-hop ones. The
 //! OAuth metadata paths (`/.well-known/oauth-protected-resource…`,
 //! `/.well-known/oauth-authorization-server…`, `/.well-known/openid-configuration…`) go to the
-//! same path on the upstream's origin, around the guard.
+//! same path on the upstream's origin, around the guard: GETs (and HEADs) that are no resume
+//! (`Last-Event-ID`) only, and never a path with a dot segment, which could leave
+//! `/.well-known/` at an upstream that normalises paths.
 //!
 //! Who acts in each call is read from the client's request ([`principals`]), so that one
 //! client's kept result or held answer is never another's.
@@ -40,8 +42,11 @@
 //!
 //! A `tools/call` whose exchange failed after it may have been sent is put to the guard again
 //! on the same client request (see `answers.rs`): the client gets the guard's decision (the
-//! re-sent call's result, or its honest uncertain answer), never a bare `502`. A `502` means
-//! nothing was sent, and is a JSON-RPC error for the request's id.
+//! re-sent call's result, or its honest uncertain answer), never a bare `502`. A JSON answer
+//! is read whole before its head goes out, so one cut after its head is such a failure too;
+//! an event stream cut (or ended) before its answer with no event id to resume from ends with
+//! the guard's uncertain answer as one more event. A `502` means nothing was sent, and is a
+//! JSON-RPC error for the request's id.
 
 use std::{convert::Infallible, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
@@ -56,6 +61,7 @@ use mcp_replay_guard::{
     guard::{DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url},
     protocol,
 };
+use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 mod answers;
@@ -120,6 +126,8 @@ struct Front {
     sessions: Sessions,
     /// Around the guard: the OAuth metadata requests.
     metadata: Client<tls::Connector, Full<Bytes>>,
+    /// Cancelled at shutdown: listen streams end.
+    stopping: CancellationToken,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -170,7 +178,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         held: crate::mcp_http::parse_headers(&args.headers)?,
         sessions: Sessions::default(),
         metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
+        stopping: CancellationToken::new(),
     });
+    let stopping = front.stopping.clone();
     let guard: Upstream = ServiceBuilder::new()
         .layer(layer.clone())
         .service(Client::builder(TokioExecutor::new()).build(connector));
@@ -202,6 +212,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         signals,
         &args.serve,
         &layer,
+        stopping,
         handler,
     )
     .await)
@@ -237,7 +248,13 @@ async fn forward(
             return Ok(error_response(StatusCode::BAD_REQUEST, &message));
         }
     };
-    if is_oauth_metadata(parts.uri.path()) {
+    if is_oauth_metadata(&parts) {
+        if climbs(parts.uri.path()) {
+            return Ok(error_response(
+                StatusCode::BAD_REQUEST,
+                "replay-guard proxy: a metadata path with a `.` or `..` segment is refused; nothing was sent",
+            ));
+        }
         return Ok(metadata(&front, &upstream, parts, bytes).await);
     }
     // Before `--header` replaces anything: the actor is who the client says it is.
@@ -282,7 +299,7 @@ async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
     hold_headers(&front.held, &mut parts.headers);
-    let response = answers::answer(guard, parts, bytes, deliveries).await;
+    let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping).await;
     if let Some(client) = initializing
         && let Some(session) = response.headers().get("mcp-session-id")
         && let Ok(session) = session.to_str()
@@ -297,9 +314,17 @@ async fn forward(
     Ok(response)
 }
 
-/// Whether `path` asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
-/// authorization server, OpenID discovery), with or without a suffix.
-fn is_oauth_metadata(path: &str) -> bool {
+/// Whether the request asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
+/// authorization server, OpenID discovery), with or without a suffix: a GET (or HEAD), as those
+/// documents are fetched, that is no resume (`Last-Event-ID`). Anything else goes through the
+/// guard like every request: the metadata path goes around it, and an upstream may serve MCP
+/// on any path.
+fn is_oauth_metadata(parts: &http::request::Parts) -> bool {
+    let fetch = parts.method == http::Method::GET || parts.method == http::Method::HEAD;
+    if !fetch || parts.headers.contains_key(protocol::LAST_EVENT_ID) {
+        return false;
+    }
+    let path = parts.uri.path();
     [
         "/.well-known/oauth-protected-resource",
         "/.well-known/oauth-authorization-server",
@@ -310,6 +335,20 @@ fn is_oauth_metadata(path: &str) -> bool {
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     })
+}
+
+/// Whether `path` has a `.` or `..` segment, also percent-encoded or after a backslash, by which an
+/// upstream that normalises paths would leave `/.well-known/` (for its MCP endpoint, say).
+fn climbs(path: &str) -> bool {
+    let decoded = path
+        .to_ascii_lowercase()
+        .replace("%2e", ".")
+        .replace("%2f", "/")
+        .replace("%5c", "/")
+        .replace('\\', "/");
+    decoded
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
 }
 
 /// An OAuth metadata request, sent to the same path on the upstream's origin (not through the
@@ -329,6 +368,7 @@ async fn metadata(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
+    front.principals.remove_gateway_headers(&mut parts.headers);
     hold_headers(&front.held, &mut parts.headers);
     match front
         .metadata
@@ -358,13 +398,18 @@ fn hold_headers(held: &HeaderMap, headers: &mut HeaderMap) {
     }
 }
 
-/// The upstream endpoint, with the client's query string if it sent one.
+/// The upstream endpoint, with the client's query string, if it sent one, after the
+/// upstream URL's own (which may carry a key the upstream handed out: never dropped).
 fn upstream_uri(upstream: &Uri, query: Option<&str>) -> Option<Uri> {
     let Some(query) = query else {
         return Some(upstream.clone());
     };
     let mut parts = upstream.clone().into_parts();
     let path = upstream.path();
+    let query = match upstream.query() {
+        Some(own) => format!("{own}&{query}"),
+        None => query.to_owned(),
+    };
     parts.path_and_query = Some(format!("{path}?{query}").parse().ok()?);
     Uri::from_parts(parts).ok()
 }

@@ -121,6 +121,17 @@ impl Principals {
         };
         Ok((actor, scope))
     }
+
+    /// Removes the gateway's headers from a request that names no principal (an OAuth
+    /// metadata request): they are for the proxy, never the upstream.
+    pub(super) fn remove_gateway_headers(&self, headers: &mut HeaderMap) {
+        if let ActorSource::Header(name) = &self.actor {
+            headers.remove(name);
+        }
+        if let ScopeSource::Header(name) = &self.scope {
+            headers.remove(name);
+        }
+    }
 }
 
 /// `authorization:hmac-sha256:` and the first 128 bits of HMAC(tag key, value), in hex.

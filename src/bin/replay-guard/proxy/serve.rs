@@ -6,8 +6,9 @@
 //!
 //! On the first SIGTERM or SIGINT the proxy stops accepting (the listening socket closes),
 //! tells every connection to close once its answer is written (an idle one closes at once),
-//! and lets the calls in flight finish for up to `--shutdown-timeout`. At that deadline the
-//! connections still open are cut: a call whose outcome was not seen yet is recorded `unknown`
+//! and lets the calls in flight finish for up to `--shutdown-timeout`. A listen stream (a GET
+//! without `Last-Event-ID`) carries no call: it ends at once, so that a connected client does
+//! not hold the shutdown to its deadline. At that deadline the connections still open are cut: a call whose outcome was not seen yet is recorded `unknown`
 //! (never left `dispatched`, never a made-up failure), and the proxy exits 0 only once those
 //! ledger writes are done. A second signal exits at once, with 128 + the signal's number (130
 //! for SIGINT, 143 for SIGTERM); the ledger stays valid (every append is whole or absent) and
@@ -16,13 +17,18 @@
 use std::{
     convert::Infallible,
     io,
+    pin::Pin,
     process::ExitCode,
     sync::Arc,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use clap::Args;
 use http::{Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioIo, TokioTimer},
@@ -35,12 +41,16 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{
     ProxyBody,
     delivery::{Deliveries, Watched},
 };
-use crate::{mcp_http::describe, tls};
+use crate::{
+    mcp_http::{BoxError, describe},
+    tls,
+};
 
 /// How the proxy holds up under many, slow or stuck clients, and how it shuts down.
 #[derive(Debug, Args)]
@@ -81,6 +91,7 @@ pub(super) async fn serve<F, S>(
     mut signals: Signals,
     options: &ServeOptions,
     guard: &GuardLayer,
+    stopping: CancellationToken,
     handler: F,
 ) -> ExitCode
 where
@@ -122,6 +133,7 @@ where
         });
     };
     drop(listener);
+    stopping.cancel();
     let deadline = Instant::now() + options.shutdown_timeout;
     tracing::info!(
         signal = signal.name(),
@@ -159,6 +171,41 @@ where
         tracing::warn!("the ledger's last writes did not finish; exiting without them");
     }
     ExitCode::SUCCESS
+}
+
+/// `body`, ended once `stopping` is cancelled (a listen stream, at shutdown).
+pub(super) fn until_stopping(body: ProxyBody, stopping: &CancellationToken) -> ProxyBody {
+    UntilStopping {
+        body,
+        stopped: stopping.clone(),
+        stopping: Box::pin(stopping.clone().cancelled_owned()),
+    }
+    .boxed_unsync()
+}
+
+struct UntilStopping {
+    body: ProxyBody,
+    stopped: CancellationToken,
+    stopping: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl Body for UntilStopping {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.stopping.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stopped.is_cancelled() || self.body.is_end_stream()
+    }
 }
 
 /// The next client connection, with its place under the connection bound. Waits for a place
