@@ -115,18 +115,11 @@ fn proxy_temp_dir(name: &str) -> std::path::PathBuf {
     temp_dir("cli-proxy", name)
 }
 
-/// The proxy ledger's records (`replay-guard --json ledger list`).
-fn ledger_records(ledger: &std::path::Path) -> Vec<Value> {
-    let list = replay_guard_blocking(&["--json", "ledger", "list", &ledger.to_string_lossy()]);
-    assert_eq!(list.code, 0, "{list:?}");
-    serde_json::from_str(&list.stdout).unwrap()
-}
-
 /// Polls the ledger (every 20 ms, up to 10 s) until `done` holds for its records.
 async fn wait_for_records(ledger: &std::path::Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let records = ledger_records(ledger);
+        let records = ledger_list(ledger);
         if done(&records) || tokio::time::Instant::now() >= deadline {
             return records;
         }
@@ -284,7 +277,7 @@ async fn an_sse_answer_the_client_resets_unread_is_not_delivered_and_the_repeat_
     );
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -389,7 +382,7 @@ async fn the_proxy_stops_cleanly_while_it_drains_an_abandoned_response() {
         .expect("the proxy stops")
         .unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     assert_eq!(records[0]["state"], "unknown", "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
@@ -622,7 +615,7 @@ async fn a_proxy_killed_before_it_records_a_delivery_hands_the_repeat_the_kept_r
         proxy.child.start_kill().unwrap();
         proxy.child.wait().await.unwrap();
         drop(client);
-        let records = ledger_records(&ledger);
+        let records = ledger_list(&ledger);
         assert_eq!(records.len(), 1, "{records:#?}");
         assert_eq!(
             records[0]["state"], "completed_result_not_delivered",

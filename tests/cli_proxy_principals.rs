@@ -77,12 +77,6 @@ fn deployment(message: &Value) -> &Value {
     &message["result"]["structuredContent"]["deployment"]
 }
 
-fn ledger_records(ledger: &Path) -> Vec<Value> {
-    let list = replay_guard_blocking(&["--json", "ledger", "list", &ledger.to_string_lossy()]);
-    assert_eq!(list.code, 0, "{list:?}");
-    serde_json::from_str(&list.stdout).unwrap()
-}
-
 /// Every file the ledger left under `dir` (ledger, key, kept results), as text.
 fn ledger_dir_text(dir: &Path) -> String {
     let mut text = String::new();
@@ -130,7 +124,7 @@ async fn clients_with_different_tokens_never_share_a_kept_result() {
     assert_eq!(repeat["id"], 3, "{repeat}");
     assert_eq!(server.state.side_effects("deploy_release"), 2);
 
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 2, "{records:#?}");
     let actors: Vec<&str> = records
         .iter()
@@ -248,7 +242,7 @@ async fn another_clients_resume_of_a_cut_stream_is_refused() {
     let response = send(&mut client, authorized(call, ALICE)).await.unwrap();
     assert!(read_jsonrpc_response(response, &json!(1)).await.is_err());
     let records = wait_until(|| {
-        let records = ledger_records(&ledger);
+        let records = ledger_list(&ledger);
         (records.len() == 1 && records[0]["state"] == "unknown").then_some(records)
     })
     .await;
@@ -334,7 +328,7 @@ async fn a_gateway_header_names_the_actor_and_is_required() {
             "{request:?}"
         );
     }
-    let mut actors: Vec<String> = ledger_records(&ledger)
+    let mut actors: Vec<String> = ledger_list(&ledger)
         .iter()
         .map(|r| r["actor"].as_str().unwrap().to_owned())
         .collect();
@@ -427,7 +421,7 @@ async fn an_oauth_upstreams_challenge_and_metadata_pass_through() {
         );
     }
     assert_eq!(server.state.side_effects("deploy_release"), 0);
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     assert_eq!(records[0]["state"], "failed", "{records:#?}");
     assert_eq!(records[0]["target_status"], 401, "{records:#?}");
@@ -475,7 +469,7 @@ async fn a_token_the_proxy_holds_reaches_the_upstream_and_nowhere_else() {
         let sent: Vec<_> = request.headers.get_all("authorization").iter().collect();
         assert_eq!(sent, [HELD], "{request:?}");
     }
-    let mut actors: Vec<String> = ledger_records(&ledger)
+    let mut actors: Vec<String> = ledger_list(&ledger)
         .iter()
         .map(|r| r["actor"].as_str().unwrap().to_owned())
         .collect();
@@ -517,7 +511,7 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
     .await
     .unwrap();
     assert_eq!(deployment(&answer), 1, "{answer}");
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     let correlation = &records[0]["correlation"];
     assert_eq!(correlation["session_id"], session.as_str(), "{correlation}");
@@ -541,7 +535,7 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
     let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
     let (_client, answer) = deployed_as(&proxy.url, 1, &[]).await;
     assert_eq!(deployment(&answer), 1, "{answer}");
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     let correlation = &records[0]["correlation"];
     assert!(correlation.get("session_id").is_none(), "{correlation}");
     assert_eq!(
@@ -571,7 +565,7 @@ async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
     let (_, message) = deployed_as(&around, 1, &[]).await;
     assert!(message.get("result").is_some(), "{message}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "the call is guarded: {records:#?}");
 
     let before = server.state.all_requests().len();
@@ -592,4 +586,23 @@ async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
         "nothing was sent"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A token the proxy holds says nothing about its clients: without `--actor-header` or
+/// `--actor`, every client that sends no Authorization is one actor (`anonymous`). The proxy
+/// says so when it starts, and not when the flags say who acts.
+#[tokio::test]
+async fn a_held_token_without_a_way_to_tell_clients_apart_is_warned_about() {
+    const WARNING: &str = "anonymous clients share kept results";
+    let server = json_server(Some("held")).await;
+    let held = ["--header", "Authorization: Bearer held"];
+    let proxy = start_proxy_logged(&server.url, &held, "warn").await;
+    let stderr = proxy.stop().await;
+    assert!(stderr.contains(WARNING), "{stderr}");
+    assert!(!stderr.contains("Bearer held"), "{stderr}");
+
+    let told = [&held[..], &["--actor-header", "x-gateway-user"]].concat();
+    let proxy = start_proxy_logged(&server.url, &told, "warn").await;
+    let stderr = proxy.stop().await;
+    assert!(!stderr.contains(WARNING), "{stderr}");
 }

@@ -71,13 +71,6 @@ fn authority(proxy: &Proxy) -> String {
         .to_owned()
 }
 
-/// The proxy ledger's records (`replay-guard --json ledger list`).
-fn ledger_records(ledger: &Path) -> Vec<Value> {
-    let list = replay_guard_blocking(&["--json", "ledger", "list", &ledger.to_string_lossy()]);
-    assert_eq!(list.code, 0, "{list:?}");
-    serde_json::from_str(&list.stdout).unwrap()
-}
-
 fn assert_ledger_verifies(ledger: &Path) {
     let verify = replay_guard_blocking(&["audit", "verify", &ledger.to_string_lossy()]);
     assert_eq!(verify.code, 0, "{verify:?}");
@@ -322,7 +315,7 @@ async fn a_signal_lets_the_call_in_flight_finish_then_exits_0() {
         assert_eq!(exit_code(&mut proxy.child).await, Some(0), "SIG{signal}");
         assert_eq!(server.state.side_effects("slow_deploy"), 1);
         assert_ledger_verifies(&ledger);
-        let records = ledger_records(&ledger);
+        let records = ledger_list(&ledger);
         assert_eq!(records.len(), 1, "{records:#?}");
         assert!(
             ["delivered", "completed_result_not_delivered"]
@@ -365,7 +358,7 @@ async fn a_call_past_the_shutdown_timeout_is_recorded_unknown_and_a_repeat_is_he
     in_flight.abort();
 
     assert_ledger_verifies(&ledger);
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     assert_eq!(records[0]["state"], "unknown", "{records:#?}");
 
@@ -494,7 +487,7 @@ async fn an_idle_connection_closed_by_the_header_timeout_leaves_its_answer_undel
     drop(stream);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
-    let records = ledger_records(&ledger);
+    let records = ledger_list(&ledger);
     assert_eq!(records.len(), 1, "{records:#?}");
     assert_eq!(
         records[0]["state"], "completed_result_not_delivered",

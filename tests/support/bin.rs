@@ -126,6 +126,13 @@ pub async fn ledger_records(ledger: &str) -> Vec<Value> {
     serde_json::from_str(&list.stdout).unwrap_or_else(|e| panic!("{e}: {list:#?}"))
 }
 
+/// [`ledger_records`], blocking the thread: for a poll loop or a sync helper.
+pub fn ledger_list(ledger: &std::path::Path) -> Vec<Value> {
+    let list = replay_guard_blocking(&["--json", "ledger", "list", &ledger.to_string_lossy()]);
+    assert_eq!(list.code, 0, "{list:#?}");
+    serde_json::from_str(&list.stdout).unwrap_or_else(|e| panic!("{e}: {list:#?}"))
+}
+
 /// A running proxy process, killed when dropped.
 pub struct Proxy {
     pub url: String,

@@ -51,9 +51,9 @@ pub use bearer::{
 };
 #[cfg(feature = "cli")]
 pub use bin::{
-    BIN, Proxy, Run, concurrently, ledger_records, proxy_args, replay_guard, replay_guard_blocking,
-    replay_guard_command, replay_guard_parts, replay_guard_within, spawn_proxy, spawn_replay_guard,
-    start_proxy, start_proxy_command, start_proxy_logged,
+    BIN, Proxy, Run, concurrently, ledger_list, ledger_records, proxy_args, replay_guard,
+    replay_guard_blocking, replay_guard_command, replay_guard_parts, replay_guard_within,
+    spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command, start_proxy_logged,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;

@@ -173,9 +173,19 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         Some(name) => ScopeSource::Header(header_name("--scope-header", name)?),
         None => ScopeSource::Fixed(IntentScope::new(args.guard.scope.as_str())),
     };
+    let held = crate::mcp_http::parse_headers(&args.headers)?;
+    if held.contains_key(header::AUTHORIZATION)
+        && args.guard.actor.is_none()
+        && actor_header.is_none()
+    {
+        // The proxy's own token tells the upstream nothing about who its client is.
+        tracing::warn!(
+            "--header Authorization: the proxy holds the upstream's token, so a client that sends no Authorization of its own acts as `anonymous`, and anonymous clients share kept results; give --actor-header (a gateway's identity) or --actor to say who acts"
+        );
+    }
     let front = Arc::new(Front {
         principals: Principals::new(args.guard.actor.as_deref(), actor_header, scope, &key),
-        held: crate::mcp_http::parse_headers(&args.headers)?,
+        held,
         sessions: Sessions::default(),
         metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
         stopping: CancellationToken::new(),
