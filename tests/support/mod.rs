@@ -26,8 +26,6 @@
 #![allow(unused_imports)]
 
 mod bearer;
-#[cfg(feature = "cli")]
-mod bin;
 mod child;
 mod client;
 mod era;
@@ -46,14 +44,18 @@ mod temp;
 mod tls;
 mod tools;
 
+/// The repository's root: the library package's directory, whichever package's tests run (the
+/// command's tests in `cli/` share this support).
+pub fn repo_root() -> std::path::PathBuf {
+    let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    match package.file_name() {
+        Some(name) if name == "cli" => package.parent().expect("cli/ has a parent").to_path_buf(),
+        _ => package.to_path_buf(),
+    }
+}
+
 pub use bearer::{
     AUTHORIZATION_SERVER_METADATA_PATH, BearerGate, RESOURCE_METADATA_PATH, UNAUTHORIZED_BODY,
-};
-#[cfg(feature = "cli")]
-pub use bin::{
-    BIN, Proxy, Run, concurrently, ledger_list, ledger_records, proxy_args, replay_guard,
-    replay_guard_blocking, replay_guard_command, replay_guard_parts, replay_guard_within,
-    spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command, start_proxy_logged,
 };
 pub use child::{CHILD_TASK, child_process};
 pub use client::*;

@@ -21,10 +21,7 @@ fn schemas(era: Era) -> &'static Schemas {
         Era::Stateless => (&STATELESS, "2026-07-28"),
     };
     cell.get_or_init(|| {
-        let path = format!(
-            "{}/tests/schemas/mcp/{version}/schema.json",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = super::repo_root().join(format!("tests/schemas/mcp/{version}/schema.json"));
         let schema: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let validator = |definition: &str| {
             let mut schema = schema.clone();

@@ -72,7 +72,7 @@ async fn a_completed_call_exits_0_with_the_tool_result_in_both_eras() {
     assert_eq!(calls[0].session_id, None);
 
     // The shipped policy file is read: deploy_release is irreversible there, list_branches read-only.
-    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml");
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/policy.toml");
     let run = call(
         &server.url,
         "list_branches",

@@ -9,7 +9,8 @@ use mcp_replay_guard::{
     ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger},
 };
 use support::{
-    deploy_claim, dispatched_as, event_now, fingerprint_of_byte, replay_guard_parts as replay_guard,
+    deploy_claim, dispatched_as, event_now, fingerprint_of_byte,
+    replay_guard_parts as replay_guard, repo_root,
 };
 
 fn claim(byte: u8) -> Claim {
@@ -147,7 +148,7 @@ async fn verify_list_show_and_resolve_a_ledger() {
 /// `call --policy` is tested with.
 #[test]
 fn readme_carries_the_example_policy_verbatim() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = repo_root().display().to_string();
     let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
     let policy = std::fs::read_to_string(format!("{root}/examples/policy.toml")).unwrap();
     assert!(

@@ -21,7 +21,7 @@
 
 mod call;
 mod demo;
-#[path = "../../../examples/support/deploy_server.rs"]
+#[path = "../../examples/support/deploy_server.rs"]
 mod deploy_server;
 mod mcp_http;
 mod options;

@@ -3,7 +3,6 @@
 //! operator's shell could: archives swapped or deleted, a checkpoint forged and re-sealed, the
 //! tail cut or re-sealed past an anchored head. And the guard's head log, which anchors the
 //! chain from outside.
-#![cfg(feature = "cli")]
 
 mod support;
 

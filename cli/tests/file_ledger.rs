@@ -676,7 +676,11 @@ fn foreign_files() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         ),
         (
             "policy",
-            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policy.toml")).unwrap(),
+            std::fs::read(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../examples/policy.toml"
+            ))
+            .unwrap(),
             "text",
         ),
         ("json", b"{\"a\":1}\n{\"b\":2}\n".to_vec(), "JSON"),

@@ -1,0 +1,16 @@
+//! The test support of the library package (`../tests/support`), shared as it is, plus what only
+//! this package has: the built `replay-guard` binary run as a child process (`bin`).
+#![allow(dead_code)]
+#![allow(unused_imports)]
+
+#[path = "../../../tests/support/mod.rs"]
+mod shared;
+
+mod bin;
+
+pub use bin::{
+    BIN, Proxy, Run, concurrently, ledger_list, ledger_records, proxy_args, replay_guard,
+    replay_guard_blocking, replay_guard_command, replay_guard_parts, replay_guard_within,
+    spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command, start_proxy_logged,
+};
+pub use shared::*;
