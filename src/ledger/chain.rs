@@ -990,6 +990,9 @@ mod tests {
             proptest::prop_assume!(bytes[i] != byte && byte != b'\n');
             bytes[i] = byte;
             let edited = String::from_utf8_lossy(&bytes).into_owned();
+            // A byte that breaks a UTF-8 sequence can decode back to the very text it was in
+            // (a U+FFFD the result already held): then nothing changed that a reader could see.
+            proptest::prop_assume!(edited != text);
             let report = verify([first.as_str(), edited.as_str()]);
             proptest::prop_assert!(!report.is_ok(), "byte {} -> {:?} went unnoticed", i, byte as char);
         }
