@@ -1,5 +1,5 @@
-//! What a `tools/call` with an `Idempotency-Key` gets, decided from the key's ledger record
-//! alone (no HTTP types, so the table is tested on its own).
+//! What a `tools/call` with an `Idempotency-Key` gets in the server half, decided from the
+//! key's ledger record alone (README, "the server half" table).
 
 use crate::{
     fingerprint::Fingerprint,
@@ -8,7 +8,7 @@ use crate::{
 
 /// The answer to a keyed call.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum KeyDecision {
+pub(crate) enum KeyDecision {
     /// Run the call under this execution: a new key, or a first request whose owner died before
     /// it dispatched (provably not run). `bind` says whether the call's fingerprint must still
     /// be bound to the key.
@@ -29,7 +29,7 @@ pub(super) enum KeyDecision {
 
 /// Decides from a claim on the key. `owner_alive` says whether the process that claimed an
 /// existing record is still running.
-pub(super) fn decide(claimed: Claimed, call: Fingerprint, owner_alive: bool) -> KeyDecision {
+pub(crate) fn decide(claimed: Claimed, call: Fingerprint, owner_alive: bool) -> KeyDecision {
     let record = match claimed {
         Claimed::New(record) => return KeyDecision::Run { record, bind: true },
         Claimed::Existing(record) => record,
