@@ -395,7 +395,9 @@ fn resend_reason(
             AfterUnknown::ResendUnderKey => {
                 Err("idempotent tool without an Idempotency-Key or a guard execution")
             }
-            AfterUnknown::Probe => Err("recoverable tool: its status probe decides on the next call"),
+            AfterUnknown::Probe => {
+                Err("recoverable tool: its status probe decides on the next call")
+            }
             AfterUnknown::Review => Err("irreversible or unlisted tool"),
         },
         ReplayKind::Http if is_idempotent_method(method) => Ok("idempotent HTTP method"),

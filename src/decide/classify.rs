@@ -96,7 +96,11 @@ mod tests {
     #[test]
     fn timeout_conflict_and_gone_leave_the_outcome_unknown() {
         for status in [408, 409, 410, 413, 500, 502, 503, 504] {
-            assert_eq!(classify_status(status), StatusClass::Unknown, "HTTP {status}");
+            assert_eq!(
+                classify_status(status),
+                StatusClass::Unknown,
+                "HTTP {status}"
+            );
         }
     }
 

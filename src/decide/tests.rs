@@ -99,7 +99,12 @@ fn the_readme_table() {
             RetryClass::Irreversible => Some(("outcome unknown, **irreversible** tool", review)),
         };
         if let Some((row, expected)) = unknown {
-            rows.push((row, existing(class, S::Unknown, false), idle(class), expected));
+            rows.push((
+                row,
+                existing(class, S::Unknown, false),
+                idle(class),
+                expected,
+            ));
         }
         for (row, claimed, facts, expected) in rows {
             assert_eq!(decide(&claimed, facts), expected, "{class}: {row}");

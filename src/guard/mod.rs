@@ -37,9 +37,9 @@ pub(crate) mod service;
 
 use std::fmt;
 
+pub(crate) use crate::decide::call::UncertainReason;
 pub use answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
-pub(crate) use crate::decide::call::UncertainReason;
 pub use hooks::{
     Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
 };
