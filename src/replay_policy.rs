@@ -113,6 +113,7 @@ use tower::retry::{
 use crate::{
     IDEMPOTENCY_KEY, Target,
     contract::{ContractRegistry, RetryClass},
+    decide::class::AfterUnknown,
     guard::GuardError,
     protocol::{self, RequestKind},
 };
@@ -383,20 +384,22 @@ fn resend_reason(
     };
     match kind {
         ReplayKind::Read => Ok("MCP traffic that runs no tool"),
-        ReplayKind::Tool(RetryClass::ReadOnly) => Ok("read-only tool"),
-        ReplayKind::Tool(RetryClass::Idempotent) if has_key => {
-            Ok("idempotent tool, re-sent under its Idempotency-Key")
-        }
-        ReplayKind::Tool(RetryClass::Idempotent) if guard_execution => {
-            Ok("idempotent tool, re-sent by the guard under its execution's key")
-        }
-        ReplayKind::Tool(RetryClass::Idempotent) => {
-            Err("idempotent tool without an Idempotency-Key or a guard execution")
-        }
-        ReplayKind::Tool(RetryClass::Recoverable) => {
-            Err("recoverable tool: its status probe decides on the next call")
-        }
-        ReplayKind::Tool(RetryClass::Irreversible) => Err("irreversible or unlisted tool"),
+        ReplayKind::Tool(class) => match AfterUnknown::of(class) {
+            AfterUnknown::ResendFreely => Ok("read-only tool"),
+            AfterUnknown::ResendUnderKey if has_key => {
+                Ok("idempotent tool, re-sent under its Idempotency-Key")
+            }
+            AfterUnknown::ResendUnderKey if guard_execution => {
+                Ok("idempotent tool, re-sent by the guard under its execution's key")
+            }
+            AfterUnknown::ResendUnderKey => {
+                Err("idempotent tool without an Idempotency-Key or a guard execution")
+            }
+            AfterUnknown::Probe => {
+                Err("recoverable tool: its status probe decides on the next call")
+            }
+            AfterUnknown::Review => Err("irreversible or unlisted tool"),
+        },
         ReplayKind::Http if is_idempotent_method(method) => Ok("idempotent HTTP method"),
         ReplayKind::Http if has_key => Ok("request with an Idempotency-Key"),
         ReplayKind::Http => Err("not idempotent and no Idempotency-Key"),

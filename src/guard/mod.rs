@@ -3,7 +3,7 @@
 //! [`GuardLayer`] wraps any `Service<http::Request<GuardRequestBody>>` that speaks MCP
 //! Streamable HTTP (a hyper client, say). Every `tools/call` that passes through it is
 //! classified, fingerprinted, given an execution ID and a ledger record, and every repeat of
-//! the same intent is decided from that record ([`decide`]) instead of being sent blindly.
+//! the same intent is decided from that record (DESIGN §4) instead of being sent blindly.
 //! Everything else (initialize, tools/list, notifications, GET, DELETE) and every read-only
 //! tool passes through untouched.
 //!
@@ -32,15 +32,14 @@
 
 pub(crate) mod answer;
 mod body;
-mod decision;
 mod hooks;
 pub(crate) mod service;
 
 use std::fmt;
 
+pub(crate) use crate::decide::call::UncertainReason;
 pub use answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
-pub use decision::{Decision, Facts, UncertainReason, decide};
 pub use hooks::{
     Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
 };

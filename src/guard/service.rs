@@ -23,14 +23,19 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::{
-    Authorization, AuthorizationRequest, Authorize, BoxError, Decision, Facts, GuardError,
-    GuardRequestBody, GuardResponseBody, ProbeOutcome, ProbeRequest, StatusProbe, UncertainReason,
-    answer, decide,
+    Authorization, AuthorizationRequest, Authorize, BoxError, GuardError, GuardRequestBody,
+    GuardResponseBody, ProbeOutcome, ProbeRequest, StatusProbe, UncertainReason, answer,
 };
 use crate::{
     Actor, CredentialRef, ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat,
     IntentScope, Target,
     contract::{ContractRegistry, RetryClass},
+    decide::{
+        call::{Decision, Facts, decide},
+        classify::{ErrorClass, classify_error, refused_before_running},
+        flight::{Flight, single_flight},
+        probe::AfterProbe,
+    },
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintKey},
     ledger::{
         Claim, Claimed, ClientInfo, EventKind, ExecutionRecord, ExecutionState, Ledger,
@@ -793,7 +798,6 @@ where
                 let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
                 let facts = Facts {
                     attempt_alive,
-                    resumable: false,
                     has_probe,
                     task_known,
                 };
@@ -865,9 +869,8 @@ where
                     record
                 }
                 Decision::Resend => record,
-                // Resumption belongs to the resume layer and attachment happened before the
-                // claim; neither ever turns into a re-send here.
-                Decision::Resume | Decision::Attach => {
+                // Attachment happened before the claim; it never turns into a re-send here.
+                Decision::Attach => {
                     return answered(answer::uncertain(
                         &reply_id,
                         intent.era,
@@ -967,8 +970,8 @@ where
         tracing::info!(?outcome, "status probe answered");
         let id = record.execution_id;
         let reply_id = &intent.call.id;
-        match outcome {
-            ProbeOutcome::Applied { result } => {
+        match AfterProbe::of(outcome) {
+            AfterProbe::HandBack { result } => {
                 let stored = match result.as_ref().map(serde_json::to_vec) {
                     Some(Ok(bytes))
                         if intent.keep_results && bytes.len() <= intent.max_result_bytes =>
@@ -996,7 +999,7 @@ where
                     None => Probed::Moved,
                 })
             }
-            ProbeOutcome::NotApplied => {
+            AfterProbe::Resend => {
                 let resolved = EventKind::Resolved {
                     applied: false,
                     by: "probe".into(),
@@ -1009,13 +1012,13 @@ where
                     None => Probed::Moved,
                 })
             }
-            ProbeOutcome::InProgress => Ok(Probed::Answer(answer::uncertain(
+            AfterProbe::InProgress => Ok(Probed::Answer(answer::uncertain(
                 reply_id,
                 intent.era,
                 &record,
                 UncertainReason::InProgress,
             ))),
-            ProbeOutcome::Unknown { reason } => {
+            AfterProbe::Review { reason } => {
                 let review = EventKind::NeedsReview {
                     reason: format!("status probe: {reason}"),
                 };
@@ -1150,7 +1153,7 @@ where
             let max = self.config.max_body_bytes.max(intent.max_result_bytes);
             return Ok(response.map(|b| GuardResponseBody::observed(b, observation, sse, max)));
         }
-        let kind = if refused_before_running(status) {
+        let kind = if refused_before_running(status.as_u16()) {
             EventKind::Failed {
                 target_status: Some(status.as_u16()),
                 reason: format!("the target refused the call with HTTP {status}"),
@@ -1177,7 +1180,8 @@ async fn send_failed<RB>(
 ) -> Answer<RB> {
     let id = record.execution_id;
     {
-        let sent = polled.load(Ordering::Acquire) && !is_connect_error(&*error);
+        let sent = classify_error(polled.load(Ordering::Acquire), is_connect_error(&*error))
+            == ErrorClass::Unknown;
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
@@ -1503,14 +1507,6 @@ fn add_standard_headers(headers: &mut http::HeaderMap, request: &protocol::Class
     }
 }
 
-/// HTTP statuses on a `tools/call` that mean the server refused it before running the tool.
-fn refused_before_running(status: StatusCode) -> bool {
-    matches!(
-        status.as_u16(),
-        400 | 401 | 403 | 404 | 405 | 406 | 415 | 422 | 429
-    )
-}
-
 /// Whether an error proves nothing was sent: a connect error anywhere in the source chain.
 fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
@@ -1698,11 +1694,17 @@ enum Acquired {
 
 impl Inflight {
     fn acquire(self: &Arc<Self>, key: IntentKey) -> Acquired {
-        match self.intents.entry(key.clone()) {
-            Entry::Occupied(occupied) => Acquired::Waiter(occupied.get().subscribe()),
-            Entry::Vacant(vacant) => {
+        // The entry stays locked from the look to the insert: one owner per intent.
+        let entry = self.intents.entry(key.clone());
+        let live = match &entry {
+            Entry::Occupied(occupied) => Some(occupied.get().subscribe()),
+            Entry::Vacant(_) => None,
+        };
+        match single_flight(live) {
+            Flight::Attach(settled) => Acquired::Waiter(settled),
+            Flight::Own => {
                 let (sender, _) = watch::channel(None);
-                vacant.insert(sender.clone());
+                entry.insert(sender.clone());
                 Acquired::Owner(Owner {
                     inflight: self.clone(),
                     key,

@@ -672,7 +672,7 @@ fn discover_rejection(
     body: &str,
 ) -> Option<StreamableHttpPostResponse> {
     if session_was_attached
-        || !status.is_client_error()
+        || !crate::decide::classify::refused_before_running(status.as_u16())
         || matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
     {
         return None;

@@ -96,7 +96,6 @@
 //! `examples/idempotent_server.rs` runs rmcp's server behind the layer end to end.
 
 mod body;
-mod decision;
 mod layer;
 mod service;
 

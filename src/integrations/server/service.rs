@@ -20,12 +20,15 @@ use tower_service::Service;
 use super::{
     IdempotencyRequestBody, IdempotencyResponseBody,
     body::{Recorder, written},
-    decision::{KeyDecision, decide},
     layer::{Config, InFlight},
 };
 use crate::{
     Actor, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::RetryClass,
+    decide::{
+        classify::refused_before_running,
+        server::{KeyDecision, decide},
+    },
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
     guard::{BoxError, answer},
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
@@ -387,7 +390,7 @@ impl<S> Call<S> {
             let sse = ResponseScanner::is_sse(response.headers());
             return Ok(response.map(|b| IdempotencyResponseBody::observed(b, sse, recorder)));
         }
-        let write = if status.is_client_error() {
+        let write = if refused_before_running(status.as_u16()) {
             // Refused before the tool ran: the key is free again.
             recorder.settle(EventKind::Failed {
                 target_status: Some(status.as_u16()),

@@ -1,5 +1,5 @@
-//! What a `tools/call` with an `Idempotency-Key` gets, decided from the key's ledger record
-//! alone (no HTTP types, so the table is tested on its own).
+//! What a `tools/call` with an `Idempotency-Key` gets in the server half, decided from the
+//! key's ledger record alone (README, "the server half" table).
 
 use crate::{
     fingerprint::Fingerprint,
@@ -8,7 +8,7 @@ use crate::{
 
 /// The answer to a keyed call.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum KeyDecision {
+pub(crate) enum KeyDecision {
     /// Run the call under this execution: a new key, or a first request whose owner died before
     /// it dispatched (provably not run). `bind` says whether the call's fingerprint must still
     /// be bound to the key.
@@ -29,7 +29,7 @@ pub(super) enum KeyDecision {
 
 /// Decides from a claim on the key. `owner_alive` says whether the process that claimed an
 /// existing record is still running.
-pub(super) fn decide(claimed: Claimed, call: Fingerprint, owner_alive: bool) -> KeyDecision {
+pub(crate) fn decide(claimed: Claimed, call: Fingerprint, owner_alive: bool) -> KeyDecision {
     let record = match claimed {
         Claimed::New(record) => return KeyDecision::Run { record, bind: true },
         Claimed::Existing(record) => record,
@@ -208,5 +208,80 @@ mod tests {
             existing(&[bound(), dispatched(), completed(false)], 1, true),
             KeyDecision::NotReplayable { .. }
         ));
+    }
+}
+
+/// The server half asks the one outcome classifier: a status the inner service answers a
+/// keyed call with frees the key only when it means "refused before running".
+#[cfg(test)]
+mod classified {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt, service_fn};
+
+    use crate::{
+        fingerprint::FingerprintKey, integrations::server::IdempotencyLayer, ledger::MemoryLedger,
+    };
+
+    /// How many times the inner service runs for two identical keyed calls it answers with
+    /// `status`.
+    async fn runs_for_two_calls(status: u16) -> usize {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let layer = IdempotencyLayer::new(MemoryLedger::new(), FingerprintKey::generate().unwrap());
+        let counted = runs.clone();
+        let inner = service_fn(move |request: Request<_>| {
+            let counted = counted.clone();
+            async move {
+                // Read the body, as a server does.
+                let _ = BodyExt::collect(request.into_body()).await;
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
+        });
+        let service = layer.layer(inner);
+        for id in 1..=2 {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"deploy_release","arguments":{{}}}}}}"#
+            );
+            let request = Request::post("http://127.0.0.1/mcp")
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-11-25")
+                .header("idempotency-key", "k-1")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let response = service.clone().oneshot(request).await.unwrap();
+            let _ = response.into_body().collect().await;
+        }
+        runs.load(Ordering::SeqCst)
+    }
+
+    /// 408, 409 and 410 say nothing about whether the tool ran (a 409 is what this very layer
+    /// answers while a first request still runs): the key is held, not run a second time. The
+    /// layer used to call every 4xx refused and ran the tool again.
+    #[tokio::test]
+    async fn a_timeout_conflict_or_gone_status_holds_the_key() {
+        for status in [408, 409, 410] {
+            assert_eq!(runs_for_two_calls(status).await, 1, "HTTP {status}");
+        }
+    }
+
+    /// A status that means "refused before running" frees the key for the repeat.
+    #[tokio::test]
+    async fn a_refusal_before_running_frees_the_key() {
+        for status in [400, 422, 429] {
+            assert_eq!(runs_for_two_calls(status).await, 2, "HTTP {status}");
+        }
     }
 }

@@ -1,5 +1,12 @@
-//! The retry decision of DESIGN §4, as plain code: no HTTP, no I/O.
+//! What the guard does with a `tools/call`, decided from its ledger claim (DESIGN §4).
+//!
+//! There is no "resume" decision: a broken response stream is resumed by `ResumeLayer` on the
+//! call's own body before the caller sees an error, and a GET with `Last-Event-ID` that a
+//! client issues itself is linked to its execution by the guard's resume links. A repeated
+//! `tools/call` is a new POST, which no `Last-Event-ID` continues, so it never decides to
+//! resume (`Facts::resumable` was never fed and `Decision::Resume` never taken).
 
+use super::class::AfterUnknown;
 use crate::{
     contract::RetryClass,
     ledger::{Claimed, ExecutionRecord, ExecutionState},
@@ -7,7 +14,7 @@ use crate::{
 
 /// What the guard does with a `tools/call`, decided from the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// A new execution: authorize, record `dispatched`, send with its `Idempotency-Key`.
     Start,
     /// An execution that never left (accepted, authorized or provably not sent) whose attempt
@@ -15,8 +22,6 @@ pub enum Decision {
     Continue,
     /// A live attempt owns the execution: wait for it (bounded) and answer with its outcome.
     Attach,
-    /// The outcome is unknown and the stream can be resumed: GET with `Last-Event-ID`.
-    Resume,
     /// The outcome is unknown and the class allows it: send again under the same execution ID
     /// and key (read-only and idempotent tools).
     Resend,
@@ -32,7 +37,7 @@ pub enum Decision {
 
 /// Why the guard answers with an uncertain result instead of the target's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UncertainReason {
+pub(crate) enum UncertainReason {
     /// Unknown outcome on a tool that may not be re-sent: held for review (recorded as
     /// `needs_review` if it is not already).
     NeedsReview,
@@ -44,20 +49,18 @@ pub enum UncertainReason {
 
 /// The facts the decision needs beyond the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// A live attempt (this process's, or another's with a valid lease) owns the execution.
-    pub attempt_alive: bool,
-    /// The protocol era allows resumption and a last event id is known.
-    pub resumable: bool,
+    pub(crate) attempt_alive: bool,
     /// The tool's contract has a status probe.
-    pub has_probe: bool,
+    pub(crate) has_probe: bool,
     /// The call became an MCP task whose id is known: `tasks/get` can tell its outcome,
     /// whatever the tool's class (asking re-sends nothing).
-    pub task_known: bool,
+    pub(crate) task_known: bool,
 }
 
 /// Decides what to do with a `tools/call` given what its claim found.
-pub fn decide(claimed: &Claimed, facts: Facts) -> Decision {
+pub(crate) fn decide(claimed: &Claimed, facts: Facts) -> Decision {
     match claimed {
         Claimed::New(_) => Decision::Start,
         Claimed::Existing(record) => decide_existing(record, facts),
@@ -91,16 +94,14 @@ fn decide_existing(record: &ExecutionRecord, facts: Facts) -> Decision {
 }
 
 fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
-    if facts.resumable {
-        return Decision::Resume;
-    }
     if facts.task_known {
         return Decision::Probe;
     }
-    match class {
-        RetryClass::ReadOnly | RetryClass::Idempotent => Decision::Resend,
-        RetryClass::Recoverable if facts.has_probe => Decision::Probe,
-        RetryClass::Recoverable | RetryClass::Irreversible => {
+    // The guard re-sends only under the execution's own key, so both re-sends are one.
+    match AfterUnknown::of(class) {
+        AfterUnknown::ResendFreely | AfterUnknown::ResendUnderKey => Decision::Resend,
+        AfterUnknown::Probe if facts.has_probe => Decision::Probe,
+        AfterUnknown::Probe | AfterUnknown::Review => {
             Decision::Uncertain(UncertainReason::NeedsReview)
         }
     }
@@ -125,10 +126,9 @@ mod tests {
         r
     }
 
-    fn facts(attempt_alive: bool, resumable: bool, has_probe: bool) -> Facts {
+    fn facts(attempt_alive: bool, has_probe: bool) -> Facts {
         Facts {
             attempt_alive,
-            resumable,
             has_probe,
             task_known: false,
         }
@@ -140,7 +140,7 @@ mod tests {
         use Decision as D;
         use ExecutionState as S;
         use UncertainReason as U;
-        let idle = facts(false, false, false);
+        let idle = facts(false, false);
         for class in CLASSES {
             let by_class =
                 |read_only: D, idempotent: D, recoverable: D, irreversible: D| match class {
@@ -159,13 +159,13 @@ mod tests {
                 (
                     "accepted, owner alive",
                     Claimed::Existing(record(class, S::Accepted, false)),
-                    facts(true, false, false),
+                    facts(true, false),
                     D::Attach,
                 ),
                 (
                     "authorized, owner alive",
                     Claimed::Existing(record(class, S::Authorized, false)),
-                    facts(true, false, false),
+                    facts(true, false),
                     D::Attach,
                 ),
                 (
@@ -189,14 +189,8 @@ mod tests {
                 (
                     "dispatched, in flight",
                     Claimed::Existing(record(class, S::Dispatched, false)),
-                    facts(true, false, false),
+                    facts(true, false),
                     D::Attach,
-                ),
-                (
-                    "unknown, resumable",
-                    Claimed::Existing(record(class, S::Unknown, false)),
-                    facts(false, true, true),
-                    D::Resume,
                 ),
                 (
                     "unknown, no probe",
@@ -212,13 +206,13 @@ mod tests {
                 (
                     "unknown, with probe",
                     Claimed::Existing(record(class, S::Unknown, false)),
-                    facts(false, false, true),
+                    facts(false, true),
                     by_class(D::Resend, D::Resend, D::Probe, D::Uncertain(U::NeedsReview)),
                 ),
                 (
                     "dispatched, attempt died",
                     Claimed::Existing(record(class, S::Dispatched, false)),
-                    facts(false, false, true),
+                    facts(false, true),
                     by_class(D::Resend, D::Resend, D::Probe, D::Uncertain(U::NeedsReview)),
                 ),
                 (
@@ -247,13 +241,13 @@ mod tests {
                 (
                     "denied",
                     Claimed::Existing(record(class, S::Denied, false)),
-                    facts(false, true, true),
+                    facts(false, true),
                     D::RepeatDenial,
                 ),
                 (
                     "needs review",
                     Claimed::Existing(record(class, S::NeedsReview, false)),
-                    facts(false, true, true),
+                    facts(false, true),
                     D::Uncertain(U::NeedsReview),
                 ),
             ];
@@ -316,7 +310,7 @@ mod tests {
     #[test]
     fn an_unknown_outcome_past_the_window_is_held_not_started_again() {
         let past_window = Timestamp::from_millis(60_001);
-        let idle = facts(false, false, false);
+        let idle = facts(false, false);
         for class in CLASSES {
             for state in [ExecutionState::Unknown, ExecutionState::NeedsReview] {
                 let mut r = record(class, state, false);

@@ -1,0 +1,24 @@
+//! The retry decision of both halves (DESIGN §4), as plain code: no HTTP types, no I/O.
+//!
+//! The guard and the server half gather facts (a ledger claim, a live attempt, a status, an
+//! error chain, a probe's answer) and act on what these functions return; neither re-derives a
+//! rule of its own.
+//!
+//! - `call`: what the guard does with a repeated `tools/call` (the README's table).
+//! - `class`: what a retry class allows after an unknown outcome (DESIGN §3), for the guard
+//!   and for `ReplayPolicy`.
+//! - `flight`: single flight, attach to a live attempt or own the intent.
+//! - `classify`: the one outcome classifier, status or error chain → outcome.
+//! - `probe`: a status probe's answer → the next step.
+//! - `server`: what a keyed call gets in the server half.
+
+pub(crate) mod call;
+pub(crate) mod class;
+pub(crate) mod classify;
+pub(crate) mod flight;
+pub(crate) mod probe;
+#[cfg(feature = "server")]
+pub(crate) mod server;
+
+#[cfg(test)]
+mod tests;
