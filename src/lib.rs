@@ -132,6 +132,7 @@ pub(crate) use serde_display_fromstr;
 
 pub mod context;
 pub mod contract;
+mod decide;
 mod execution_id;
 pub mod fingerprint;
 pub mod guard;

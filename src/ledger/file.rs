@@ -16,17 +16,15 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::{
-    Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError, LedgerEvent,
-    Timestamp,
+    Claim, Claimed, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp,
     chain::{
         self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
         VerifyReport,
     },
+    index::{Index, Stored},
     result_reference,
 };
-use crate::{
-    Actor, ExecutionId, IntentScope, fingerprint::Fingerprint, fingerprint::FingerprintKey,
-};
+use crate::{ExecutionId, fingerprint::FingerprintKey};
 
 /// The most appends one group commit takes.
 const MAX_BATCH: usize = 4096;
@@ -682,88 +680,6 @@ impl Owners {
     }
 }
 
-/// The in-memory index of the file, owned by the writer thread.
-#[derive(Default)]
-struct Index {
-    executions: HashMap<ExecutionId, Stored>,
-    intents: HashMap<(Actor, IntentScope, Fingerprint), ExecutionId>,
-    results: HashMap<String, Bytes>,
-    /// The id of the fingerprint key the chain names.
-    key_id: Option<String>,
-}
-
-struct Stored {
-    record: ExecutionRecord,
-    events: Vec<LedgerEvent>,
-}
-
-impl Index {
-    fn apply(&mut self, event: &LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        if let EventKind::Accepted { .. } = event.kind {
-            let record = ExecutionRecord::from_accepted(event)
-                .ok_or(LedgerError::NotFound(event.execution_id))?;
-            let key = (
-                record.actor.clone(),
-                record.intent_scope.clone(),
-                record.fingerprint,
-            );
-            self.intents.insert(key, record.execution_id);
-            self.executions.insert(
-                record.execution_id,
-                Stored {
-                    record: record.clone(),
-                    events: vec![event.clone()],
-                },
-            );
-            return Ok(record);
-        }
-        let stored = self
-            .executions
-            .get_mut(&event.execution_id)
-            .ok_or(LedgerError::NotFound(event.execution_id))?;
-        stored.record.apply(event)?;
-        stored.events.push(event.clone());
-        Ok(stored.record.clone())
-    }
-
-    fn linkable(&self, claim: &Claim) -> Option<ExecutionRecord> {
-        let key = (
-            claim.actor.clone(),
-            claim.intent_scope.clone(),
-            claim.fingerprint,
-        );
-        let id = self.intents.get(&key)?;
-        let stored = self.executions.get(id)?;
-        stored
-            .record
-            .is_linkable(claim.at)
-            .then(|| stored.record.clone())
-    }
-
-    fn purge_expired(&mut self, now: Timestamp) {
-        let expired: Vec<ExecutionId> = self
-            .executions
-            .iter()
-            .filter(|(_, s)| s.record.retain_until < now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            if let Some(stored) = self.executions.remove(&id) {
-                // A result is kept under its execution's reference, referenced yet or not.
-                self.results.remove(&result_reference(id));
-                if let Some(reference) = &stored.record.result_reference {
-                    self.results.remove(reference);
-                }
-                let r = &stored.record;
-                let key = (r.actor.clone(), r.intent_scope.clone(), r.fingerprint);
-                if self.intents.get(&key) == Some(&id) {
-                    self.intents.remove(&key);
-                }
-            }
-        }
-    }
-}
-
 /// The writer thread: the only code that touches the file and the index.
 struct Writer {
     path: PathBuf,
@@ -772,16 +688,14 @@ struct Writer {
     offset: u64,
     head: (u64, ChainHash),
     index: Index,
+    /// The id of the fingerprint key the chain names.
+    key_id: Option<String>,
     owners: Arc<Owners>,
-    claims: u64,
     mode: Mode,
     /// The last [`locked`](Self::locked) failed to take the lock (so `f` never ran and the
     /// index holds nothing unwritten).
     lock_failed: bool,
 }
-
-/// How many claims pass between two purges of expired executions from the index.
-const PURGE_EVERY: u64 = 1024;
 
 impl Writer {
     fn open(path: &Path, owners: Arc<Owners>, mode: Mode) -> Result<Self, LedgerError> {
@@ -803,8 +717,8 @@ impl Writer {
             offset: 0,
             head: (0, ChainHash::GENESIS),
             index: Index::default(),
+            key_id: None,
             owners,
-            claims: 0,
             mode,
             lock_failed: false,
         })
@@ -956,8 +870,8 @@ impl Writer {
         self.head = (line.seq, line.hash);
         match line.body {
             LineBody::Checkpoint { .. } => {}
-            LineBody::FingerprintKey { fingerprint_key } => match &self.index.key_id {
-                None => self.index.key_id = Some(fingerprint_key.id),
+            LineBody::FingerprintKey { fingerprint_key } => match &self.key_id {
+                None => self.key_id = Some(fingerprint_key.id),
                 Some(bound) if *bound == fingerprint_key.id => {}
                 Some(_) => {
                     tracing::warn!(
@@ -1003,33 +917,18 @@ impl Writer {
         Ok(())
     }
 
-    /// On open: an execution left `dispatched` by an owner that is gone has an unknown outcome.
+    /// On open: an execution left `dispatched` by an owner that is gone has an unknown outcome
+    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)).
     fn recover(&mut self) -> Result<(), LedgerError> {
         self.locked(|w| {
-            let orphans: Vec<ExecutionId> = w
+            let owners = w.owners.clone();
+            let orphans = w
                 .index
-                .executions
-                .values()
-                .filter(|s| s.record.state == ExecutionState::Dispatched)
-                .filter(|s| !w.owners.is_alive(&s.record.owner))
-                .map(|s| s.record.execution_id)
-                .collect();
-            let mut bodies = Vec::new();
-            for id in orphans {
-                let event = LedgerEvent {
-                    execution_id: id,
-                    at: Timestamp::now(),
-                    kind: EventKind::Unknown {
-                        target_status: None,
-                        attempt: None,
-                        reason: "the process that dispatched it ended before its outcome was observed".into(),
-                    },
-                };
-                w.index.apply(&event)?;
-                tracing::warn!(execution_id = %id, "dispatched by a process that is gone: outcome unknown");
-                bodies.push(LineBody::Event(event));
+                .settle_orphans(|owner| owners.is_alive(owner), Timestamp::now())?;
+            for event in &orphans {
+                tracing::warn!(execution_id = %event.execution_id, "dispatched by a process that is gone: outcome unknown");
             }
-            w.write(bodies)?;
+            w.write(orphans.into_iter().map(LineBody::Event).collect())?;
             w.owners.prune();
             Ok(())
         })
@@ -1080,21 +979,16 @@ impl Writer {
             for op in batch {
                 match op {
                     Op::Claim(claim, reply) => {
-                        w.claims += 1;
-                        if w.claims % PURGE_EVERY == 0 {
-                            // Expired executions leave the index; their lines stay until
-                            // compaction.
-                            w.index.purge_expired(claim.at);
-                        }
-                        let claimed = match w.index.linkable(&claim) {
-                            Some(record) => Ok(Claimed::Existing(record)),
-                            None => w.owners.hold(&claim.owner).and_then(|()| {
-                                let event = claim.accepted_event(ExecutionId::new());
-                                let record = w.index.apply(&event)?;
-                                bodies.push(LineBody::Event(event));
-                                Ok(Claimed::New(record))
-                            }),
-                        };
+                        // Expired executions leave the index; their lines stay until
+                        // compaction.
+                        w.index.count_claim(claim.at);
+                        let owners = &w.owners;
+                        let claimed = w.index.claim(&claim, || owners.hold(&claim.owner)).map(
+                            |(claimed, accepted)| {
+                                bodies.extend(accepted.map(LineBody::Event));
+                                claimed
+                            },
+                        );
                         replies.push(Box::new(move |failed| send(reply, claimed, failed)));
                     }
                     Op::Append(event, reply) => {
@@ -1136,9 +1030,9 @@ impl Writer {
                         replies.push(Box::new(move |failed| send(reply, report, failed)));
                     }
                     Op::BindKey(id, reply) => {
-                        let bound = check_key(w.index.key_id.as_deref(), &id);
-                        if bound.is_ok() && w.index.key_id.is_none() {
-                            w.index.key_id = Some(id.clone());
+                        let bound = check_key(w.key_id.as_deref(), &id);
+                        if bound.is_ok() && w.key_id.is_none() {
+                            w.key_id = Some(id.clone());
                             bodies.push(LineBody::FingerprintKey {
                                 fingerprint_key: KeyBinding { id },
                             });
@@ -1204,7 +1098,7 @@ impl Writer {
                 send(reply, Ok(index.results.get(&reference).cloned()), failed)
             }
             Op::KeyState(reply) => {
-                let state = (index.key_id.clone(), self.head.0 > 0);
+                let state = (self.key_id.clone(), self.head.0 > 0);
                 let _ = reply.send(match failed {
                     Some(error) => Err(storage("cannot read the ledger", error)),
                     None => Ok(state),
@@ -1250,7 +1144,7 @@ impl Writer {
                 removed: self.head.0,
             },
         }];
-        if let Some(id) = &self.index.key_id {
+        if let Some(id) = &self.key_id {
             bodies.push(LineBody::FingerprintKey {
                 fingerprint_key: KeyBinding { id: id.clone() },
             });

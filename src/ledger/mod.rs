@@ -16,6 +16,7 @@
 pub mod audit;
 pub mod chain;
 mod file;
+mod index;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -28,6 +29,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use file::{CompactReport, FileLedger, verify_file};
+pub(crate) use index::IntentKey;
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;

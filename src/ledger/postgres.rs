@@ -29,6 +29,7 @@ use super::{
     Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
     LedgerEvent, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
+    index::{Index, IntentKey},
     result_reference,
 };
 use crate::{
@@ -314,7 +315,40 @@ impl PostgresLedger {
         core.log_head().await;
         let (writes, queue) = mpsc::channel(QUEUE);
         tokio::spawn(run_writer(core.clone(), queue));
-        Ok(Self { core, writes })
+        let ledger = Self { core, writes };
+        ledger.settle_orphans().await?;
+        Ok(ledger)
+    }
+
+    /// On connect, as the file ledger on open: an execution left `dispatched` by an owner
+    /// whose lease ended has an unknown outcome
+    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)). Each `unknown` goes
+    /// through the writer like any append and names its attempt, so one that another replica
+    /// moved meanwhile is refused by the state machine and left as that replica wrote it.
+    async fn settle_orphans(&self) -> Result<(), LedgerError> {
+        let rows = {
+            let client = self.core.client().await?;
+            client
+                .query(self.core.sql.dispatched.as_str(), &[])
+                .await
+                .map_err(|e| read_failed("reading dispatched executions", &e))?
+        };
+        for row in rows {
+            let record = record_from_json(row.get(0))?;
+            let alive: bool = row.get(1);
+            let Some(event) = crate::decide::orphan_unknown(&record, alive, Timestamp::now())
+            else {
+                continue;
+            };
+            match self.append(event).await {
+                Ok(_) => {
+                    tracing::warn!(execution_id = %record.execution_id, "dispatched by a process that is gone: outcome unknown")
+                }
+                Err(error) if error.is_invalid_transition() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
     }
 
     /// The schema the ledger's tables are in.
@@ -547,9 +581,6 @@ struct Sealed {
     line: String,
 }
 
-/// An intent: (actor, intent scope, fingerprint), as stored.
-type IntentKey = (String, String, String);
-
 /// The fields of a chain line that its columns copy.
 #[derive(Deserialize)]
 struct LineColumns {
@@ -756,11 +787,11 @@ impl Core {
                     }
                 }
                 Write::Claim(claim, _) => {
-                    let key = intent_key(claim);
+                    let key = IntentKey::of_claim(claim);
                     if seen_intents.insert(key.clone()) {
-                        actors.push(key.0);
-                        scopes.push(key.1);
-                        fingerprints.push(key.2);
+                        actors.push(key.actor.to_string());
+                        scopes.push(key.intent_scope.to_string());
+                        fingerprints.push(key.fingerprint.to_string());
                     }
                 }
             }
@@ -783,10 +814,10 @@ impl Core {
             rows = read.map_err(|e| write_failed(&e))?;
         }
 
-        // The head (kind 0), the records appended to (1), each claimed intent's latest (2).
+        // The head (kind 0), the records appended to (1), each claimed intent's latest (2):
+        // into the index the batch's claims and appends are decided from.
         let (mut seq, mut prev) = (0, ChainHash::GENESIS);
-        let mut records: HashMap<ExecutionId, ExecutionRecord> = HashMap::new();
-        let mut latest: HashMap<IntentKey, ExecutionId> = HashMap::new();
+        let mut index = Index::default();
         for row in &rows {
             let kind: i32 = row.get(0);
             let text: &str = row.get(2);
@@ -801,15 +832,7 @@ impl Core {
                 continue;
             }
             let record = record_from_json(text).map_err(|e| e.to_string())?;
-            if kind == 2 {
-                let key = (
-                    record.actor.to_string(),
-                    record.intent_scope.to_string(),
-                    record.fingerprint.to_string(),
-                );
-                latest.insert(key, record.execution_id);
-            }
-            records.entry(record.execution_id).or_insert(record);
+            index.load(record, kind == 2);
         }
 
         let head_before = seq;
@@ -844,41 +867,29 @@ impl Core {
             let registered = self.registered_owners();
             for write in batch {
                 match write {
-                    Write::Claim(claim, _) => {
-                        let key = intent_key(claim);
-                        let linked = latest
-                            .get(&key)
-                            .and_then(|id| records.get(id))
-                            .filter(|record| record.is_linkable(claim.at));
-                        if let Some(record) = linked {
-                            done.push(Done::Claim(Ok(Claimed::Existing(record.clone()))));
-                            continue;
+                    Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
+                        Ok((claimed, accepted)) => {
+                            if let Some(event) = accepted {
+                                accepted_seq.insert(event.execution_id, seal(event));
+                                if !registered.contains(&claim.owner)
+                                    && !new_owners.contains(&claim.owner)
+                                {
+                                    new_owners.push(claim.owner.clone());
+                                }
+                            }
+                            done.push(Done::Claim(Ok(claimed)));
                         }
-                        let event = claim.accepted_event(ExecutionId::new());
-                        let Some(record) = ExecutionRecord::from_accepted(&event) else {
-                            done.push(Done::Claim(Err(mismatch())));
-                            continue;
-                        };
-                        let id = record.execution_id;
-                        accepted_seq.insert(id, seal(event));
-                        latest.insert(key, id);
-                        records.insert(id, record.clone());
-                        if !registered.contains(&claim.owner) && !new_owners.contains(&claim.owner)
-                        {
-                            new_owners.push(claim.owner.clone());
-                        }
-                        done.push(Done::Claim(Ok(Claimed::New(record))));
-                    }
+                        Err(error) => done.push(Done::Claim(Err(error))),
+                    },
                     Write::Append(event, _) => {
-                        let Some(record) = records.get_mut(&event.execution_id) else {
-                            done.push(Done::Append(Err(LedgerError::NotFound(event.execution_id))));
-                            continue;
-                        };
                         // Refused: nothing is written for it, the record stays as it was.
-                        if let Err(refused) = record.apply(event) {
-                            done.push(Done::Append(Err(refused.into())));
-                            continue;
-                        }
+                        let record = match index.append(event) {
+                            Ok(record) => record,
+                            Err(error) => {
+                                done.push(Done::Append(Err(error)));
+                                continue;
+                            }
+                        };
                         // Ownership moves with a dispatch: the dispatching owner's lease is
                         // taken (or renewed) in this same transaction, so no replica that
                         // reads the record can take its owner for gone.
@@ -889,7 +900,6 @@ impl Core {
                         {
                             new_owners.push(owner.clone());
                         }
-                        let record = record.clone();
                         seal(event.clone());
                         done.push(Done::Append(Ok(record)));
                     }
@@ -917,7 +927,7 @@ impl Core {
         }
         let mut rows = ExecutionRows::default();
         for id in &touched {
-            let Some(record) = records.get(id) else {
+            let Some(record) = index.record(*id) else {
                 continue;
             };
             rows.push(
@@ -1070,6 +1080,8 @@ struct Sql {
     renew_owners: String,
     release_owners: String,
     owner_alive: String,
+    /// Every `dispatched` execution, and whether its owner's lease is unexpired.
+    dispatched: String,
     get: String,
     events: String,
     list: String,
@@ -1121,6 +1133,11 @@ impl Sql {
             ),
             release_owners: format!(
                 "UPDATE {s}.mrg_owners SET lease_until = now() WHERE owner = ANY($1::text[])"
+            ),
+            dispatched: format!(
+                "SELECT e.record::text, coalesce(o.lease_until > now(), false) \
+                 FROM {s}.mrg_executions e LEFT JOIN {s}.mrg_owners o ON o.owner = e.owner \
+                 WHERE e.state = 'dispatched'"
             ),
             owner_alive: format!(
                 "SELECT lease_until > now() FROM {s}.mrg_owners WHERE owner = $1::text"
@@ -1267,14 +1284,6 @@ fn lease_seconds() -> f64 {
 
 fn millis(t: Timestamp) -> i64 {
     i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn intent_key(claim: &Claim) -> IntentKey {
-    (
-        claim.actor.to_string(),
-        claim.intent_scope.to_string(),
-        claim.fingerprint.to_string(),
-    )
 }
 
 /// A boxed query future, so that different statements can be pipelined together.
