@@ -137,7 +137,7 @@ fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), Ledger
         match file.try_lock() {
             Ok(()) => return Ok(()),
             Err(fs::TryLockError::WouldBlock) => {}
-            Err(fs::TryLockError::Error(e)) => return Err(storage("cannot lock the ledger", e)),
+            Err(fs::TryLockError::Error(e)) => return Err(failed("cannot lock the ledger", e)),
         }
         let now = Instant::now();
         if now >= deadline {
@@ -145,7 +145,7 @@ fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), Ledger
                 || "another process".to_owned(),
                 |pid| format!("another process (pid {pid})"),
             );
-            return Err(LedgerError::Storage(format!(
+            return Err(LedgerError::storage(format!(
                 "the ledger {} is locked by {holder}, which did not release it within {}: \
                  nothing was recorded; wait for that process to finish, or stop it",
                 path.display(),
@@ -304,8 +304,15 @@ pub struct CompactReport {
     pub dropped_executions: usize,
 }
 
+/// A storage failure described by `context` and `error`, with no error under it (a
+/// statement of the ledger's own, or a failure already told).
 fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
-    LedgerError::Storage(format!("{context}: {error}"))
+    LedgerError::storage(format!("{context}: {error}"))
+}
+
+/// A storage failure caused by `error` (I/O, JSON), which stays its source.
+fn failed(context: &str, error: impl std::error::Error + Send + Sync + 'static) -> LedgerError {
+    LedgerError::caused(format!("{context}: {error}"), error)
 }
 
 impl FileLedger {
@@ -363,7 +370,7 @@ impl FileLedger {
         let handle = thread::Builder::new()
             .name("mcp-replay-guard-file-ledger".into())
             .spawn(move || writer.run(receiver))
-            .map_err(|e| storage("cannot start the ledger writer thread", e))?;
+            .map_err(|e| failed("cannot start the ledger writer thread", e))?;
         Ok(Self {
             path: Arc::new(path),
             read_only: mode.read_only,
@@ -426,7 +433,7 @@ impl FileLedger {
                         )
                     },
                 );
-                return Err(LedgerError::Storage(format!(
+                return Err(LedgerError::storage(format!(
                     "the fingerprint key file {} is missing, and {named}: restore that file (it \
                      was beside the ledger, mode 0600); a new key would recognise none of the \
                      ledger's intents, so none is made",
@@ -434,7 +441,7 @@ impl FileLedger {
                 )));
             }
             None if self.read_only => {
-                return Err(LedgerError::Storage(format!(
+                return Err(LedgerError::storage(format!(
                     "the fingerprint key file {} is missing (a read-only ledger makes none)",
                     key_path.display()
                 )));
@@ -443,10 +450,11 @@ impl FileLedger {
         };
         self.bind_fingerprint_key(&key)
             .map_err(|error| match error {
-                LedgerError::Storage(message) => LedgerError::Storage(format!(
-                    "{message} (the key file is {})",
-                    key_path.display()
-                )),
+                LedgerError::Storage(storage) => {
+                    LedgerError::Storage(storage.map_message(|message| {
+                        format!("{message} (the key file is {})", key_path.display())
+                    }))
+                }
                 other => other,
             })?;
         Ok(key)
@@ -509,7 +517,7 @@ pub fn verify_file(path: &Path) -> Result<VerifyReport, LedgerError> {
 /// Whether a ledger that names `bound` (if any) may be used with the key of id `id`.
 fn check_key(bound: Option<&str>, id: &str) -> Result<(), LedgerError> {
     match bound {
-        Some(bound) if bound != id => Err(LedgerError::Storage(format!(
+        Some(bound) if bound != id => Err(LedgerError::storage(format!(
             "the fingerprint key is not the key this ledger was written with (the ledger names \
              key {}, this one is {}): restore the ledger's own key file; another key would \
              recognise none of its intents",
@@ -525,20 +533,19 @@ fn read_key(p: &Path) -> Result<Option<FingerprintKey>, LedgerError> {
     let text = match fs::read_to_string(p) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(storage(&format!("cannot read the key {}", p.display()), e)),
+        Err(e) => return Err(failed(&format!("cannot read the key {}", p.display()), e)),
     };
     // The errors never carry the file's content.
     let bytes = hex::decode(text.trim())
-        .map_err(|_| LedgerError::Storage(format!("the key file {} is not hex", p.display())))?;
+        .map_err(|_| LedgerError::storage(format!("the key file {} is not hex", p.display())))?;
     FingerprintKey::from_bytes(&bytes)
         .map(Some)
-        .map_err(|e| storage(&format!("the key file {}", p.display()), e))
+        .map_err(|e| failed(&format!("the key file {}", p.display()), e))
 }
 
 /// Creates the 0600 key file beside a ledger (or reads the one a racing process created).
 fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerError> {
-    let key =
-        FingerprintKey::generate().map_err(|e| storage("cannot make a fingerprint key", e))?;
+    let key = FingerprintKey::generate().map_err(|e| failed("cannot make a fingerprint key", e))?;
     // Write a private temporary file, then link it into place: if another process won the
     // race, its key is the one everybody uses.
     let tmp = sibling(path, &format!("key.{}.tmp", std::process::id()));
@@ -547,10 +554,10 @@ fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerErro
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
-        .map_err(|e| storage(&format!("cannot create {}", tmp.display()), e))?;
+        .map_err(|e| failed(&format!("cannot create {}", tmp.display()), e))?;
     file.write_all(hex::encode(key.expose_bytes()).as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|e| storage(&format!("cannot write {}", tmp.display()), e))?;
+        .map_err(|e| failed(&format!("cannot write {}", tmp.display()), e))?;
     let linked = fs::hard_link(&tmp, key_path);
     let _ = fs::remove_file(&tmp);
     match linked {
@@ -563,7 +570,7 @@ fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerErro
                 )
             })
         }
-        Err(e) => Err(storage(&format!("cannot create {}", key_path.display()), e)),
+        Err(e) => Err(failed(&format!("cannot create {}", key_path.display()), e)),
     }
 }
 
@@ -621,7 +628,7 @@ impl Owners {
         }
         let path = self.file(owner);
         fs::create_dir_all(&self.dir)
-            .map_err(|e| storage(&format!("cannot create {}", self.dir.display()), e))?;
+            .map_err(|e| failed(&format!("cannot create {}", self.dir.display()), e))?;
         loop {
             let file = OpenOptions::new()
                 .create(true)
@@ -629,14 +636,14 @@ impl Owners {
                 .write(true)
                 .mode(0o600)
                 .open(&path)
-                .map_err(|e| storage(&format!("cannot create {}", path.display()), e))?;
+                .map_err(|e| failed(&format!("cannot create {}", path.display()), e))?;
             file.try_lock()
-                .map_err(|e| storage(&format!("owner {owner} is held by another process"), e))?;
+                .map_err(|e| failed(&format!("owner {owner} is held by another process"), e))?;
             // Another process may have pruned the file between our open and our lock: only a
             // lock on the file that is at the path counts.
             let ours = file
                 .metadata()
-                .map_err(|e| storage("cannot stat an owner file", e))?;
+                .map_err(|e| failed("cannot stat an owner file", e))?;
             let at_path = fs::metadata(&path).ok();
             if at_path.is_some_and(|m| m.ino() == ours.ino() && m.dev() == ours.dev()) {
                 held.insert(owner.to_owned(), file);
@@ -706,9 +713,9 @@ impl Writer {
         }
         let file = options.open(path).map_err(|e| {
             if mode.read_only && e.kind() == io::ErrorKind::NotFound {
-                LedgerError::Storage(format!("no ledger at {}", path.display()))
+                LedgerError::storage(format!("no ledger at {}", path.display()))
             } else {
-                storage(&format!("cannot open the ledger {}", path.display()), e)
+                failed(&format!("cannot open the ledger {}", path.display()), e)
             }
         })?;
         Ok(Self {
@@ -764,11 +771,11 @@ impl Writer {
         let current = self
             .file
             .metadata()
-            .map_err(|e| storage("cannot stat the ledger", e))?;
+            .map_err(|e| failed("cannot stat the ledger", e))?;
         match fs::metadata(&self.path) {
             Ok(at_path) => Ok(current.ino() != at_path.ino() || current.dev() != at_path.dev()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(storage("cannot stat the ledger", e)),
+            Err(e) => Err(failed("cannot stat the ledger", e)),
         }
     }
 
@@ -785,7 +792,7 @@ impl Writer {
         let len = self
             .file
             .metadata()
-            .map_err(|e| storage("cannot stat the ledger", e))?
+            .map_err(|e| failed("cannot stat the ledger", e))?
             .len();
         if len <= self.offset {
             return Ok(());
@@ -794,7 +801,7 @@ impl Writer {
         self.file
             .seek(SeekFrom::Start(self.offset))
             .and_then(|_| (&self.file).take(len - self.offset).read_to_end(&mut bytes))
-            .map_err(|e| storage("cannot read the ledger", e))?;
+            .map_err(|e| failed("cannot read the ledger", e))?;
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         let mut consumed = 0;
         for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
@@ -835,7 +842,7 @@ impl Writer {
         let seq = self.head.0 + 1;
         let path = self.path.display();
         if let Some(what) = newer_format(line) {
-            return LedgerError::Storage(format!(
+            return LedgerError::storage(format!(
                 "the ledger line at byte {at} (seq {seq}) of {path} is of a newer format than \
                  this build reads ({what}), or garbled: the file is left as it is; use the \
                  replay-guard that wrote it"
@@ -843,14 +850,14 @@ impl Writer {
         }
         let chain_like = line.trim_ascii_start().starts_with(LINE_START);
         if self.head.0 == 0 && !chain_like && matches!(problem, ChainProblem::Unreadable { .. }) {
-            return LedgerError::Storage(format!(
+            return LedgerError::storage(format!(
                 "{path} is not a replay-guard ledger: it looks like {}, and does not start \
                  with a ledger line. It was left untouched: give the path of a ledger the guard \
                  wrote, or of a new file",
                 looks_like(rest)
             ));
         }
-        LedgerError::Storage(format!(
+        LedgerError::storage(format!(
             "the ledger line at byte {at} (seq {seq}) of {path}: {problem}; the file is left as \
              it is (nothing was cut or written): `replay-guard audit verify {path}` names the \
              line, and an operator decides what to do with it"
@@ -861,7 +868,7 @@ impl Writer {
         self.file
             .set_len(offset)
             .and_then(|()| self.file.sync_all())
-            .map_err(|e| storage("cannot cut the torn ledger tail", e))?;
+            .map_err(|e| failed("cannot cut the torn ledger tail", e))?;
         self.offset = offset;
         Ok(())
     }
@@ -909,7 +916,7 @@ impl Writer {
         self.file
             .write_all(text.as_bytes())
             .and_then(|()| self.file.sync_data())
-            .map_err(|e| storage("cannot write the ledger", e))?;
+            .map_err(|e| failed("cannot write the ledger", e))?;
         self.offset += text.len() as u64;
         let before = self.head.0;
         self.head = (seq, prev);
@@ -1009,7 +1016,7 @@ impl Writer {
                     }
                     Op::StoreResult(id, bytes, reply) => {
                         let stored = serde_json::from_slice(&bytes)
-                            .map_err(|e| storage("a result to keep is not JSON", e))
+                            .map_err(|e| failed("a result to keep is not JSON", e))
                             .and_then(fits_in_a_line)
                             .map(|result| {
                                 let reference = result_reference(id);
@@ -1194,15 +1201,15 @@ impl Writer {
             .truncate(true)
             .mode(0o600)
             .open(&next)
-            .map_err(|e| storage("cannot create the compacted ledger", e))?;
+            .map_err(|e| failed("cannot create the compacted ledger", e))?;
         file.write_all(text.as_bytes())
             .and_then(|()| file.sync_all())
-            .map_err(|e| storage("cannot write the compacted ledger", e))?;
+            .map_err(|e| failed("cannot write the compacted ledger", e))?;
         // Keep the old chain, then put the new file in place (the lock on the old inode is
         // still held, so no other process appends in between).
         link_archive(&self.path, &archived_to)
             .and_then(|()| fs::rename(&next, &self.path))
-            .map_err(|e| storage("cannot swap in the compacted ledger", e))?;
+            .map_err(|e| failed("cannot swap in the compacted ledger", e))?;
         let owners = self.owners.clone();
         let _ = self.file.unlock();
         *self = Self::open(&self.path.clone(), owners, self.mode)?;
@@ -1314,6 +1321,66 @@ impl Ledger for FileLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::{
+            ExecutionState,
+            fixtures::{claim, dispatched, event_at},
+        },
+    };
+
+    fn temp_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mrg-{test}-{}", ExecutionId::new().ulid()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Issue 14: the orphan rule of every ledger ([`crate::decide::orphan_unknown`]), on open.
+    #[tokio::test]
+    async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_after_reopen() {
+        let dir = temp_dir("orphan-unit");
+        let path = dir.join("ledger.jsonl");
+        let ledger = FileLedger::open(&path).unwrap();
+        let claimed = ledger
+            .claim(claim(RetryClass::Idempotent, "guard:file-one"))
+            .await
+            .unwrap();
+        let id = claimed.record().execution_id;
+        ledger
+            .append(event_at(id, 1, dispatched(id, 1, Some("guard:file-one"))))
+            .await
+            .unwrap();
+        drop(ledger);
+        let reopened = FileLedger::open(&path).unwrap();
+        let record = reopened.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ExecutionState::Unknown);
+        assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+        drop(reopened);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// I/O and JSON failures keep their error as the source.
+    #[tokio::test]
+    async fn io_and_json_failures_keep_their_source() {
+        let dir = temp_dir("source-unit");
+        let missing = dir.join("no-such-dir").join("ledger.jsonl");
+        let error = FileLedger::open(&missing).unwrap_err();
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(source.downcast_ref::<io::Error>().is_some(), "{source:?}");
+
+        let ledger = FileLedger::open(dir.join("ledger.jsonl")).unwrap();
+        let error = ledger
+            .store_result(ExecutionId::new(), Bytes::from_static(b"not json"))
+            .await
+            .unwrap_err();
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.downcast_ref::<serde_json::Error>().is_some(),
+            "{source:?}"
+        );
+        drop(ledger);
+        fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn only_what_can_start_a_line_is_torn() {

@@ -27,7 +27,7 @@ use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
     Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
-    LedgerEvent, Timestamp,
+    LedgerEvent, StorageError, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     index::{Index, IntentKey},
     result_reference,
@@ -250,7 +250,7 @@ impl PostgresLedger {
             _ => message,
         };
         let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
-            LedgerError::Storage(redact(format!(
+            LedgerError::storage(redact(format!(
                 "the PostgreSQL URL is not valid ({e}); expected \
                  postgres://user[:password]@host[:port]/database"
             )))
@@ -276,7 +276,7 @@ impl PostgresLedger {
             .recycle_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|e| {
-                LedgerError::Storage(redact(format!(
+                LedgerError::storage(redact(format!(
                     "could not build the PostgreSQL connection pool ({e}); this is a bug: \
                      please report it"
                 )))
@@ -284,7 +284,7 @@ impl PostgresLedger {
         Self::from_pool_with_schema(pool, schema)
             .await
             .map_err(|e| match e {
-                LedgerError::Storage(message) => LedgerError::Storage(redact(message)),
+                LedgerError::Storage(message) => LedgerError::Storage(message.map_message(redact)),
                 other => other,
             })
     }
@@ -331,7 +331,7 @@ impl PostgresLedger {
             client
                 .query(self.core.sql.dispatched.as_str(), &[])
                 .await
-                .map_err(|e| read_failed("reading dispatched executions", &e))?
+                .map_err(|e| read_failed("reading dispatched executions", e))?
         };
         for row in rows {
             let record = record_from_json(row.get(0))?;
@@ -374,7 +374,7 @@ impl PostgresLedger {
         let rows = client
             .query(self.core.sql.chain.as_str(), &[])
             .await
-            .map_err(|e| read_failed("reading the chain", &e))?;
+            .map_err(|e| read_failed("reading the chain", e))?;
         let lines: Vec<String> = rows.iter().map(|row| row.get(4)).collect();
         // This ledger never compacts: its chain starts at seq 1, a leading checkpoint is forged.
         let mut verifier = chain::Verifier::from_genesis();
@@ -446,7 +446,7 @@ impl Ledger for PostgresLedger {
         let row = client
             .query_opt(self.core.sql.get.as_str(), &[&execution_id.to_string()])
             .await
-            .map_err(|e| read_failed("reading an execution", &e))?;
+            .map_err(|e| read_failed("reading an execution", e))?;
         row.map(|row| record_from_json(row.get(0))).transpose()
     }
 
@@ -457,12 +457,12 @@ impl Ledger for PostgresLedger {
         let rows = client
             .query(self.core.sql.events.as_str(), &[&execution_id.to_string()])
             .await
-            .map_err(|e| read_failed("reading an execution's events", &e))?;
+            .map_err(|e| read_failed("reading an execution's events", e))?;
         let mut events = Vec::with_capacity(rows.len());
         for row in rows {
             let seq: i64 = row.get(0);
             let line = chain::parse_line(row.get(1)).map_err(|detail| {
-                LedgerError::Storage(format!(
+                LedgerError::storage(format!(
                     "the chain line at seq {seq} cannot be read ({detail}); run \
                      `PostgresLedger::verify` and inspect mrg_events"
                 ))
@@ -482,7 +482,7 @@ impl Ledger for PostgresLedger {
         let rows = client
             .query(self.core.sql.list.as_str(), &[])
             .await
-            .map_err(|e| read_failed("listing executions", &e))?;
+            .map_err(|e| read_failed("listing executions", e))?;
         rows.iter()
             .map(|row| record_from_json(row.get(0)))
             .collect()
@@ -508,10 +508,13 @@ impl Ledger for PostgresLedger {
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
                 Err(LedgerError::NotFound(execution_id))
             }
-            Err(e) => Err(LedgerError::Storage(format!(
-                "{}; the result was not kept",
-                describe("storing a result", &e)
-            ))),
+            Err(e) => Err(LedgerError::caused(
+                format!(
+                    "{}; the result was not kept",
+                    describe("storing a result", &e)
+                ),
+                e,
+            )),
         }
     }
 
@@ -520,7 +523,7 @@ impl Ledger for PostgresLedger {
         let row = client
             .query_opt(self.core.sql.load_result.as_str(), &[&reference])
             .await
-            .map_err(|e| read_failed("reading a kept result", &e))?;
+            .map_err(|e| read_failed("reading a kept result", e))?;
         Ok(row.map(|row| Bytes::from(row.get::<_, Vec<u8>>(0))))
     }
 
@@ -534,7 +537,7 @@ impl Ledger for PostgresLedger {
             client
                 .query_opt(self.core.sql.owner_alive.as_str(), &[&owner])
                 .await
-                .map_err(|e| read_failed("reading an owner's lease", &e))
+                .map_err(|e| read_failed("reading an owner's lease", e))
         };
         match alive.await {
             Ok(row) => row.is_some_and(|row| row.get(0)),
@@ -638,7 +641,7 @@ async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Write>) {
             client
                 .execute(core.sql.release_owners.as_str(), &[&owners])
                 .await
-                .map_err(|e| read_failed("releasing owner leases", &e))
+                .map_err(|e| read_failed("releasing owner leases", e))
         };
         if let Err(error) = released.await {
             tracing::debug!(%error, "could not release owner leases; they expire on their own");
@@ -649,10 +652,13 @@ async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Write>) {
 impl Core {
     async fn client(&self) -> Result<Object, LedgerError> {
         self.pool.get().await.map_err(|e| {
-            LedgerError::Storage(format!(
-                "could not get a PostgreSQL connection ({e}); check that the server is \
+            LedgerError::caused(
+                format!(
+                    "could not get a PostgreSQL connection ({e}); check that the server is \
                  reachable and accepts the ledger's connections"
-            ))
+                ),
+                e,
+            )
         })
     }
 
@@ -673,7 +679,7 @@ impl Core {
             let row = client
                 .query_opt(self.sql.head.as_str(), &[])
                 .await
-                .map_err(|e| read_failed("reading the chain head", &e))?;
+                .map_err(|e| read_failed("reading the chain head", e))?;
             let Some(row) = row else {
                 return Ok(chain::ChainHead::GENESIS);
             };
@@ -681,7 +687,7 @@ impl Core {
             let hash = row
                 .get::<_, String>(1)
                 .parse::<ChainHash>()
-                .map_err(|e| LedgerError::Storage(format!("the chain head at seq {seq}: {e}")))?;
+                .map_err(|e| LedgerError::storage(format!("the chain head at seq {seq}: {e}")))?;
             Ok::<_, LedgerError>((seq, hash).into())
         };
         match head.await {
@@ -695,7 +701,7 @@ impl Core {
         client
             .execute(self.sql.renew_owners.as_str(), &[&owners, &lease_seconds()])
             .await
-            .map_err(|e| read_failed("renewing owner leases", &e))
+            .map_err(|e| read_failed("renewing owner leases", e))
     }
 
     /// Runs one batch and answers every caller in it.
@@ -721,8 +727,7 @@ impl Core {
                 }
                 outcome
             }
-            Err(LedgerError::Storage(message)) => Err(message),
-            Err(other) => Err(other.to_string()),
+            Err(error) => Err(storage_of(error)),
         };
         match outcome {
             Ok(done) => {
@@ -767,12 +772,12 @@ impl Core {
     }
 
     /// One write transaction: lock the chain, read what the batch needs, apply, write, commit.
-    async fn transact(&self, client: &Object, batch: &[Write]) -> Result<Vec<Done>, String> {
+    async fn transact(&self, client: &Object, batch: &[Write]) -> Result<Vec<Done>, StorageError> {
         let sql = &self.sql;
         let read_stmt = client
             .prepare_cached(&sql.read)
             .await
-            .map_err(|e| write_failed(&e))?;
+            .map_err(write_failed)?;
 
         // What the batch reads: the records it appends to, the intents it claims.
         let mut append_ids: Vec<String> = Vec::new();
@@ -811,7 +816,7 @@ impl Core {
         // BEGIN answers first (no rows), the read last.
         let mut rows = Vec::new();
         for read in reads {
-            rows = read.map_err(|e| write_failed(&e))?;
+            rows = read.map_err(write_failed)?;
         }
 
         // The head (kind 0), the records appended to (1), each claimed intent's latest (2):
@@ -831,7 +836,7 @@ impl Core {
                 })?;
                 continue;
             }
-            let record = record_from_json(text).map_err(|e| e.to_string())?;
+            let record = record_from_json(text).map_err(storage_of)?;
             index.load(record, kind == 2);
         }
 
@@ -908,10 +913,7 @@ impl Core {
         }
 
         if sealed.is_empty() && new_owners.is_empty() {
-            client
-                .batch_execute("COMMIT")
-                .await
-                .map_err(|e| write_failed(&e))?;
+            client.batch_execute("COMMIT").await.map_err(write_failed)?;
             return Ok(done);
         }
 
@@ -935,16 +937,16 @@ impl Core {
                 accepted_seq.get(id).copied().unwrap_or(0),
                 last_seq.get(id).copied().unwrap_or(0),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(storage_of)?;
         }
         let write_stmt = client
             .prepare_cached(&sql.write)
             .await
-            .map_err(|e| write_failed(&e))?;
+            .map_err(write_failed)?;
         let renew_owners = client
             .prepare_cached(&sql.renew_owners)
             .await
-            .map_err(|e| write_failed(&e))?;
+            .map_err(write_failed)?;
         let lease = lease_seconds();
         // Pipelined: the writes, then COMMIT (which rolls back if a write failed).
         let mut write_params: Vec<&(dyn ToSql + Sync)> =
@@ -964,18 +966,21 @@ impl Core {
         let mut results = pipeline(writes).await;
         let committed = results.pop();
         for result in results {
-            result.map_err(|e| write_failed(&e))?;
+            result.map_err(write_failed)?;
         }
         match committed {
             Some(Ok(_)) => {}
             Some(Err(e)) => {
-                return Err(format!(
-                    "{}; whether the batch was recorded is unknown: read the execution back \
-                     (`Ledger::get`) before acting on it",
-                    describe("the ledger's COMMIT failed", &e)
+                return Err(StorageError::caused(
+                    format!(
+                        "{}; whether the batch was recorded is unknown: read the execution \
+                         back (`Ledger::get`) before acting on it",
+                        describe("the ledger's COMMIT failed", &e)
+                    ),
+                    e,
                 ));
             }
-            None => return Err(mismatch().to_string()),
+            None => return Err(storage_of(mismatch())),
         }
         self.registered_owners().extend(new_owners);
         chain::log_head(
@@ -989,10 +994,13 @@ impl Core {
     async fn purge(&self, now: Timestamp) -> Result<u64, LedgerError> {
         let mut client = self.client().await?;
         let failed = |e: tokio_postgres::Error| {
-            LedgerError::Storage(format!(
-                "{}; nothing was purged: try again later",
-                describe("purging expired executions", &e)
-            ))
+            LedgerError::caused(
+                format!(
+                    "{}; nothing was purged: try again later",
+                    describe("purging expired executions", &e)
+                ),
+                e,
+            )
         };
         let tx = client.transaction().await.map_err(failed)?;
         tx.batch_execute(&format!(
@@ -1175,16 +1183,22 @@ impl Sql {
 /// each other instead of racing `CREATE`.
 async fn migrate(pool: &Pool, schema: &str, quoted: &str) -> Result<(), LedgerError> {
     let failed = |e: tokio_postgres::Error| {
-        LedgerError::Storage(format!(
-            "{}; the role needs CREATE on the database (or on schema {schema}) the first time",
-            describe("creating the ledger's tables", &e)
-        ))
+        LedgerError::caused(
+            format!(
+                "{}; the role needs CREATE on the database (or on schema {schema}) the first time",
+                describe("creating the ledger's tables", &e)
+            ),
+            e,
+        )
     };
     let mut client = pool.get().await.map_err(|e| {
-        LedgerError::Storage(format!(
-            "could not connect to PostgreSQL ({e}); check the URL, that the server is \
+        LedgerError::caused(
+            format!(
+                "could not connect to PostgreSQL ({e}); check the URL, that the server is \
              reachable, and that the role may log in"
-        ))
+            ),
+            e,
+        )
     })?;
     let tx = client.transaction().await.map_err(failed)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
@@ -1215,7 +1229,7 @@ async fn migrate(pool: &Pool, schema: &str, quoted: &str) -> Result<(), LedgerEr
         .map_err(failed)?
         .get(0);
     if current > SCHEMA_VERSION {
-        return Err(LedgerError::Storage(format!(
+        return Err(LedgerError::storage(format!(
             "the ledger's tables in schema {schema} are at version {current}, newer than this \
              build knows ({SCHEMA_VERSION}): upgrade mcp-replay-guard on this replica"
         )));
@@ -1259,7 +1273,7 @@ fn check_schema_name(schema: &str) -> Result<(), LedgerError> {
     if valid {
         Ok(())
     } else {
-        Err(LedgerError::Storage(format!(
+        Err(LedgerError::storage(format!(
             "{schema:?} is not a schema name the ledger uses: lower-case ASCII letters, digits \
              and `_`, not starting with a digit, at most 63 bytes"
         )))
@@ -1353,23 +1367,28 @@ struct StoredRecord {
 fn record_to_json(record: &ExecutionRecord) -> Result<String, LedgerError> {
     let mut text = Vec::new();
     StoredRecord::serialize(record, &mut serde_json::Serializer::new(&mut text)).map_err(|e| {
-        LedgerError::Storage(format!(
-            "a record could not be written as JSON ({e}); this is a bug: please report it"
-        ))
+        LedgerError::caused(
+            format!("a record could not be written as JSON ({e}); this is a bug: please report it"),
+            e,
+        )
     })?;
     String::from_utf8(text).map_err(|e| {
-        LedgerError::Storage(format!(
-            "a record's JSON is not UTF-8 ({e}); this is a bug: please report it"
-        ))
+        LedgerError::caused(
+            format!("a record's JSON is not UTF-8 ({e}); this is a bug: please report it"),
+            e,
+        )
     })
 }
 
 fn record_from_json(text: &str) -> Result<ExecutionRecord, LedgerError> {
     StoredRecord::deserialize(&mut serde_json::Deserializer::from_str(text)).map_err(|e| {
-        LedgerError::Storage(format!(
-            "a stored record cannot be read ({e}); run `PostgresLedger::verify` and inspect \
+        LedgerError::caused(
+            format!(
+                "a stored record cannot be read ({e}); run `PostgresLedger::verify` and inspect \
              the record column of mrg_executions"
-        ))
+            ),
+            e,
+        )
     })
 }
 
@@ -1385,38 +1404,145 @@ fn describe(what: &str, error: &tokio_postgres::Error) -> String {
     }
 }
 
-fn read_failed(what: &str, error: &tokio_postgres::Error) -> LedgerError {
-    LedgerError::Storage(format!(
-        "{}; check that the server is reachable and the ledger's tables exist",
-        describe(what, error)
-    ))
-}
-
-fn write_failed(error: &tokio_postgres::Error) -> String {
-    format!(
-        "{}; nothing was recorded, so nothing may be sent: try again once the database answers",
-        describe("recording in the PostgreSQL ledger failed", error)
+fn read_failed(what: &str, error: tokio_postgres::Error) -> LedgerError {
+    LedgerError::caused(
+        format!(
+            "{}; check that the server is reachable and the ledger's tables exist",
+            describe(what, &error)
+        ),
+        error,
     )
 }
 
+fn write_failed(error: tokio_postgres::Error) -> StorageError {
+    StorageError::caused(
+        format!(
+            "{}; nothing was recorded, so nothing may be sent: try again once the database \
+             answers",
+            describe("recording in the PostgreSQL ledger failed", &error)
+        ),
+        error,
+    )
+}
+
+/// The storage failure of a ledger error, for a batch that fails as a whole.
+fn storage_of(error: LedgerError) -> StorageError {
+    match error {
+        LedgerError::Storage(storage) => storage,
+        other => StorageError::from(other.to_string()),
+    }
+}
+
 fn writer_gone() -> LedgerError {
-    LedgerError::Storage(
+    LedgerError::storage(
         "the PostgreSQL ledger's writer has stopped (the tokio runtime that connected it shut \
-         down?); connect the ledger again on a running runtime"
-            .into(),
+         down?); connect the ledger again on a running runtime",
     )
 }
 
 fn mismatch() -> LedgerError {
-    LedgerError::Storage(
-        "the PostgreSQL ledger's writer lost track of a call; this is a bug: please report it"
-            .into(),
+    LedgerError::storage(
+        "the PostgreSQL ledger's writer lost track of a call; this is a bug: please report it",
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::fixtures::{claim, dispatched, event_at},
+    };
+
+    /// A schema of its own in the database of `MCP_REPLAY_GUARD_POSTGRES_URL`; `None` (the
+    /// test skips) when it is unset.
+    fn test_schema(test: &str) -> Option<(String, String)> {
+        let Ok(url) = std::env::var("MCP_REPLAY_GUARD_POSTGRES_URL") else {
+            eprintln!("skipped: MCP_REPLAY_GUARD_POSTGRES_URL is unset");
+            return None;
+        };
+        let ulid = ExecutionId::new().ulid().to_string().to_lowercase();
+        Some((url, format!("mrg_u_{test}_{ulid}")))
+    }
+
+    async fn drop_schema(ledger: &PostgresLedger) {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = format!("DROP SCHEMA \"{}\" CASCADE", ledger.schema());
+        client.batch_execute(&statement).await.unwrap();
+    }
+
+    /// Issue 14: an execution left `dispatched` by an owner whose lease ended reads `unknown`
+    /// from a ledger that connects afterwards, as it does in a file ledger reopened; it used
+    /// to read `dispatched` in PostgreSQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_from_another_replica() {
+        let Some((url, schema)) = test_schema("orphan") else {
+            return;
+        };
+        let observer = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let first = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let id = first
+            .claim(claim(RetryClass::Idempotent, "guard:orphan-one"))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        first
+            .append(event_at(id, 1, dispatched(id, 1, Some("guard:orphan-one"))))
+            .await
+            .unwrap();
+        drop(first);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while observer.is_owner_alive("guard:orphan-one").await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lease outlived its ledger"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The observer connected while the owner lived: it reads what was written.
+        let before = observer.get(id).await.unwrap().unwrap();
+        assert_eq!(before.state, ExecutionState::Dispatched);
+
+        let second = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        for ledger in [&second, &observer] {
+            let record = ledger.get(id).await.unwrap().unwrap();
+            assert_eq!(record.state, ExecutionState::Unknown);
+            assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+        }
+        // Settled once: a third replica writes nothing more.
+        let third = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        assert_eq!(third.events(id).await.unwrap().len(), 3);
+        assert!(third.verify().await.unwrap().is_ok());
+        drop_schema(&third).await;
+    }
+
+    /// A failed query keeps the PostgreSQL error as its source.
+    #[tokio::test]
+    async fn a_postgres_failure_keeps_its_source() {
+        let Some((url, schema)) = test_schema("source") else {
+            return;
+        };
+        let ledger = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        drop_schema(&ledger).await;
+        let error = ledger.get(ExecutionId::new()).await.unwrap_err();
+        assert!(matches!(error, LedgerError::Storage(_)), "{error}");
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.downcast_ref::<tokio_postgres::Error>().is_some(),
+            "{source:?}"
+        );
+    }
 
     #[test]
     fn passwords_are_found_in_both_url_forms() {
