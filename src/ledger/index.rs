@@ -120,7 +120,7 @@ impl Index {
     /// [`purge_expired`](Self::purge_expired)). Returns how many executions left.
     pub(crate) fn count_claim(&mut self, at: Timestamp) -> usize {
         self.claims += 1;
-        if self.claims % SWEEP_EVERY == 0 {
+        if self.claims.is_multiple_of(SWEEP_EVERY) {
             self.purge_expired(at)
         } else {
             0

@@ -353,6 +353,9 @@ impl Writer {
         }
     }
 
+    /// Serves one batch: reads without the lock, writes under it, every reply held until the
+    /// batch is on disk. A match over the batch's operations, one arm each: longer than
+    /// most functions, because each arm is where its operation's lines are made.
     fn serve(&mut self, batch: Vec<Op>) {
         let writes = batch.iter().any(|op| {
             matches!(

@@ -238,6 +238,10 @@ impl Core {
     }
 
     /// One write transaction: lock the chain, read what the batch needs, apply, write, commit.
+    ///
+    /// Longer than most functions here: its steps (read, decide, write, commit) share one
+    /// connection, its prepared statements and the borrowed parameters of one pipeline; the
+    /// deciding is [`apply_batch`], the reading [`into_index`].
     pub(super) async fn transact(
         &self,
         client: &Object,
@@ -249,28 +253,7 @@ impl Core {
             .await
             .map_err(write_failed)?;
 
-        // What the batch reads: the records it appends to, the intents it claims.
-        let mut append_ids: Vec<String> = Vec::new();
-        let mut seen_ids = HashSet::new();
-        let (mut actors, mut scopes, mut fingerprints) = (Vec::new(), Vec::new(), Vec::new());
-        let mut seen_intents = HashSet::new();
-        for write in batch {
-            match write {
-                Write::Append(event, _) => {
-                    if seen_ids.insert(event.execution_id) {
-                        append_ids.push(event.execution_id.to_string());
-                    }
-                }
-                Write::Claim(claim, _) => {
-                    let key = IntentKey::of_claim(claim);
-                    if seen_intents.insert(key.clone()) {
-                        actors.push(key.actor.to_string());
-                        scopes.push(key.intent_scope.to_string());
-                        fingerprints.push(key.fingerprint.to_string());
-                    }
-                }
-            }
-        }
+        let (append_ids, actors, scopes, fingerprints) = what_it_reads(batch);
 
         // Pipelined: BEGIN and the lock first, then the reads, whose snapshots are taken
         // once the lock is held (a statement that waited for the lock would see an old one).
@@ -289,98 +272,17 @@ impl Core {
             rows = read.map_err(write_failed)?;
         }
 
-        // The head (kind 0), the records appended to (1), each claimed intent's latest (2):
-        // into the index the batch's claims and appends are decided from.
-        let (mut seq, mut prev) = (0, ChainHash::GENESIS);
-        let mut index = Index::default();
-        for row in &rows {
-            let kind: i32 = row.get(0);
-            let text: &str = row.get(2);
-            if kind == 0 {
-                seq = row.get(1);
-                prev = text.parse::<ChainHash>().map_err(|_| {
-                    format!(
-                        "the chain head (seq {seq}) has an unreadable hash; nothing was \
-                         recorded: run `PostgresLedger::verify` and repair mrg_events"
-                    )
-                })?;
-                continue;
-            }
-            let record = record_from_json(text).map_err(storage_of)?;
-            index.load(record, kind == 2);
-        }
-
-        let head_before = seq;
-        // Apply, in arrival order.
-        let mut done = Vec::with_capacity(batch.len());
-        let mut sealed: Vec<Sealed> = Vec::new();
-        let mut touched: Vec<ExecutionId> = Vec::new();
-        let mut accepted_seq: HashMap<ExecutionId, i64> = HashMap::new();
-        let mut last_seq: HashMap<ExecutionId, i64> = HashMap::new();
-        let mut new_owners: Vec<String> = Vec::new();
-        let mut seal = |event: LedgerEvent| {
-            seq += 1;
-            let line = ChainedLine::seal(seq as u64, prev, LineBody::Event(event));
-            prev = line.hash;
-            let execution_id = line.event().map(|e| e.execution_id);
-            sealed.push(Sealed {
-                seq,
-                prev: line.prev.to_string(),
-                hash: line.hash.to_string(),
-                execution_id: execution_id.map(|id| id.to_string()).unwrap_or_default(),
-                line: line.to_json_line(),
-            });
-            if let Some(id) = execution_id {
-                if !last_seq.contains_key(&id) {
-                    touched.push(id);
-                }
-                last_seq.insert(id, seq);
-            }
-            seq
-        };
-        {
-            let registered = self.registered_owners();
-            for write in batch {
-                match write {
-                    Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
-                        Ok((claimed, accepted)) => {
-                            if let Some(event) = accepted {
-                                accepted_seq.insert(event.execution_id, seal(event));
-                                if !registered.contains(&claim.owner)
-                                    && !new_owners.contains(&claim.owner)
-                                {
-                                    new_owners.push(claim.owner.clone());
-                                }
-                            }
-                            done.push(Done::Claim(Ok(claimed)));
-                        }
-                        Err(error) => done.push(Done::Claim(Err(error))),
-                    },
-                    Write::Append(event, _) => {
-                        // Refused: nothing is written for it, the record stays as it was.
-                        let record = match index.append(event) {
-                            Ok(record) => record,
-                            Err(error) => {
-                                done.push(Done::Append(Err(error)));
-                                continue;
-                            }
-                        };
-                        // Ownership moves with a dispatch: the dispatching owner's lease is
-                        // taken (or renewed) in this same transaction, so no replica that
-                        // reads the record can take its owner for gone.
-                        if let EventKind::Dispatched {
-                            owner: Some(owner), ..
-                        } = &event.kind
-                            && !new_owners.contains(owner)
-                        {
-                            new_owners.push(owner.clone());
-                        }
-                        seal(event.clone());
-                        done.push(Done::Append(Ok(record)));
-                    }
-                }
-            }
-        }
+        let (head, mut index) = into_index(&rows)?;
+        let head_before = head.0;
+        let Applied {
+            done,
+            sealed,
+            touched,
+            accepted_seq,
+            last_seq,
+            new_owners,
+            head: (seq, prev),
+        } = apply_batch(batch, &mut index, head, &self.registered_owners());
 
         if sealed.is_empty() && new_owners.is_empty() {
             client.batch_execute("COMMIT").await.map_err(write_failed)?;
@@ -488,5 +390,165 @@ impl Core {
             .map_err(failed)?;
         tx.commit().await.map_err(failed)?;
         Ok(purged)
+    }
+}
+
+/// What a batch reads under the lock: the records it appends to, and the intents it claims
+/// (actors, scopes, fingerprints, column by column).
+fn what_it_reads(batch: &[Write]) -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
+    let mut append_ids: Vec<String> = Vec::new();
+    let mut seen_ids = HashSet::new();
+    let (mut actors, mut scopes, mut fingerprints) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen_intents = HashSet::new();
+    for write in batch {
+        match write {
+            Write::Append(event, _) => {
+                if seen_ids.insert(event.execution_id) {
+                    append_ids.push(event.execution_id.to_string());
+                }
+            }
+            Write::Claim(claim, _) => {
+                let key = IntentKey::of_claim(claim);
+                if seen_intents.insert(key.clone()) {
+                    actors.push(key.actor.to_string());
+                    scopes.push(key.intent_scope.to_string());
+                    fingerprints.push(key.fingerprint.to_string());
+                }
+            }
+        }
+    }
+
+    (append_ids, actors, scopes, fingerprints)
+}
+
+/// The rows read under the lock, into the chain's head and the index the batch's claims and
+/// appends are decided from.
+fn into_index(rows: &[Row]) -> Result<((i64, ChainHash), Index), StorageError> {
+    // The head (kind 0), the records appended to (1), each claimed intent's latest (2):
+    // into the index the batch's claims and appends are decided from.
+    let (mut seq, mut prev) = (0, ChainHash::GENESIS);
+    let mut index = Index::default();
+    for row in rows {
+        let kind: i32 = row.get(0);
+        let text: &str = row.get(2);
+        if kind == 0 {
+            seq = row.get(1);
+            prev = text.parse::<ChainHash>().map_err(|_| {
+                format!(
+                    "the chain head (seq {seq}) has an unreadable hash; nothing was \
+                     recorded: run `PostgresLedger::verify` and repair mrg_events"
+                )
+            })?;
+            continue;
+        }
+        let record = record_from_json(text).map_err(storage_of)?;
+        index.load(record, kind == 2);
+    }
+
+    Ok(((seq, prev), index))
+}
+
+/// What a batch decided: each call's outcome, in arrival order, and what to write for it.
+struct Applied {
+    done: Vec<Done>,
+    sealed: Vec<Sealed>,
+    /// The executions the batch changed, in the order it first changed them.
+    touched: Vec<ExecutionId>,
+    accepted_seq: HashMap<ExecutionId, i64>,
+    last_seq: HashMap<ExecutionId, i64>,
+    /// Owners whose lease the transaction takes (or renews).
+    new_owners: Vec<String>,
+    /// The chain's head after the batch's lines.
+    head: (i64, ChainHash),
+}
+
+/// Decides every call of a batch from the index ([`Index::claim`], [`Index::append`]), in
+/// arrival order, and seals the lines to write. `registered` are the owners this ledger
+/// already renews.
+fn apply_batch(
+    batch: &[Write],
+    index: &mut Index,
+    head: (i64, ChainHash),
+    registered: &HashSet<String>,
+) -> Applied {
+    let (mut seq, mut prev) = head;
+    // Apply, in arrival order.
+    let mut done = Vec::with_capacity(batch.len());
+    let mut sealed: Vec<Sealed> = Vec::new();
+    let mut touched: Vec<ExecutionId> = Vec::new();
+    let mut accepted_seq: HashMap<ExecutionId, i64> = HashMap::new();
+    let mut last_seq: HashMap<ExecutionId, i64> = HashMap::new();
+    let mut new_owners: Vec<String> = Vec::new();
+    let mut seal = |event: LedgerEvent| {
+        seq += 1;
+        let line = ChainedLine::seal(seq as u64, prev, LineBody::Event(event));
+        prev = line.hash;
+        let execution_id = line.event().map(|e| e.execution_id);
+        sealed.push(Sealed {
+            seq,
+            prev: line.prev.to_string(),
+            hash: line.hash.to_string(),
+            execution_id: execution_id.map(|id| id.to_string()).unwrap_or_default(),
+            line: line.to_json_line(),
+        });
+        if let Some(id) = execution_id {
+            if !last_seq.contains_key(&id) {
+                touched.push(id);
+            }
+            last_seq.insert(id, seq);
+        }
+        seq
+    };
+    {
+        for write in batch {
+            match write {
+                Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
+                    Ok((claimed, accepted)) => {
+                        if let Some(event) = accepted {
+                            accepted_seq.insert(event.execution_id, seal(event));
+                            if !registered.contains(&claim.owner)
+                                && !new_owners.contains(&claim.owner)
+                            {
+                                new_owners.push(claim.owner.clone());
+                            }
+                        }
+                        done.push(Done::Claim(Ok(claimed)));
+                    }
+                    Err(error) => done.push(Done::Claim(Err(error))),
+                },
+                Write::Append(event, _) => {
+                    // Refused: nothing is written for it, the record stays as it was.
+                    let record = match index.append(event) {
+                        Ok(record) => record,
+                        Err(error) => {
+                            done.push(Done::Append(Err(error)));
+                            continue;
+                        }
+                    };
+                    // Ownership moves with a dispatch: the dispatching owner's lease is
+                    // taken (or renewed) in this same transaction, so no replica that
+                    // reads the record can take its owner for gone.
+                    if let EventKind::Dispatched {
+                        owner: Some(owner), ..
+                    } = &event.kind
+                        && !new_owners.contains(owner)
+                    {
+                        new_owners.push(owner.clone());
+                    }
+                    seal(event.clone());
+                    done.push(Done::Append(Ok(record)));
+                }
+            }
+        }
+    }
+
+    Applied {
+        done,
+        sealed,
+        touched,
+        accepted_seq,
+        last_seq,
+        new_owners,
+        head: (seq, prev),
     }
 }
