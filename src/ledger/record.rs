@@ -695,7 +695,7 @@ impl ExecutionRecord {
     /// - Never linkable: failed (the target refused it), settled as not applied, and a result
     ///   that reached the caller (a repeat after that is a new intent).
     ///
-    /// The rule is [`decide`](crate::decide)'s; the record only answers it.
+    /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
         crate::decide::is_linkable(self, now)
     }
