@@ -711,7 +711,13 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
         reason: "its owner is gone".into(),
         attempt: Some(attempt),
     };
-    second.append(event(id, 2, unknown(1))).await.unwrap();
+    // Issue 14: the replica that connects after the owner is gone settles its dispatched
+    // attempt as unknown (as the file ledger does on open), so the continuation starts there.
+    let orphan = second.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (orphan.state, orphan.attempts),
+        (ExecutionState::Unknown, 1)
+    );
     let record = second
         .append(event(id, 3, dispatched(id, 2, "guard:pg-two")))
         .await

@@ -11,14 +11,24 @@
 //! - `classify`: the one outcome classifier, status or error chain → outcome.
 //! - `probe`: a status probe's answer → the next step.
 //! - `server`: what a keyed call gets in the server half.
+//! - `link`: whether a ledger record links to a repeat (the link window), and an orphan (an
+//!   execution `dispatched` by an owner that is gone) becomes `unknown`; every ledger asks it.
 
 pub(crate) mod call;
 pub(crate) mod class;
 pub(crate) mod classify;
 pub(crate) mod flight;
+mod link;
 pub(crate) mod probe;
 #[cfg(feature = "server")]
 pub(crate) mod server;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+pub(crate) use link::ORPHAN_REASON;
+pub(crate) use link::{is_linkable, orphan_unknown};
+// For the guard's and the server half's "dispatched, owner gone" checks.
+#[allow(unused_imports)]
+pub(crate) use link::is_orphaned;

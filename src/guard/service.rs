@@ -716,7 +716,7 @@ where
         bytes: Bytes,
         intent: Intent,
     ) -> Answer<RB> {
-        let key = (
+        let key = IntentKey::new(
             intent.actor.clone(),
             intent.intent_scope.clone(),
             intent.fingerprint,
@@ -1602,7 +1602,7 @@ pub(crate) enum Settlement {
     Other,
 }
 
-type IntentKey = (Actor, IntentScope, Fingerprint);
+use crate::ledger::IntentKey;
 
 /// In-process state: single flight (one owner per intent at a time), and the broken streams a
 /// resume GET may continue.

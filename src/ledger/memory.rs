@@ -1,48 +1,27 @@
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
-};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dashmap::{DashMap, mapref::entry::Entry};
 
 use super::{
-    Claim, Claimed, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp, result_reference,
+    Claim, Claimed, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp, index::Index,
+    result_reference,
 };
-use crate::{Actor, ExecutionId, IntentScope, fingerprint::Fingerprint};
+use crate::ExecutionId;
 
-/// How many claims pass between two sweeps of expired records.
-const SWEEP_EVERY: u64 = 1024;
-
-/// A ledger in memory, on `dashmap`: fast, shared by every clone, and gone when the process
-/// exits. Records leave it when their contract's retention ends, so memory stays bounded by
-/// the number of executions inside their retention.
+/// A ledger in memory: fast, shared by every clone, and gone when the process exits. Records
+/// leave it when their contract's retention ends, so memory stays bounded by the number of
+/// executions inside their retention.
 ///
 /// # Clone
 ///
 /// Clones share the same ledger.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryLedger {
-    inner: Arc<Inner>,
+    // One lock over the index: every operation is short and never awaits under it, and a
+    // claim holds it until the new execution is in place (one winner per intent).
+    inner: Arc<Mutex<Index>>,
 }
-
-#[derive(Debug, Default)]
-struct Inner {
-    executions: DashMap<ExecutionId, Stored>,
-    /// The latest execution of each intent.
-    intents: DashMap<IntentKey, ExecutionId>,
-    claims: AtomicU64,
-}
-
-#[derive(Debug)]
-struct Stored {
-    record: ExecutionRecord,
-    events: Vec<LedgerEvent>,
-    result: Option<Bytes>,
-}
-
-type IntentKey = (Actor, IntentScope, Fingerprint);
 
 impl MemoryLedger {
     /// An empty ledger.
@@ -50,86 +29,46 @@ impl MemoryLedger {
         Self::default()
     }
 
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Removes every execution whose retention ended before `now`; returns how many.
     pub fn purge_expired(&self, now: Timestamp) -> usize {
-        let before = self.inner.executions.len();
-        self.inner
-            .executions
-            .retain(|_, e| e.record.retain_until >= now);
-        self.inner
-            .intents
-            .retain(|_, id| self.inner.executions.contains_key(id));
-        before - self.inner.executions.len()
+        self.index().purge_expired(now)
     }
 
     /// Number of executions in the index.
     pub fn len(&self) -> usize {
-        self.inner.executions.len()
+        self.index().executions.len()
     }
 
     /// Whether the index is empty.
     pub fn is_empty(&self) -> bool {
-        self.inner.executions.is_empty()
+        self.index().executions.is_empty()
     }
 }
 
 #[async_trait]
 impl Ledger for MemoryLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
-        if self.inner.claims.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
-            self.purge_expired(claim.at);
-        }
-        let key = (
-            claim.actor.clone(),
-            claim.intent_scope.clone(),
-            claim.fingerprint,
-        );
-        // The intent's shard stays locked until the new execution is in place: one winner.
-        match self.inner.intents.entry(key) {
-            Entry::Occupied(mut occupied) => {
-                let linked = self
-                    .inner
-                    .executions
-                    .get(occupied.get())
-                    .filter(|e| e.record.is_linkable(claim.at))
-                    .map(|e| e.record.clone());
-                if let Some(record) = linked {
-                    return Ok(Claimed::Existing(record));
-                }
-                let record = self.insert_new(&claim);
-                occupied.insert(record.execution_id);
-                Ok(Claimed::New(record))
-            }
-            Entry::Vacant(vacant) => {
-                let record = self.insert_new(&claim);
-                vacant.insert(record.execution_id);
-                Ok(Claimed::New(record))
-            }
-        }
+        let mut index = self.index();
+        index.count_claim(claim.at);
+        // The process that holds this ledger is the owner: nothing to take before creating.
+        Ok(index.claim(&claim, || Ok(()))?.0)
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        let mut entry = self
-            .inner
-            .executions
-            .get_mut(&event.execution_id)
-            .ok_or(LedgerError::NotFound(event.execution_id))?;
-        entry.record.apply(&event)?;
-        entry.events.push(event);
-        Ok(entry.record.clone())
+        self.index().append(&event)
     }
 
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
-        Ok(self
-            .inner
-            .executions
-            .get(&execution_id)
-            .map(|e| e.record.clone()))
+        Ok(self.index().record(execution_id).cloned())
     }
 
     async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
         Ok(self
-            .inner
+            .index()
             .executions
             .get(&execution_id)
             .map(|e| e.events.clone())
@@ -137,14 +76,7 @@ impl Ledger for MemoryLedger {
     }
 
     async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
-        let mut records: Vec<_> = self
-            .inner
-            .executions
-            .iter()
-            .map(|e| e.record.clone())
-            .collect();
-        records.sort_by_key(|r| r.execution_id);
-        Ok(records)
+        Ok(self.index().records())
     }
 
     async fn store_result(
@@ -152,43 +84,17 @@ impl Ledger for MemoryLedger {
         execution_id: ExecutionId,
         result: Bytes,
     ) -> Result<String, LedgerError> {
-        let mut entry = self
-            .inner
-            .executions
-            .get_mut(&execution_id)
-            .ok_or(LedgerError::NotFound(execution_id))?;
-        entry.result = Some(result);
-        Ok(result_reference(execution_id))
+        let mut index = self.index();
+        if !index.executions.contains_key(&execution_id) {
+            return Err(LedgerError::NotFound(execution_id));
+        }
+        let reference = result_reference(execution_id);
+        index.results.insert(reference.clone(), result);
+        Ok(reference)
     }
 
     async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
-        let Some(id) = reference
-            .strip_prefix("result_")
-            .and_then(|ulid| format!("act_{ulid}").parse::<ExecutionId>().ok())
-        else {
-            return Ok(None);
-        };
-        Ok(self
-            .inner
-            .executions
-            .get(&id)
-            .and_then(|e| e.result.clone()))
-    }
-}
-
-impl MemoryLedger {
-    fn insert_new(&self, claim: &Claim) -> ExecutionRecord {
-        let event = claim.accepted_event(ExecutionId::new());
-        let record = ExecutionRecord::from_accepted(&event).expect("an accepted event");
-        self.inner.executions.insert(
-            record.execution_id,
-            Stored {
-                record: record.clone(),
-                events: vec![event],
-                result: None,
-            },
-        );
-        record
+        Ok(self.index().results.get(reference).cloned())
     }
 }
 

@@ -16,18 +16,20 @@
 pub mod audit;
 pub mod chain;
 mod file;
+mod index;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
 mod verify;
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use file::{CompactReport, FileLedger, verify_file};
+pub(crate) use index::IntentKey;
 pub use memory::MemoryLedger;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresLedger;
@@ -113,24 +115,131 @@ impl Claimed {
 
 /// A ledger operation that failed. The guard never sends a request whose dispatch it could
 /// not record.
-#[derive(Debug, thiserror::Error)]
+///
+/// A storage failure keeps the error it came from (an I/O, JSON or PostgreSQL error):
+/// [`source`](std::error::Error::source) returns it.
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum LedgerError {
     /// The event is not allowed in the execution's state.
-    #[error(transparent)]
-    InvalidTransition(#[from] InvalidTransition),
+    InvalidTransition(InvalidTransition),
     /// No such execution (or it left the index after its retention).
-    #[error("no execution {0} in the ledger")]
     NotFound(ExecutionId),
     /// The storage failed.
-    #[error("ledger storage failed: {0}")]
-    Storage(String),
+    Storage(StorageError),
 }
 
 impl LedgerError {
     /// Whether the event was refused by the state machine.
     pub fn is_invalid_transition(&self) -> bool {
         matches!(self, Self::InvalidTransition(_))
+    }
+
+    /// A storage failure described by `message`, with no error under it.
+    pub(crate) fn storage(message: impl Into<String>) -> Self {
+        Self::Storage(StorageError::from(message.into()))
+    }
+
+    /// A storage failure caused by `source`, described by `message`.
+    pub(crate) fn caused(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Storage(StorageError::caused(message, source))
+    }
+}
+
+impl From<InvalidTransition> for LedgerError {
+    fn from(error: InvalidTransition) -> Self {
+        Self::InvalidTransition(error)
+    }
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidTransition(e) => fmt::Display::fmt(e, f),
+            Self::NotFound(id) => write!(f, "no execution {id} in the ledger"),
+            Self::Storage(e) => write!(f, "ledger storage failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LedgerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Transparent: the refusal is the error itself.
+            Self::InvalidTransition(e) => std::error::Error::source(e),
+            Self::NotFound(_) => None,
+            Self::Storage(e) => std::error::Error::source(e),
+        }
+    }
+}
+
+/// Why the storage failed: a message for people and, when one caused it, the underlying
+/// error (its [`source`](std::error::Error::source)).
+///
+/// # Clone
+///
+/// Clones share the source: one failed write fails every call of its batch with it.
+#[derive(Debug, Clone)]
+pub struct StorageError {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StorageError {
+    /// A failure described by `message`, caused by `source`.
+    pub(crate) fn caused(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The description.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The same failure, its description rewritten (a password redacted, a path added).
+    pub(crate) fn map_message(self, f: impl FnOnce(String) -> String) -> Self {
+        Self {
+            message: f(self.message),
+            source: self.source,
+        }
+    }
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for StorageError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for StorageError {
+    fn from(message: &str) -> Self {
+        Self::from(message.to_owned())
     }
 }
 

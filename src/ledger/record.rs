@@ -694,18 +694,10 @@ impl ExecutionRecord {
     ///   (`not_sent`) execution is continued.
     /// - Never linkable: failed (the target refused it), settled as not applied, and a result
     ///   that reached the caller (a repeat after that is a new intent).
+    ///
+    /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        use ExecutionState as S;
-        if now > self.retain_until {
-            return false;
-        }
-        let inside_window = now <= self.link_until;
-        match self.state {
-            state if state.is_unsettled() => true,
-            S::Completed | S::ResolvedApplied => self.delivered_at.is_none() && inside_window,
-            S::Denied | S::NotSent => inside_window,
-            _ => false,
-        }
+        crate::decide::is_linkable(self, now)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is

@@ -176,7 +176,7 @@ fn read(path: &Path) -> Result<String, LedgerError> {
 }
 
 fn cannot_read(path: &Path, error: io::Error) -> LedgerError {
-    LedgerError::Storage(format!("cannot read {}: {error}", path.display()))
+    LedgerError::caused(format!("cannot read {}: {error}", path.display()), error)
 }
 
 #[cfg(test)]

@@ -1,0 +1,151 @@
+//! Which prior execution a repeat of the same intent links to (DESIGN §4, two clocks), and
+//! what an execution whose owner is gone becomes. The ledgers store, index and verify; they
+//! ask these functions, and never decide on their own.
+
+use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp};
+
+/// Whether a repeat of the same intent at `now` links to `record`.
+///
+/// - Nothing links once the record's retention ended.
+/// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
+///   owner that is gone, unknown, needs review) links whatever its link window says: no
+///   window may turn an unknown outcome into a second dispatch.
+/// - The link window limits only how long a settled result is handed back (completed or
+///   resolved as applied and not yet delivered, a repeated denial) and how long a never-sent
+///   (`not_sent`) execution is continued.
+/// - Never linkable: failed (the target refused it), settled as not applied, and a result
+///   that reached the caller (a repeat after that is a new intent).
+pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp) -> bool {
+    use ExecutionState as S;
+    if now > record.retain_until {
+        return false;
+    }
+    let inside_window = now <= record.link_until;
+    match record.state {
+        state if state.is_unsettled() => true,
+        S::Completed | S::ResolvedApplied => record.delivered_at.is_none() && inside_window,
+        S::Denied | S::NotSent => inside_window,
+        _ => false,
+    }
+}
+
+/// Why an orphaned execution's outcome is unknown (the `reason` of its `unknown` event).
+pub(crate) const ORPHAN_REASON: &str =
+    "the process that dispatched it ended before its outcome was observed";
+
+/// Whether `record` is orphaned: `dispatched`, and its owner (`owner_alive` says whether that
+/// process still runs) is gone, so nobody will ever observe the attempt's outcome. An
+/// orphaned execution's outcome is unknown ([`orphan_unknown`]): never re-sent blindly, never
+/// lost.
+pub(crate) fn is_orphaned(record: &ExecutionRecord, owner_alive: bool) -> bool {
+    record.state == ExecutionState::Dispatched && !owner_alive
+}
+
+/// The `unknown` event that settles an orphaned `record` at `at`, or `None` when it is not
+/// orphaned. The event names the attempt it is about, so a ledger refuses it if a newer
+/// attempt was dispatched meanwhile (by a live owner, in another process).
+pub(crate) fn orphan_unknown(
+    record: &ExecutionRecord,
+    owner_alive: bool,
+    at: Timestamp,
+) -> Option<LedgerEvent> {
+    is_orphaned(record, owner_alive).then(|| LedgerEvent {
+        execution_id: record.execution_id,
+        at,
+        kind: EventKind::Unknown {
+            target_status: None,
+            reason: ORPHAN_REASON.into(),
+            attempt: Some(record.attempts),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::fixtures::{accepted, claim, dispatched, event_at},
+    };
+
+    fn record_in(state: ExecutionState, delivered: bool) -> ExecutionRecord {
+        let mut r = accepted(&claim(RetryClass::Idempotent, "o"));
+        r.state = state;
+        if delivered {
+            r.delivered_at = Some(Timestamp::from_millis(1));
+        }
+        r
+    }
+
+    /// One row per state: linkable inside the window, past the window, past retention.
+    #[test]
+    fn the_link_rule_has_two_clocks() {
+        use ExecutionState as S;
+        // The fixture claim: 60 s window and retention from 0 ms; stretch retention.
+        let inside = Timestamp::from_millis(30_000);
+        let past_window = Timestamp::from_millis(90_000);
+        let past_retention = Timestamp::from_millis(200_001);
+        let rows = [
+            (S::Accepted, false, true, true),
+            (S::Authorized, false, true, true),
+            (S::Dispatched, false, true, true),
+            (S::Unknown, false, true, true),
+            (S::NeedsReview, false, true, true),
+            (S::Completed, false, true, false),
+            (S::Completed, true, false, false),
+            (S::ResolvedApplied, false, true, false),
+            (S::ResolvedApplied, true, false, false),
+            (S::Denied, false, true, false),
+            (S::NotSent, false, true, false),
+            (S::Failed, false, false, false),
+            (S::ResolvedNotApplied, false, false, false),
+        ];
+        for (state, delivered, in_window, after_window) in rows {
+            let mut r = record_in(state, delivered);
+            r.retain_until = Timestamp::from_millis(200_000);
+            let row = format!("{state} delivered={delivered}");
+            assert_eq!(is_linkable(&r, inside), in_window, "{row}");
+            assert_eq!(is_linkable(&r, past_window), after_window, "{row}");
+            assert!(!is_linkable(&r, past_retention), "{row}");
+        }
+    }
+
+    #[test]
+    fn only_a_dispatched_execution_whose_owner_is_gone_is_orphaned() {
+        for state in [
+            ExecutionState::Accepted,
+            ExecutionState::Authorized,
+            ExecutionState::Unknown,
+            ExecutionState::Completed,
+        ] {
+            assert!(!is_orphaned(&record_in(state, false), false), "{state}");
+        }
+        let mut r = accepted(&claim(RetryClass::Idempotent, "o"));
+        let id = r.execution_id;
+        r.apply(&event_at(id, 1, dispatched(id, 1, Some("o"))))
+            .unwrap();
+        assert!(!is_orphaned(&r, true));
+        assert!(orphan_unknown(&r, true, Timestamp::from_millis(2)).is_none());
+        let event = orphan_unknown(&r, false, Timestamp::from_millis(2)).unwrap();
+        r.apply(&event).unwrap();
+        assert_eq!(r.state, ExecutionState::Unknown);
+        assert_eq!(r.reason.as_deref(), Some(ORPHAN_REASON));
+    }
+
+    /// The orphan's `unknown` names its attempt: a newer attempt, dispatched meanwhile by a
+    /// live owner, is never marked unknown by a ledger that saw the older one.
+    #[test]
+    fn an_orphan_event_for_an_older_attempt_is_refused() {
+        let mut r = accepted(&claim(RetryClass::Idempotent, "o"));
+        let id = r.execution_id;
+        r.apply(&event_at(id, 1, dispatched(id, 1, Some("o"))))
+            .unwrap();
+        let seen = r.clone();
+        let stale = orphan_unknown(&seen, false, Timestamp::from_millis(2)).unwrap();
+        r.apply(&stale).unwrap();
+        r.apply(&event_at(id, 3, dispatched(id, 2, Some("p"))))
+            .unwrap();
+        assert!(r.apply(&stale).is_err());
+        assert_eq!((r.state, r.attempts), (ExecutionState::Dispatched, 2));
+    }
+}

@@ -1,0 +1,474 @@
+//! The embedded durable ledger: [`FileLedger`].
+
+use std::{
+    collections::HashMap,
+    fs::{self, File, OpenOptions},
+    io::{self, Read, Seek, SeekFrom, Write},
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, mpsc},
+    thread,
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{
+    Claim, Claimed, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp,
+    chain::{
+        self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
+        VerifyReport,
+    },
+    index::{Index, Stored},
+    result_reference,
+};
+use crate::{ExecutionId, fingerprint::FingerprintKey};
+
+mod key;
+mod lines;
+mod owners;
+mod writer;
+
+use key::{check_key, create_key, key_id, read_key, short_id};
+use lines::fits_in_a_line;
+use owners::Owners;
+use writer::{Mode, Writer};
+
+/// The embedded durable ledger: one append-only, hash-chained JSON Lines file.
+///
+/// - **Write-ahead.** An append returns only after its line is on disk (`fdatasync`): the guard
+///   records `dispatched` before the request leaves, so a crash right after the send still
+///   leaves the record.
+/// - **Group commit.** One writer thread takes every pending append at once and pays one
+///   `fdatasync` for all of them.
+/// - **Shared by processes.** Every write happens under an exclusive lock on the file, after
+///   reading what other processes appended since (so the chain never forks and a claim is
+///   atomic across processes). A file replaced by compaction is noticed and reopened.
+/// - **Crash recovery.** Reopening rebuilds the index from the file, checking every line
+///   against the chain (`seq`, `prev`, `hash`). A torn tail (a crash mid-write) can only be
+///   bytes after the last newline: those, when they can be the start of a line, are cut
+///   away with a warning, never taken as valid. A complete line (one that ends in a newline)
+///   that does not read or does not verify makes opening fail with its `seq` and the reason,
+///   and nothing is written: it may be an acknowledged `dispatched`, and cutting it would
+///   send the call again. An execution left `dispatched` by a process that is gone becomes
+///   `unknown`: never re-sent blindly, never lost. Liveness comes from lock files in
+///   `<ledger>.owners/`, held by each live process for the guard owners it serves (the
+///   operating system releases them when a process dies, even by SIGKILL).
+/// - **Not a ledger, or a newer one.** A file that is not empty and does not start with a
+///   ledger line (notes, a policy file, anything) is refused untouched, with what it looks
+///   like; so is a line of a newer format (an event kind this build does not know).
+/// - **A bounded wait.** Writes wait at most the lock timeout
+///   ([`FileLedger::DEFAULT_LOCK_TIMEOUT`], or [`FileLedger::open_with_lock_timeout`]) for a process that
+///   holds the file's lock, then fail naming its pid (from `/proc/locks` on Linux).
+/// - **Read-only.** [`FileLedger::open_read_only`] reads without writing anything: no
+///   recovery line, no cut tail, no pruned owner file, no lock; it works on a file it cannot
+///   write.
+/// - **Its key.** [`FileLedger::fingerprint_key`] keeps the fingerprint key beside the file
+///   and records the key's id in the chain; a ledger that names a key (or holds lines) is
+///   never given another one.
+/// - **Tamper evidence.** Every line is chained (see [`chain`](super::chain)); [`FileLedger::verify`]
+///   names the first bad `seq`.
+/// - **Compaction.** [`FileLedger::compact`] archives the file and starts a new one with a
+///   checkpoint that carries the archived head, followed by the lines of the executions still
+///   retained: both files verify.
+///
+/// Unix only (file locks, `0600` key files).
+///
+/// # Clone
+///
+/// Clones share the file, its writer thread and its index.
+#[derive(Clone)]
+pub struct FileLedger {
+    path: Arc<PathBuf>,
+    read_only: bool,
+    ops: mpsc::Sender<Op>,
+    owners: Arc<Owners>,
+    // Declared last: dropped after `ops`, so the writer has no sender left and stops.
+    _writer: Arc<WriterThread>,
+}
+
+/// Joins the writer thread when the last clone of the ledger is dropped, so that its owner
+/// locks are released before the drop returns.
+struct WriterThread(Option<thread::JoinHandle<()>>);
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for FileLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileLedger")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, LedgerError>>;
+
+/// A reply waited for by a thread that is not async ([`FileLedger::fingerprint_key`]).
+type SyncReply<T> = mpsc::Sender<Result<T, LedgerError>>;
+
+/// An answer held until the batch it belongs to is on disk (or failed).
+type PendingReply = Box<dyn FnOnce(Option<&LedgerError>) + Send>;
+
+enum Op {
+    Claim(Box<Claim>, Reply<Claimed>),
+    Append(LedgerEvent, Reply<ExecutionRecord>),
+    StoreResult(ExecutionId, Bytes, Reply<String>),
+    Get(ExecutionId, Reply<Option<ExecutionRecord>>),
+    Events(ExecutionId, Reply<Vec<LedgerEvent>>),
+    List(Reply<Vec<ExecutionRecord>>),
+    LoadResult(String, Reply<Option<Bytes>>),
+    Compact(Timestamp, Reply<CompactReport>),
+    /// The key id the ledger names, and whether the chain holds any line.
+    KeyState(SyncReply<(Option<String>, bool)>),
+    /// Binds the ledger to a key id (records it if it names none), or refuses another one.
+    BindKey(String, SyncReply<()>),
+}
+
+/// What [`FileLedger::compact`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Where the previous file went.
+    pub archived_to: PathBuf,
+    /// Executions kept (still inside their retention).
+    pub kept_executions: usize,
+    /// Executions dropped.
+    pub dropped_executions: usize,
+}
+
+/// A storage failure described by `context` and `error`, with no error under it (a
+/// statement of the ledger's own, or a failure already told).
+fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
+    LedgerError::storage(format!("{context}: {error}"))
+}
+
+/// A storage failure caused by `error` (I/O, JSON), which stays its source.
+fn failed(context: &str, error: impl std::error::Error + Send + Sync + 'static) -> LedgerError {
+    LedgerError::caused(format!("{context}: {error}"), error)
+}
+
+impl FileLedger {
+    /// How long [`open`](Self::open) (and every write through it) waits for another process
+    /// to release the ledger's lock.
+    pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Opens (or creates) the ledger at `path`, rebuilding the index and recovering from a
+    /// crash as the [`FileLedger`] docs say. Writes wait at most [`Self::DEFAULT_LOCK_TIMEOUT`] for
+    /// another process's lock.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        Self::open_with_lock_timeout(path, Self::DEFAULT_LOCK_TIMEOUT)
+    }
+
+    /// [`open`](Self::open), waiting at most `lock_timeout` (on open, and on every write) for
+    /// another process that holds the ledger's lock; past it the operation fails, naming that
+    /// process, and nothing is recorded.
+    pub fn open_with_lock_timeout(
+        path: impl AsRef<Path>,
+        lock_timeout: Duration,
+    ) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: false,
+                lock_timeout,
+            },
+        )
+    }
+
+    /// Opens an existing ledger to read it, writing nothing: no recovery line (an execution
+    /// left `dispatched` by a process that is gone reads as `dispatched`), no cut tail (a
+    /// torn last line is not read), no pruned owner file, and no lock is taken. It works on
+    /// a file (and a directory) it cannot write. Writes through it fail.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: true,
+                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
+            },
+        )
+    }
+
+    fn start(path: &Path, mode: Mode) -> Result<Self, LedgerError> {
+        let path = path.to_path_buf();
+        let owners = Arc::new(Owners::new(&path));
+        let mut writer = Writer::open(&path, owners.clone(), mode)?;
+        if mode.read_only {
+            writer.catch_up(false)?;
+        } else {
+            writer.recover()?;
+        }
+        let (ops, receiver) = mpsc::channel();
+        let handle = thread::Builder::new()
+            .name("mcp-replay-guard-file-ledger".into())
+            .spawn(move || writer.run(receiver))
+            .map_err(|e| failed("cannot start the ledger writer thread", e))?;
+        Ok(Self {
+            path: Arc::new(path),
+            read_only: mode.read_only,
+            ops,
+            owners,
+            _writer: Arc::new(WriterThread(Some(handle))),
+        })
+    }
+
+    /// Whether the ledger was opened with [`open_read_only`](Self::open_read_only).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn writable(&self) -> Result<(), LedgerError> {
+        if self.read_only {
+            return Err(storage(
+                &format!("the ledger {} was opened read-only", self.path.display()),
+                "open it with FileLedger::open to write",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The ledger file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fingerprint key kept beside the ledger (`<ledger>.key`, mode 0600). Every process
+    /// that opens the ledger gets the same key, so their fingerprints match.
+    ///
+    /// # Which key
+    ///
+    /// The ledger records the id of its key (a keyed digest, never the key) in its chain the
+    /// first time a key is bound to it, and compaction carries the id over. The key file is
+    /// created only for a ledger that holds no line yet. A ledger that names a key, or holds
+    /// lines, whose key file is missing is refused with an error that says so: a new key
+    /// would recognise none of its intents, and a call held for review would be sent again.
+    /// A key file whose key is not the one the ledger names is refused the same way. A ledger
+    /// that holds lines but names no key (written before key ids, or through a key of the
+    /// caller's own) is bound to the key file it has.
+    ///
+    /// Blocks the calling thread until the ledger's writer answers (under contention, up to
+    /// the lock timeout): call it once, at startup.
+    pub fn fingerprint_key(&self) -> Result<FingerprintKey, LedgerError> {
+        let key_path = sibling(&self.path, "key");
+        // The state first, then the file: a key file is always in place before its id is
+        // recorded, so a racing process's binding is never taken for a missing key.
+        let (bound, holds_lines) = self.ask_blocking(Op::KeyState)?;
+        let key = match read_key(&key_path)? {
+            Some(key) => key,
+            None if bound.is_some() || holds_lines => {
+                let named = bound.as_deref().map_or_else(
+                    || "this ledger already holds lines fingerprinted with a key".to_owned(),
+                    |id| {
+                        format!(
+                            "this ledger's records were fingerprinted with key {}",
+                            short_id(id)
+                        )
+                    },
+                );
+                return Err(LedgerError::storage(format!(
+                    "the fingerprint key file {} is missing, and {named}: restore that file (it \
+                     was beside the ledger, mode 0600); a new key would recognise none of the \
+                     ledger's intents, so none is made",
+                    key_path.display()
+                )));
+            }
+            None if self.read_only => {
+                return Err(LedgerError::storage(format!(
+                    "the fingerprint key file {} is missing (a read-only ledger makes none)",
+                    key_path.display()
+                )));
+            }
+            None => create_key(&self.path, &key_path)?,
+        };
+        self.bind_fingerprint_key(&key)
+            .map_err(|error| match error {
+                LedgerError::Storage(storage) => {
+                    LedgerError::Storage(storage.map_message(|message| {
+                        format!("{message} (the key file is {})", key_path.display())
+                    }))
+                }
+                other => other,
+            })?;
+        Ok(key)
+    }
+
+    /// Binds the ledger to `key`: records the key's id in the chain if the ledger names none
+    /// yet, and fails if it names another key. A library user who passes a
+    /// [`FingerprintKey`] of their own to the guard (instead of
+    /// [`fingerprint_key`](Self::fingerprint_key)) calls this once after opening to have the
+    /// same protection: without it the ledger cannot tell which key its records were made
+    /// with. On a read-only ledger it only checks.
+    pub fn bind_fingerprint_key(&self, key: &FingerprintKey) -> Result<(), LedgerError> {
+        let id = key_id(key);
+        if self.read_only {
+            let (bound, _) = self.ask_blocking(Op::KeyState)?;
+            return check_key(bound.as_deref(), &id);
+        }
+        self.ask_blocking(|reply| Op::BindKey(id, reply))
+    }
+
+    fn ask_blocking<T>(&self, op: impl FnOnce(SyncReply<T>) -> Op) -> Result<T, LedgerError> {
+        let (reply, answer) = mpsc::channel();
+        self.ops
+            .send(op(reply))
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?;
+        answer
+            .recv()
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?
+    }
+
+    /// Verifies the whole chain of the file.
+    pub fn verify(&self) -> Result<VerifyReport, LedgerError> {
+        verify_file(&self.path)
+    }
+
+    /// Archives the file and starts a new one that keeps only the executions still inside
+    /// their retention at `now` (see the [`FileLedger`] docs).
+    pub async fn compact(&self, now: Timestamp) -> Result<CompactReport, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Compact(now, reply)).await
+    }
+
+    async fn ask<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.ops
+            .send(op(reply))
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?;
+        answer
+            .await
+            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?
+    }
+}
+
+/// Verifies a ledger file without opening it as a ledger, with the archives its checkpoints
+/// name (see [`verify_file_anchored`](super::verify_file_anchored)).
+pub fn verify_file(path: &Path) -> Result<VerifyReport, LedgerError> {
+    super::verify::verify_file_anchored(path, None)
+}
+
+/// `<path>.<suffix>`: a file that belongs to the ledger at `path` (its key, owners directory,
+/// archives).
+pub(super) fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".{suffix}"));
+    path.with_file_name(name)
+}
+
+#[async_trait]
+impl Ledger for FileLedger {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Claim(Box::new(claim), reply)).await
+    }
+
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Append(event, reply)).await
+    }
+
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
+        self.ask(|reply| Op::Get(execution_id, reply)).await
+    }
+
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        self.ask(|reply| Op::Events(execution_id, reply)).await
+    }
+
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
+        self.ask(Op::List).await
+    }
+
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::StoreResult(execution_id, result, reply))
+            .await
+    }
+
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
+        let reference = reference.to_owned();
+        self.ask(|reply| Op::LoadResult(reference, reply)).await
+    }
+
+    async fn is_owner_alive(&self, owner: &str) -> bool {
+        self.owners.is_alive(owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::{
+            ExecutionState,
+            fixtures::{claim, dispatched, event_at},
+        },
+    };
+
+    fn temp_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mrg-{test}-{}", ExecutionId::new().ulid()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Issue 14: the orphan rule of every ledger ([`crate::decide::orphan_unknown`]), on open.
+    #[tokio::test]
+    async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_after_reopen() {
+        let dir = temp_dir("orphan-unit");
+        let path = dir.join("ledger.jsonl");
+        let ledger = FileLedger::open(&path).unwrap();
+        let claimed = ledger
+            .claim(claim(RetryClass::Idempotent, "guard:file-one"))
+            .await
+            .unwrap();
+        let id = claimed.record().execution_id;
+        ledger
+            .append(event_at(id, 1, dispatched(id, 1, Some("guard:file-one"))))
+            .await
+            .unwrap();
+        drop(ledger);
+        let reopened = FileLedger::open(&path).unwrap();
+        let record = reopened.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ExecutionState::Unknown);
+        assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+        drop(reopened);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// I/O and JSON failures keep their error as the source.
+    #[tokio::test]
+    async fn io_and_json_failures_keep_their_source() {
+        let dir = temp_dir("source-unit");
+        let missing = dir.join("no-such-dir").join("ledger.jsonl");
+        let error = FileLedger::open(&missing).unwrap_err();
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(source.downcast_ref::<io::Error>().is_some(), "{source:?}");
+
+        let ledger = FileLedger::open(dir.join("ledger.jsonl")).unwrap();
+        let error = ledger
+            .store_result(ExecutionId::new(), Bytes::from_static(b"not json"))
+            .await
+            .unwrap_err();
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.downcast_ref::<serde_json::Error>().is_some(),
+            "{source:?}"
+        );
+        drop(ledger);
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

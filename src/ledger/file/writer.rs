@@ -1,0 +1,685 @@
+//! The writer thread: the only code that touches the file and the index (the lock, catch-up,
+//! crash recovery, group commit, compaction).
+
+use super::{
+    lines::{LINE_START, could_be_torn, looks_like, newer_format, read_line},
+    *,
+};
+
+/// The most appends one group commit takes.
+pub(super) const MAX_BATCH: usize = 4096;
+
+/// How long a group commit waits for concurrent callers to join it.
+pub(super) const LINGER: std::time::Duration = std::time::Duration::from_micros(150);
+
+pub(super) fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
+    while batch.len() < MAX_BATCH {
+        match ops.try_recv() {
+            Ok(op) => batch.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
+/// How a ledger was opened; the writer thread keeps it across reopens.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Mode {
+    pub(super) read_only: bool,
+    pub(super) lock_timeout: Duration,
+}
+
+/// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
+/// release it. `flock(2)` has no timed wait, so this polls with a short backoff.
+pub(super) fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), LedgerError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(fs::TryLockError::WouldBlock) => {}
+            Err(fs::TryLockError::Error(e)) => return Err(failed("cannot lock the ledger", e)),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let holder = lock_holder(file).map_or_else(
+                || "another process".to_owned(),
+                |pid| format!("another process (pid {pid})"),
+            );
+            return Err(LedgerError::storage(format!(
+                "the ledger {} is locked by {holder}, which did not release it within {}: \
+                 nothing was recorded; wait for that process to finish, or stop it",
+                path.display(),
+                humantime::format_duration(timeout)
+            )));
+        }
+        thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// The pid of the process that holds the `flock(2)` lock on `file`, from `/proc/locks`
+/// (Linux; `None` elsewhere). The kernel knows the holder, so nothing has to be written
+/// beside the ledger to name it, and the answer is never stale.
+pub(super) fn lock_holder(file: &File) -> Option<u32> {
+    let meta = file.metadata().ok()?;
+    let dev = meta.dev();
+    // The encoding of `dev_t` glibc and the kernel use.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let wanted = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 1234 fe:00:5875183 0 EOF`; waiters' lines have `->`.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields[..] {
+            // A holder in another pid namespace shows as pid 0: not a pid to name.
+            [_, "FLOCK", _, _, pid, inode, ..] if inode == wanted => {
+                pid.parse().ok().filter(|&pid| pid != 0)
+            }
+            _ => None,
+        }
+    })
+}
+
+/// The writer thread: the only code that touches the file and the index.
+pub(super) struct Writer {
+    path: PathBuf,
+    file: File,
+    /// Bytes of the file read into the index.
+    offset: u64,
+    head: (u64, ChainHash),
+    index: Index,
+    /// The id of the fingerprint key the chain names.
+    key_id: Option<String>,
+    owners: Arc<Owners>,
+    mode: Mode,
+    /// The last [`locked`](Self::locked) failed to take the lock (so `f` never ran and the
+    /// index holds nothing unwritten).
+    lock_failed: bool,
+}
+
+impl Writer {
+    pub(super) fn open(path: &Path, owners: Arc<Owners>, mode: Mode) -> Result<Self, LedgerError> {
+        let mut options = OpenOptions::new();
+        options.read(true);
+        if !mode.read_only {
+            options.append(true).create(true).mode(0o600);
+        }
+        let file = options.open(path).map_err(|e| {
+            if mode.read_only && e.kind() == io::ErrorKind::NotFound {
+                LedgerError::storage(format!("no ledger at {}", path.display()))
+            } else {
+                failed(&format!("cannot open the ledger {}", path.display()), e)
+            }
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            offset: 0,
+            head: (0, ChainHash::GENESIS),
+            index: Index::default(),
+            key_id: None,
+            owners,
+            mode,
+            lock_failed: false,
+        })
+    }
+
+    /// Runs `f` holding the exclusive lock, after catching up with the file.
+    fn locked<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        if self.mode.read_only {
+            return Err(storage("internal", "a write on a read-only ledger"));
+        }
+        let deadline = Instant::now() + self.mode.lock_timeout;
+        loop {
+            self.reopen_if_replaced()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Err(error) = lock_within(&self.file, &self.path, left) {
+                self.lock_failed = true;
+                return Err(error);
+            }
+            // Compaction may have replaced the file while this process waited for the lock.
+            if !self.is_replaced()? {
+                break;
+            }
+            let _ = self.file.unlock();
+        }
+        let result = self.catch_up(true).and_then(|()| f(self));
+        let _ = self.file.unlock();
+        result
+    }
+
+    /// Compaction replaces the file: a file whose inode is no longer at the path is reopened.
+    fn reopen_if_replaced(&mut self) -> Result<(), LedgerError> {
+        if self.is_replaced()? {
+            let owners = self.owners.clone();
+            *self = Self::open(&self.path.clone(), owners, self.mode)?;
+        }
+        Ok(())
+    }
+
+    fn is_replaced(&self) -> Result<bool, LedgerError> {
+        let current = self
+            .file
+            .metadata()
+            .map_err(|e| failed("cannot stat the ledger", e))?;
+        match fs::metadata(&self.path) {
+            Ok(at_path) => Ok(current.ino() != at_path.ino() || current.dev() != at_path.dev()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(failed("cannot stat the ledger", e)),
+        }
+    }
+
+    /// Reads the lines other processes appended, checking that each one follows the chain.
+    ///
+    /// A torn append (a writer died mid-line) can only leave bytes after the last newline.
+    /// Holding the exclusive lock, those are cut away when they can be the start of a line;
+    /// without the lock they are just not read yet. Any complete line that does not read or
+    /// does not verify is an error and the file is left as it is: it may be an acknowledged
+    /// line (a `dispatched` whose request left), and cutting it would send the call again;
+    /// reading past it would build on a line nobody wrote. So are bytes after the last
+    /// newline that cannot be part of a line, and a file that does not start with a line.
+    pub(super) fn catch_up(&mut self, locked: bool) -> Result<(), LedgerError> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| failed("cannot stat the ledger", e))?
+            .len();
+        if len <= self.offset {
+            return Ok(());
+        }
+        let mut bytes = Vec::with_capacity((len - self.offset) as usize);
+        self.file
+            .seek(SeekFrom::Start(self.offset))
+            .and_then(|_| (&self.file).take(len - self.offset).read_to_end(&mut bytes))
+            .map_err(|e| failed("cannot read the ledger", e))?;
+        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let mut consumed = 0;
+        for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
+            let line = &piece[..piece.len() - 1];
+            match read_line(line, self.head) {
+                Ok(None) => {}
+                Ok(Some(line)) => self.take_line(line),
+                Err(problem) => {
+                    // The lines before it are in the index: do not read them again.
+                    self.offset += consumed as u64;
+                    return Err(self.refusal(line, &bytes[consumed..], problem));
+                }
+            }
+            consumed += piece.len();
+        }
+        self.offset += consumed as u64;
+        let tail = &bytes[complete..];
+        if tail.is_empty() {
+            return Ok(());
+        }
+        if !could_be_torn(tail) {
+            let problem = ChainProblem::Unreadable {
+                detail: "the file ends with bytes that cannot start a ledger line".into(),
+            };
+            return Err(self.refusal(tail, tail, problem));
+        }
+        if locked {
+            tracing::warn!(path = %self.path.display(), bytes = tail.len(), "cutting a torn last ledger line (a crash mid-write)");
+            return self.truncate_at(self.offset);
+        }
+        Ok(())
+    }
+
+    /// The error for a line at `self.offset` that cannot be taken (`rest` is the file from
+    /// there on). Nothing of the line is quoted: the file may not be a ledger at all.
+    fn refusal(&self, line: &[u8], rest: &[u8], problem: ChainProblem) -> LedgerError {
+        let at = self.offset;
+        let seq = self.head.0 + 1;
+        let path = self.path.display();
+        if let Some(what) = newer_format(line) {
+            return LedgerError::storage(format!(
+                "the ledger line at byte {at} (seq {seq}) of {path} is of a newer format than \
+                 this build reads ({what}), or garbled: the file is left as it is; use the \
+                 replay-guard that wrote it"
+            ));
+        }
+        let chain_like = line.trim_ascii_start().starts_with(LINE_START);
+        if self.head.0 == 0 && !chain_like && matches!(problem, ChainProblem::Unreadable { .. }) {
+            return LedgerError::storage(format!(
+                "{path} is not a replay-guard ledger: it looks like {}, and does not start \
+                 with a ledger line. It was left untouched: give the path of a ledger the guard \
+                 wrote, or of a new file",
+                looks_like(rest)
+            ));
+        }
+        LedgerError::storage(format!(
+            "the ledger line at byte {at} (seq {seq}) of {path}: {problem}; the file is left as \
+             it is (nothing was cut or written): `replay-guard audit verify {path}` names the \
+             line, and an operator decides what to do with it"
+        ))
+    }
+
+    fn truncate_at(&mut self, offset: u64) -> Result<(), LedgerError> {
+        self.file
+            .set_len(offset)
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| failed("cannot cut the torn ledger tail", e))?;
+        self.offset = offset;
+        Ok(())
+    }
+
+    fn take_line(&mut self, line: ChainedLine) {
+        self.head = (line.seq, line.hash);
+        match line.body {
+            LineBody::Checkpoint { .. } => {}
+            LineBody::FingerprintKey { fingerprint_key } => match &self.key_id {
+                None => self.key_id = Some(fingerprint_key.id),
+                Some(bound) if *bound == fingerprint_key.id => {}
+                Some(_) => {
+                    tracing::warn!(
+                        seq = line.seq,
+                        "a ledger line names a second fingerprint key; the first one stays"
+                    )
+                }
+            },
+            LineBody::Result(stored) => {
+                let bytes = Bytes::from(stored.result.to_string());
+                self.index.results.insert(stored.reference, bytes);
+            }
+            LineBody::Event(event) => {
+                if let Err(error) = self.index.apply(&event) {
+                    tracing::warn!(seq = line.seq, %error, "a ledger line does not apply to its execution");
+                }
+            }
+        }
+    }
+
+    /// Writes lines (already applied to the index) and syncs them.
+    fn write(&mut self, bodies: Vec<LineBody>) -> Result<(), LedgerError> {
+        if bodies.is_empty() {
+            return Ok(());
+        }
+        let mut text = String::new();
+        let (mut seq, mut prev) = self.head;
+        for body in bodies {
+            seq += 1;
+            let line = ChainedLine::seal(seq, prev, body);
+            prev = line.hash;
+            text.push_str(&line.to_json_line());
+            text.push('\n');
+        }
+        self.file
+            .write_all(text.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| failed("cannot write the ledger", e))?;
+        self.offset += text.len() as u64;
+        let before = self.head.0;
+        self.head = (seq, prev);
+        chain::log_head(&self.path.display(), Some(before), self.head.into());
+        Ok(())
+    }
+
+    /// On open: an execution left `dispatched` by an owner that is gone has an unknown outcome
+    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)).
+    pub(super) fn recover(&mut self) -> Result<(), LedgerError> {
+        self.locked(|w| {
+            let owners = w.owners.clone();
+            let orphans = w
+                .index
+                .settle_orphans(|owner| owners.is_alive(owner), Timestamp::now())?;
+            for event in &orphans {
+                tracing::warn!(execution_id = %event.execution_id, "dispatched by a process that is gone: outcome unknown");
+            }
+            w.write(orphans.into_iter().map(LineBody::Event).collect())?;
+            w.owners.prune();
+            Ok(())
+        })
+    }
+
+    pub(super) fn run(mut self, ops: mpsc::Receiver<Op>) {
+        chain::log_head(&self.path.display(), None, self.head.into());
+        let mut last_batch = 0;
+        while let Ok(first) = ops.recv() {
+            let mut batch = vec![first];
+            drain(&ops, &mut batch);
+            // Group commit: when callers are concurrent (the last batch had several), linger a
+            // moment so that the ones being woken by the last fsync join this one. A lone
+            // caller never waits.
+            if last_batch > 1 && batch.len() < MAX_BATCH {
+                thread::sleep(LINGER);
+                drain(&ops, &mut batch);
+            }
+            last_batch = batch.len();
+            self.serve(batch);
+        }
+    }
+
+    /// Serves one batch: reads without the lock, writes under it, every reply held until the
+    /// batch is on disk. A match over the batch's operations, one arm each: longer than
+    /// most functions, because each arm is where its operation's lines are made.
+    fn serve(&mut self, batch: Vec<Op>) {
+        let writes = batch.iter().any(|op| {
+            matches!(
+                op,
+                Op::Claim(..)
+                    | Op::Append(..)
+                    | Op::StoreResult(..)
+                    | Op::Compact(..)
+                    | Op::BindKey(..)
+            )
+        });
+        if !writes {
+            // Reads only: catch up without the lock (an incomplete tail is simply not read).
+            let caught_up = self
+                .reopen_if_replaced()
+                .and_then(|()| self.catch_up(false));
+            for op in batch {
+                self.answer_read(op, caught_up.as_ref().err());
+            }
+            return;
+        }
+        let mut replies: Vec<PendingReply> = Vec::new();
+        let outcome = self.locked(|w| {
+            let mut bodies = Vec::new();
+            for op in batch {
+                match op {
+                    Op::Claim(claim, reply) => {
+                        // Expired executions leave the index; their lines stay until
+                        // compaction.
+                        w.index.count_claim(claim.at);
+                        let owners = &w.owners;
+                        let claimed = w.index.claim(&claim, || owners.hold(&claim.owner)).map(
+                            |(claimed, accepted)| {
+                                bodies.extend(accepted.map(LineBody::Event));
+                                claimed
+                            },
+                        );
+                        replies.push(Box::new(move |failed| send(reply, claimed, failed)));
+                    }
+                    Op::Append(event, reply) => {
+                        // Ownership moves with a dispatch: this process holds the dispatching
+                        // owner's lock before the `dispatched` line is written, so no process
+                        // that reads the line can take its owner for gone.
+                        let applied = match &event.kind {
+                            EventKind::Dispatched {
+                                owner: Some(owner), ..
+                            } => w.owners.hold(owner),
+                            _ => Ok(()),
+                        }
+                        .and_then(|()| w.index.apply(&event));
+                        if applied.is_ok() {
+                            bodies.push(LineBody::Event(event));
+                        }
+                        replies.push(Box::new(move |failed| send(reply, applied, failed)));
+                    }
+                    Op::StoreResult(id, bytes, reply) => {
+                        let stored = serde_json::from_slice(&bytes)
+                            .map_err(|e| failed("a result to keep is not JSON", e))
+                            .and_then(fits_in_a_line)
+                            .map(|result| {
+                                let reference = result_reference(id);
+                                w.index.results.insert(reference.clone(), bytes);
+                                bodies.push(LineBody::Result(StoredResult {
+                                    result_of: id,
+                                    reference: reference.clone(),
+                                    result,
+                                }));
+                                reference
+                            });
+                        replies.push(Box::new(move |failed| send(reply, stored, failed)));
+                    }
+                    Op::Compact(now, reply) => {
+                        // Whatever this batch appended goes first, into the archived file.
+                        let written = w.write(std::mem::take(&mut bodies));
+                        let report = written.and_then(|()| w.compact(now));
+                        replies.push(Box::new(move |failed| send(reply, report, failed)));
+                    }
+                    Op::BindKey(id, reply) => {
+                        let bound = check_key(w.key_id.as_deref(), &id);
+                        if bound.is_ok() && w.key_id.is_none() {
+                            w.key_id = Some(id.clone());
+                            bodies.push(LineBody::FingerprintKey {
+                                fingerprint_key: KeyBinding { id },
+                            });
+                        }
+                        replies.push(Box::new(move |failed| {
+                            let _ = reply.send(match failed {
+                                Some(error) => {
+                                    Err(storage("the key binding was not recorded", error))
+                                }
+                                None => bound,
+                            });
+                        }));
+                    }
+                    read => w.answer_read(read, None),
+                }
+            }
+            w.write(bodies)
+        });
+        // A lock that was not had: nothing ran, nothing to rebuild (and no second wait).
+        if outcome.is_err() && !std::mem::take(&mut self.lock_failed) {
+            // The index may hold what was not written: rebuild it from the file.
+            let owners = self.owners.clone();
+            match Self::open(&self.path.clone(), owners, self.mode) {
+                Ok(fresh) => *self = fresh,
+                Err(error) => {
+                    tracing::error!(%error, "cannot reopen the ledger after a failed write")
+                }
+            }
+            let _ = self.locked(|_| Ok(()));
+        }
+        for reply in replies {
+            reply(outcome.as_ref().err());
+        }
+    }
+
+    fn answer_read(&mut self, op: Op, failed: Option<&LedgerError>) {
+        let index = &self.index;
+        match op {
+            Op::Get(id, reply) => send(
+                reply,
+                Ok(index.executions.get(&id).map(|s| s.record.clone())),
+                failed,
+            ),
+            Op::Events(id, reply) => send(
+                reply,
+                Ok(index
+                    .executions
+                    .get(&id)
+                    .map(|s| s.events.clone())
+                    .unwrap_or_default()),
+                failed,
+            ),
+            Op::List(reply) => {
+                let mut records: Vec<_> = index
+                    .executions
+                    .values()
+                    .map(|s| s.record.clone())
+                    .collect();
+                records.sort_by_key(|r| r.execution_id);
+                send(reply, Ok(records), failed);
+            }
+            Op::LoadResult(reference, reply) => {
+                send(reply, Ok(index.results.get(&reference).cloned()), failed)
+            }
+            Op::KeyState(reply) => {
+                let state = (self.key_id.clone(), self.head.0 > 0);
+                let _ = reply.send(match failed {
+                    Some(error) => Err(storage("cannot read the ledger", error)),
+                    None => Ok(state),
+                });
+            }
+            Op::BindKey(_, reply) => {
+                let _ = reply.send(Err(storage(
+                    "internal",
+                    "a key binding was answered as a read",
+                )));
+            }
+            Op::Claim(_, reply) => send(
+                reply,
+                Err(storage("internal", "a claim was answered as a read")),
+                None,
+            ),
+            Op::Append(_, reply) => send(
+                reply,
+                Err(storage("internal", "an append was answered as a read")),
+                None,
+            ),
+            Op::StoreResult(_, _, reply) => send(
+                reply,
+                Err(storage("internal", "a result was answered as a read")),
+                None,
+            ),
+            Op::Compact(_, reply) => send(
+                reply,
+                Err(storage("internal", "a compaction was answered as a read")),
+                None,
+            ),
+        }
+    }
+
+    /// Archives the file; the new one starts with a checkpoint carrying the archived head.
+    fn compact(&mut self, now: Timestamp) -> Result<CompactReport, LedgerError> {
+        let before = self.index.executions.len();
+        self.index.purge_expired(now);
+        let kept = self.index.executions.len();
+        let mut bodies = vec![LineBody::Checkpoint {
+            checkpoint: Checkpoint {
+                compacted_through: self.head.0,
+                removed: self.head.0,
+            },
+        }];
+        if let Some(id) = &self.key_id {
+            bodies.push(LineBody::FingerprintKey {
+                fingerprint_key: KeyBinding { id: id.clone() },
+            });
+        }
+        let mut executions: Vec<&Stored> = self.index.executions.values().collect();
+        executions.sort_by_key(|s| s.record.execution_id);
+        for stored in executions {
+            for event in &stored.events {
+                bodies.push(LineBody::Event(event.clone()));
+            }
+            // Every result of a retained execution, referenced yet or not: the guard keeps a
+            // result before it records the `completed` that references it, and a compaction
+            // (by any process) may fall between the two.
+            let id = stored.record.execution_id;
+            let mut references = vec![result_reference(id)];
+            if let Some(reference) = &stored.record.result_reference
+                && *reference != references[0]
+            {
+                references.push(reference.clone());
+            }
+            for reference in references {
+                if let Some(bytes) = self.index.results.get(&reference)
+                    && let Ok(result) = serde_json::from_slice(bytes)
+                {
+                    bodies.push(LineBody::Result(StoredResult {
+                        result_of: id,
+                        reference,
+                        result,
+                    }));
+                }
+            }
+        }
+        let archived_to = sibling(&self.path, &format!("{}.archive", self.head.0));
+        let next = sibling(&self.path, "compacting");
+        let mut text = String::new();
+        let (mut seq, mut prev) = self.head;
+        for body in bodies {
+            seq += 1;
+            let line = ChainedLine::seal(seq, prev, body);
+            prev = line.hash;
+            text.push_str(&line.to_json_line());
+            text.push('\n');
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&next)
+            .map_err(|e| failed("cannot create the compacted ledger", e))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| failed("cannot write the compacted ledger", e))?;
+        // Keep the old chain, then put the new file in place (the lock on the old inode is
+        // still held, so no other process appends in between).
+        link_archive(&self.path, &archived_to)
+            .and_then(|()| fs::rename(&next, &self.path))
+            .map_err(|e| failed("cannot swap in the compacted ledger", e))?;
+        let owners = self.owners.clone();
+        let _ = self.file.unlock();
+        *self = Self::open(&self.path.clone(), owners, self.mode)?;
+        lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
+        self.catch_up(true)?;
+        Ok(CompactReport {
+            archived_to,
+            kept_executions: kept,
+            dropped_executions: before - kept,
+        })
+    }
+}
+
+/// Links the live file as its archive. A compaction killed between this link and its rename
+/// leaves the archive name on the live file's own inode: that link is this one already, so it
+/// is taken as it is (any other file of that name is an archive and is never replaced).
+pub(super) fn link_archive(live: &Path, archive: &Path) -> io::Result<()> {
+    match fs::hard_link(live, archive) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let (live_meta, archive_meta) = (fs::metadata(live)?, fs::metadata(archive)?);
+            if live_meta.ino() == archive_meta.ino() && live_meta.dev() == archive_meta.dev() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+        other => other,
+    }
+}
+
+pub(super) fn send<T>(
+    reply: Reply<T>,
+    value: Result<T, LedgerError>,
+    failed: Option<&LedgerError>,
+) {
+    let value = match failed {
+        Some(error) => Err(storage(
+            "the ledger write failed; nothing of this batch was recorded",
+            error,
+        )),
+        None => value,
+    };
+    let _ = reply.send(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_holder_is_named_and_the_wait_is_bounded() {
+        let dir = std::env::temp_dir().join(format!("mrg-lock-unit-{}", ExecutionId::new().ulid()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger.jsonl");
+        let holder = File::create(&path).unwrap();
+        holder.lock().unwrap();
+        let waiter = File::open(&path).unwrap();
+        let started = Instant::now();
+        let error = lock_within(&waiter, &path, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2));
+        if Path::new("/proc/locks").exists() {
+            assert_eq!(lock_holder(&waiter), Some(std::process::id()));
+            assert!(
+                error.contains(&format!("pid {}", std::process::id())),
+                "{error}"
+            );
+        }
+        assert!(error.contains("200ms"), "{error}");
+        holder.unlock().unwrap();
+        lock_within(&waiter, &path, Duration::from_millis(200)).unwrap();
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,641 @@
+//! The PostgreSQL ledger (feature `postgres`): one ledger shared by every replica of a guard.
+//!
+//! The module is private; its one public item, [`PostgresLedger`], is re-exported as
+//! `mcp_replay_guard::ledger::PostgresLedger` and carries the documentation: the example, the
+//! tables, how the chain stays linear across replicas, owner liveness and retention.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    future::Future,
+    pin::Pin,
+    str::FromStr,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::Poll,
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::{NoTls, Row, types::ToSql};
+
+use super::{
+    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
+    LedgerEvent, StorageError, Timestamp,
+    chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
+    index::{Index, IntentKey},
+    result_reference,
+};
+use crate::{
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, contract::RetryClass,
+    fingerprint::Fingerprint,
+};
+
+mod batch;
+mod error;
+mod schema;
+mod stored;
+mod writer;
+
+use batch::*;
+use error::*;
+use schema::*;
+use stored::*;
+use writer::*;
+
+/// Connections in a pool made by [`PostgresLedger::connect`].
+const POOL_SIZE: usize = 16;
+
+/// Connect timeout when the URL sets none.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a call waits for a pooled connection.
+const POOL_WAIT: Duration = Duration::from_secs(30);
+
+/// A ledger in PostgreSQL, shared by every replica of a guard that connects to the same
+/// database and schema. It keeps the same two things as the file ledger, in tables:
+///
+/// - `mrg_events`, the tamper-evident chain: one row per event, holding the exact JSON text of
+///   its sealed [`ChainedLine`](super::chain::ChainedLine) (`seq`, `prev`, `hash` and the event),
+///   so that [`PostgresLedger::verify`] re-hashes exactly what was sealed;
+/// - `mrg_executions`, the index the guard decides from: one row per execution still inside its
+///   retention, with its record.
+///
+/// ```no_run
+/// use mcp_replay_guard::{
+///     contract::{ContractRegistry, ToolContract},
+///     fingerprint::FingerprintKey,
+///     guard::GuardLayer,
+///     ledger::PostgresLedger,
+/// };
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// // Creates (or migrates) the tables on first use; every replica connects the same way.
+/// let ledger = PostgresLedger::connect("postgres://guard@db.internal/guard").await?;
+/// let contracts = ContractRegistry::builder()
+///     .tool("deploy_release", ToolContract::irreversible())
+///     .build()?;
+/// let layer = GuardLayer::new(ledger.clone(), contracts, FingerprintKey::generate()?);
+/// # let _ = layer;
+///
+/// // An audit, at any time, from any replica.
+/// let report = ledger.verify().await?;
+/// assert!(report.is_ok(), "{report}");
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Tables
+///
+/// In the ledger's schema (`public` unless [`PostgresLedger::connect_with_schema`] names one):
+///
+/// | table | what it holds |
+/// |---|---|
+/// | `mrg_schema_version` | one row per applied migration (`version`, `applied_at`) |
+/// | `mrg_events` | the chain: `seq` (primary key), `prev`, `hash`, `execution_id`, `line` (the sealed JSON text) |
+/// | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSON text with every field of the record; cast it to `jsonb` to query it) |
+/// | `mrg_results` | kept results: `reference` (primary key), `execution_id`, `bytes` |
+/// | `mrg_owners` | owner leases: `owner` (primary key), `lease_until` |
+///
+/// The tables are created, or migrated, when a ledger connects, under a transaction-scoped
+/// advisory lock, so replicas that start together do not race each other.
+///
+/// # How the chain stays linear
+///
+/// Every write (the `accepted` event of a new execution and every appended event) happens in
+/// one transaction that first takes a transaction-scoped advisory lock of the schema's chain
+/// (`pg_advisory_xact_lock`), then reads the chain's head and the records it changes, applies
+/// the events through the state machine ([`ExecutionRecord::apply`]), inserts the sealed lines
+/// and upserts the index rows, and commits. Only one transaction holds the lock at a time,
+/// whichever replica runs it, so `seq` has no gaps and no forks, and a claim that finds no
+/// linkable execution creates one before any other claim can look: exactly one
+/// [`Claimed::New`] per intent.
+///
+/// Writes from one ledger (and its clones) are batched: while a transaction runs, the calls
+/// that arrive queue, and the next transaction takes all of them (up to 512), after giving
+/// the callers it just answered a few scheduler turns to come back (no timer: under load one
+/// commit serves every caller; a lone call never waits). Each event is still checked on its
+/// own: a refused event writes nothing and fails only its own call. The batch commits as a
+/// whole; when the commit fails, every call in it fails and nothing was recorded. The writes run on a task spawned on the tokio runtime that connected, so a caller
+/// that gives up never leaves a transaction half done.
+///
+/// # Owner liveness
+///
+/// An execution's `owner` is the guard that claimed it, then the guard that dispatched its
+/// latest attempt (ownership moves with every `dispatched`, so a continuation in another
+/// replica belongs to that replica's guard). Owners hold a lease in `mrg_owners`, taken (or
+/// renewed) in the claim's or the dispatch's own transaction and renewed every
+/// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
+/// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
+/// leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's
+/// clock; an owner that never claimed is not alive, and when the database cannot be read the
+/// answer is "alive", which makes a repeat wait (bounded) rather than continue someone else's
+/// attempt.
+///
+/// # Retention
+///
+/// [`PostgresLedger::purge_expired`] removes the executions whose retention ended (and their
+/// kept results) from the index; their events stay in the chain, which is never rewritten. A
+/// ledger also purges on its own, as the memory ledger does, once every 1024 claims, at the
+/// claim's time.
+///
+/// # What is recorded
+///
+/// What every ledger records (see [the ledger module](crate::ledger)); in PostgreSQL, no
+/// connection URL and no password appear in a row, a log line, an error or the `Debug`
+/// output.
+///
+/// # Clone
+///
+/// Clones share the pool, the writer and the owner leases.
+#[derive(Clone)]
+pub struct PostgresLedger {
+    core: Arc<Core>,
+    writes: mpsc::Sender<Write>,
+}
+
+impl fmt::Debug for PostgresLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the URL or the pool's configuration: they may carry a password.
+        f.debug_struct("PostgresLedger")
+            .field("schema", &self.core.schema)
+            .field("pool", &self.core.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresLedger {
+    /// How long an owner's lease lasts without renewal.
+    pub const OWNER_LEASE: Duration = Duration::from_secs(30);
+
+    /// How often a ledger renews the leases of the owners that claimed through it.
+    pub const OWNER_HEARTBEAT: Duration = Duration::from_secs(10);
+
+    /// Connects to `url` (`postgres://user[:password]@host[:port]/database`, or the key=value
+    /// form; without TLS: use [`from_pool`](Self::from_pool) with your own pool for TLS), and
+    /// creates or migrates the ledger's tables in the `public` schema.
+    ///
+    /// The pool holds up to 16 connections; a connect timeout of 10 s applies unless the URL
+    /// sets `connect_timeout`.
+    pub async fn connect(url: &str) -> Result<Self, LedgerError> {
+        Self::connect_with_schema(url, DEFAULT_SCHEMA).await
+    }
+
+    /// As [`connect`](Self::connect), in `schema` (created if missing). Ledgers in different
+    /// schemas of one database are independent: separate chains, indexes and locks. A schema
+    /// name is lower-case ASCII letters, digits and `_`, not starting with a digit, at most 63
+    /// bytes.
+    pub async fn connect_with_schema(url: &str, schema: &str) -> Result<Self, LedgerError> {
+        let password = url_password(url);
+        let redact = |message: String| match &password {
+            Some(p) if !p.is_empty() => message.replace(p.as_str(), "***"),
+            _ => message,
+        };
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+            LedgerError::storage(redact(format!(
+                "the PostgreSQL URL is not valid ({e}); expected \
+                 postgres://user[:password]@host[:port]/database"
+            )))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("mcp-replay-guard");
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| {
+                LedgerError::storage(redact(format!(
+                    "could not build the PostgreSQL connection pool ({e}); this is a bug: \
+                     please report it"
+                )))
+            })?;
+        Self::from_pool_with_schema(pool, schema)
+            .await
+            .map_err(|e| match e {
+                LedgerError::Storage(message) => LedgerError::Storage(message.map_message(redact)),
+                other => other,
+            })
+    }
+
+    /// A ledger over an existing `deadpool_postgres::Pool` (deadpool-postgres 0.14: for TLS,
+    /// another pool size or other timeouts), in the `public` schema; creates or migrates the
+    /// tables. The ledger's writer holds one of the pool's connections while it writes.
+    pub async fn from_pool(pool: Pool) -> Result<Self, LedgerError> {
+        Self::from_pool_with_schema(pool, DEFAULT_SCHEMA).await
+    }
+
+    /// A ledger over an existing pool, in `schema` (see
+    /// [`connect_with_schema`](Self::connect_with_schema)); creates or migrates the tables.
+    ///
+    /// Must be called inside a tokio runtime: the ledger's writer runs on it.
+    pub async fn from_pool_with_schema(pool: Pool, schema: &str) -> Result<Self, LedgerError> {
+        check_schema_name(schema)?;
+        let quoted = format!("\"{schema}\"");
+        migrate(&pool, schema, &quoted).await?;
+        let core = Arc::new(Core {
+            sql: Sql::new(&quoted),
+            chain_lock: chain_lock_key(schema),
+            schema: schema.to_owned(),
+            pool,
+            owners: Mutex::new(HashSet::new()),
+            claims: AtomicU64::new(0),
+        });
+        core.log_head().await;
+        let (writes, queue) = mpsc::channel(QUEUE);
+        tokio::spawn(run_writer(core.clone(), queue));
+        let ledger = Self { core, writes };
+        ledger.settle_orphans().await?;
+        Ok(ledger)
+    }
+
+    /// On connect, as the file ledger on open: an execution left `dispatched` by an owner
+    /// whose lease ended has an unknown outcome
+    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)). Each `unknown` goes
+    /// through the writer like any append and names its attempt, so one that another replica
+    /// moved meanwhile is refused by the state machine and left as that replica wrote it.
+    async fn settle_orphans(&self) -> Result<(), LedgerError> {
+        let rows = {
+            let client = self.core.client().await?;
+            client
+                .query(self.core.sql.dispatched.as_str(), &[])
+                .await
+                .map_err(|e| read_failed("reading dispatched executions", e))?
+        };
+        for row in rows {
+            let record = record_from_json(row.get(0))?;
+            let alive: bool = row.get(1);
+            let Some(event) = crate::decide::orphan_unknown(&record, alive, Timestamp::now())
+            else {
+                continue;
+            };
+            match self.append(event).await {
+                Ok(_) => {
+                    tracing::warn!(execution_id = %record.execution_id, "dispatched by a process that is gone: outcome unknown")
+                }
+                Err(error) if error.is_invalid_transition() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// The schema the ledger's tables are in.
+    pub fn schema(&self) -> &str {
+        &self.core.schema
+    }
+
+    /// The connection pool (for operators' queries; the ledger's own writes go through its
+    /// writer).
+    pub fn pool(&self) -> &Pool {
+        &self.core.pool
+    }
+
+    /// Verifies the whole chain: reads `mrg_events` in `seq` order and checks every stored
+    /// line against its hash and the line before it ([`chain::Verifier::from_genesis`]: this
+    /// ledger never compacts, so its chain starts at seq 1), then checks that the
+    /// `seq`, `prev`, `hash` and `execution_id` columns say what their line says. The report
+    /// names the first bad `seq` and why.
+    ///
+    /// The chain is read into memory at once.
+    pub async fn verify(&self) -> Result<VerifyReport, LedgerError> {
+        let client = self.core.client().await?;
+        let rows = client
+            .query(self.core.sql.chain.as_str(), &[])
+            .await
+            .map_err(|e| read_failed("reading the chain", e))?;
+        let lines: Vec<String> = rows.iter().map(|row| row.get(4)).collect();
+        // This ledger never compacts: its chain starts at seq 1, a leading checkpoint is forged.
+        let mut verifier = chain::Verifier::from_genesis();
+        verifier.segment(lines.iter().map(String::as_str));
+        let mut report = verifier.finish();
+        // The columns are a copy of what the line says, for queries: a copy that disagrees
+        // with its line was edited.
+        let mut head = chain::ChainHead::GENESIS;
+        let mut checked = 0;
+        for (row, text) in rows.iter().zip(&lines) {
+            if checked == report.verified {
+                break;
+            }
+            if text.trim().is_empty() {
+                continue;
+            }
+            let Ok(line) = serde_json::from_str::<LineColumns>(text) else {
+                break;
+            };
+            let agrees = u64::try_from(row.get::<_, i64>(0)).ok() == Some(line.seq)
+                && row.get::<_, String>(1) == line.prev
+                && row.get::<_, String>(2) == line.hash
+                && row.get::<_, Option<String>>(3) == line.execution_id;
+            if !agrees {
+                report.first_bad = Some((line.seq, ChainProblem::Edited));
+                report.verified = checked;
+                report.head = head.hash;
+                report.head_seq = head.seq;
+                break;
+            }
+            head = (line.seq, line.hash.parse().unwrap_or(ChainHash::GENESIS)).into();
+            checked += 1;
+        }
+        Ok(report)
+    }
+
+    /// Removes from the index every execution whose retention ended before `now`, with its
+    /// kept result, and the leases of owners that expired and own nothing left in the index;
+    /// returns how many executions. Their events stay in the chain.
+    pub async fn purge_expired(&self, now: Timestamp) -> Result<u64, LedgerError> {
+        self.core.purge(now).await
+    }
+
+    async fn submit<T>(
+        &self,
+        write: impl FnOnce(oneshot::Sender<Result<T, LedgerError>>) -> Write,
+    ) -> Result<T, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(write(reply))
+            .await
+            .map_err(|_| writer_gone())?;
+        answer.await.map_err(|_| writer_gone())?
+    }
+}
+
+#[async_trait]
+impl Ledger for PostgresLedger {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        self.submit(|reply| Write::Claim(claim, reply)).await
+    }
+
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.submit(|reply| Write::Append(event, reply)).await
+    }
+
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
+        let client = self.core.client().await?;
+        let row = client
+            .query_opt(self.core.sql.get.as_str(), &[&execution_id.to_string()])
+            .await
+            .map_err(|e| read_failed("reading an execution", e))?;
+        row.map(|row| record_from_json(row.get(0))).transpose()
+    }
+
+    /// The events of an execution, oldest first, read from the chain. The chain keeps them
+    /// after the execution left the index.
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        let client = self.core.client().await?;
+        let rows = client
+            .query(self.core.sql.events.as_str(), &[&execution_id.to_string()])
+            .await
+            .map_err(|e| read_failed("reading an execution's events", e))?;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in rows {
+            let seq: i64 = row.get(0);
+            let line = chain::parse_line(row.get(1)).map_err(|detail| {
+                LedgerError::storage(format!(
+                    "the chain line at seq {seq} cannot be read ({detail}); run \
+                     `PostgresLedger::verify` and inspect mrg_events"
+                ))
+            })?;
+            // The execution_id column is an index: the line itself decides.
+            if let LineBody::Event(event) = line.body
+                && event.execution_id == execution_id
+            {
+                events.push(event);
+            }
+        }
+        Ok(events)
+    }
+
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
+        let client = self.core.client().await?;
+        let rows = client
+            .query(self.core.sql.list.as_str(), &[])
+            .await
+            .map_err(|e| read_failed("listing executions", e))?;
+        rows.iter()
+            .map(|row| record_from_json(row.get(0)))
+            .collect()
+    }
+
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError> {
+        let reference = result_reference(execution_id);
+        let client = self.core.client().await?;
+        let stored = client
+            .execute(
+                self.core.sql.store_result.as_str(),
+                &[&reference, &execution_id.to_string(), &result.as_ref()],
+            )
+            .await;
+        match stored {
+            Ok(1) => Ok(reference),
+            Ok(_) => Err(LedgerError::NotFound(execution_id)),
+            // The execution was purged between the check and the insert.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
+                Err(LedgerError::NotFound(execution_id))
+            }
+            Err(e) => Err(LedgerError::caused(
+                format!(
+                    "{}; the result was not kept",
+                    describe("storing a result", &e)
+                ),
+                e,
+            )),
+        }
+    }
+
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
+        let client = self.core.client().await?;
+        let row = client
+            .query_opt(self.core.sql.load_result.as_str(), &[&reference])
+            .await
+            .map_err(|e| read_failed("reading a kept result", e))?;
+        Ok(row.map(|row| Bytes::from(row.get::<_, Vec<u8>>(0))))
+    }
+
+    /// Whether `owner` holds an unexpired lease (see [Owner liveness](PostgresLedger#owner-liveness)).
+    async fn is_owner_alive(&self, owner: &str) -> bool {
+        if self.core.registered_owners().contains(owner) {
+            return true;
+        }
+        let alive = async {
+            let client = self.core.client().await?;
+            client
+                .query_opt(self.core.sql.owner_alive.as_str(), &[&owner])
+                .await
+                .map_err(|e| read_failed("reading an owner's lease", e))
+        };
+        match alive.await {
+            Ok(row) => row.is_some_and(|row| row.get(0)),
+            Err(error) => {
+                tracing::warn!(%owner, %error, "owner lease unreadable: answering alive");
+                true
+            }
+        }
+    }
+}
+
+/// The fields of a chain line that its columns copy.
+#[derive(Deserialize)]
+struct LineColumns {
+    seq: u64,
+    prev: String,
+    hash: String,
+    #[serde(default)]
+    execution_id: Option<String>,
+}
+
+/// The password of a connection URL or key=value string, to keep it out of messages.
+fn url_password(url: &str) -> Option<String> {
+    if let Some((_, rest)) = url.split_once("://") {
+        let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+        let (userinfo, _) = authority.rsplit_once('@')?;
+        return userinfo.split_once(':').map(|(_, p)| p.to_owned());
+    }
+    url.split_whitespace()
+        .find_map(|pair| pair.strip_prefix("password="))
+        .map(|p| p.trim_matches('\'').to_owned())
+}
+
+fn lease_seconds() -> f64 {
+    PostgresLedger::OWNER_LEASE.as_secs_f64()
+}
+
+fn millis(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::fixtures::{claim, dispatched, event_at},
+    };
+
+    /// A schema of its own in the database of `MCP_REPLAY_GUARD_POSTGRES_URL`; `None` (the
+    /// test skips) when it is unset.
+    fn test_schema(test: &str) -> Option<(String, String)> {
+        let Ok(url) = std::env::var("MCP_REPLAY_GUARD_POSTGRES_URL") else {
+            eprintln!("skipped: MCP_REPLAY_GUARD_POSTGRES_URL is unset");
+            return None;
+        };
+        let ulid = ExecutionId::new().ulid().to_string().to_lowercase();
+        Some((url, format!("mrg_u_{test}_{ulid}")))
+    }
+
+    async fn drop_schema(ledger: &PostgresLedger) {
+        let client = ledger.pool().get().await.unwrap();
+        let statement = format!("DROP SCHEMA \"{}\" CASCADE", ledger.schema());
+        client.batch_execute(&statement).await.unwrap();
+    }
+
+    /// Issue 14: an execution left `dispatched` by an owner whose lease ended reads `unknown`
+    /// from a ledger that connects afterwards, as it does in a file ledger reopened; it used
+    /// to read `dispatched` in PostgreSQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_from_another_replica() {
+        let Some((url, schema)) = test_schema("orphan") else {
+            return;
+        };
+        let observer = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let first = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        let id = first
+            .claim(claim(RetryClass::Idempotent, "guard:orphan-one"))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        first
+            .append(event_at(id, 1, dispatched(id, 1, Some("guard:orphan-one"))))
+            .await
+            .unwrap();
+        drop(first);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while observer.is_owner_alive("guard:orphan-one").await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lease outlived its ledger"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The observer connected while the owner lived: it reads what was written.
+        let before = observer.get(id).await.unwrap().unwrap();
+        assert_eq!(before.state, ExecutionState::Dispatched);
+
+        let second = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        for ledger in [&second, &observer] {
+            let record = ledger.get(id).await.unwrap().unwrap();
+            assert_eq!(record.state, ExecutionState::Unknown);
+            assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+        }
+        // Settled once: a third replica writes nothing more.
+        let third = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        assert_eq!(third.events(id).await.unwrap().len(), 3);
+        assert!(third.verify().await.unwrap().is_ok());
+        drop_schema(&third).await;
+    }
+
+    /// A failed query keeps the PostgreSQL error as its source.
+    #[tokio::test]
+    async fn a_postgres_failure_keeps_its_source() {
+        let Some((url, schema)) = test_schema("source") else {
+            return;
+        };
+        let ledger = PostgresLedger::connect_with_schema(&url, &schema)
+            .await
+            .unwrap();
+        drop_schema(&ledger).await;
+        let error = ledger.get(ExecutionId::new()).await.unwrap_err();
+        assert!(matches!(error, LedgerError::Storage(_)), "{error}");
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(
+            source.downcast_ref::<tokio_postgres::Error>().is_some(),
+            "{source:?}"
+        );
+    }
+
+    #[test]
+    fn passwords_are_found_in_both_url_forms() {
+        assert_eq!(
+            url_password("postgres://u:s3cret@db:5432/x").as_deref(),
+            Some("s3cret")
+        );
+        assert_eq!(url_password("postgres://u@db/x"), None);
+        assert_eq!(url_password("postgres://db/x?user=u"), None);
+        assert_eq!(
+            url_password("host=db user=u password='s3cret' dbname=x").as_deref(),
+            Some("s3cret")
+        );
+    }
+}
