@@ -78,7 +78,7 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Observed {
-            watch: Observed<BoxError>,
+            watch: Observed<B, BoxError>,
         },
         Passthrough {
             #[pin]
@@ -103,7 +103,6 @@ impl<B> GuardResponseBody<B> {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let inner = http_body_util::BodyExt::map_err(inner, Into::into);
         let watch = Observed::new(inner, recorder, sse, max_event, |e: &BoxError| e.to_string());
         Self {
             kind: Kind::Observed { watch },

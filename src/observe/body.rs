@@ -19,10 +19,6 @@ use tokio::sync::oneshot;
 use super::recorder::{Pending, Recorder, Write, spawn_finishing, written};
 use crate::protocol::response::ResponseScanner;
 
-/// The target's body, boxed so that a body the caller drops early can be handed to the task
-/// that keeps reading it until the outcome is known.
-type BoxBody<E> = Pin<Box<dyn Body<Data = Bytes, Error = E> + Send>>;
-
 /// A response body watched for the JSON-RPC response to one dispatched call.
 ///
 /// Pending, held, finished: a frame that carries the answer (an SSE event; for JSON, every
@@ -35,8 +31,11 @@ type BoxBody<E> = Pin<Box<dyn Body<Data = Bytes, Error = E> + Send>>;
 /// sent to that task, which reads it on (bounded by the recorder's drain timeout, stopped by
 /// its watchers' shutdown) so that a result the target sent is still recorded, undelivered.
 /// Nothing is spawned from `Drop`; without a runtime, the recorder records `unknown`.
-pub(crate) struct Observed<E> {
-    body: Option<BoxBody<E>>,
+///
+/// Generic over the target's body `B` (not boxed: the body is `Sync` when `B` is) and the
+/// error `E` it reports (`B::Error`, or the guard's `BoxError`).
+pub(crate) struct Observed<B, E> {
+    body: Option<Pin<Box<B>>>,
     /// Present until the outcome (and the delivery) is recorded.
     recorder: Option<Recorder>,
     scanner: ResponseScanner,
@@ -57,10 +56,10 @@ pub(crate) struct Observed<E> {
     /// Set once the target's answer is recorded, for a caller that records the delivery.
     answered: Option<Arc<AtomicBool>>,
     /// The drain task started with the body.
-    drain: Option<oneshot::Sender<Observed<E>>>,
+    drain: Option<oneshot::Sender<Observed<B, E>>>,
 }
 
-impl<E> std::fmt::Debug for Observed<E> {
+impl<B, E> std::fmt::Debug for Observed<B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Observed")
             .field("recorder", &self.recorder)
@@ -69,18 +68,20 @@ impl<E> std::fmt::Debug for Observed<E> {
     }
 }
 
-impl<E: Send + 'static> Observed<E> {
+impl<B, E> Observed<B, E>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<E>,
+    E: Send + 'static,
+{
     /// Observes `inner`, an SSE stream or one JSON message; `max` bounds what is buffered.
-    pub(crate) fn new<B>(
+    pub(crate) fn new(
         inner: B,
         recorder: Recorder,
         sse: bool,
         max: usize,
         describe: fn(&E) -> String,
-    ) -> Self
-    where
-        B: Body<Data = Bytes, Error = E> + Send + 'static,
-    {
+    ) -> Self {
         let drain = tokio::runtime::Handle::try_current().ok().map(|runtime| {
             let (sender, receiver) = oneshot::channel();
             drop(runtime.spawn(drain(receiver)));
@@ -104,7 +105,7 @@ impl<E: Send + 'static> Observed<E> {
     }
 }
 
-impl<E> Observed<E> {
+impl<B, E> Observed<B, E> {
     /// Hands the recording of `delivered` to the caller: the recorder, to say where, and the
     /// flag the body sets once the answer is recorded. `None` once the outcome is recorded.
     pub(crate) fn defer_delivery(&mut self) -> Option<(&Recorder, Arc<AtomicBool>)> {
@@ -197,6 +198,14 @@ impl<E> Observed<E> {
         }
     }
 
+    /// Whether the caller has read everything, and the end records nothing more.
+    pub(crate) fn is_end_stream(&self) -> bool {
+        (self.finished || (self.inner_ended && self.end_is_silent()))
+            && self.pending.is_none()
+            && self.held.is_empty()
+            && self.held_error.is_none()
+    }
+
     /// Whether frames are held back: a JSON body's answer is known only at its end.
     fn holding(&self) -> bool {
         !self.sse
@@ -205,6 +214,13 @@ impl<E> Observed<E> {
             && self.recorder.as_ref().is_some_and(|r| !r.has_outcome())
     }
 
+}
+
+impl<B, E> Observed<B, E>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<E>,
+{
     /// Polls the target's body, observing it, until it has a frame for the caller.
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, E>>> {
         loop {
@@ -246,6 +262,7 @@ impl<E> Observed<E> {
                 }
                 // Record the break first, then report it.
                 Some(Err(error)) => {
+                    let error = error.into();
                     if let Some(mut recorder) = self.recorder.take() {
                         let write = recorder.broken(&(self.describe)(&error));
                         self.start(write);
@@ -260,14 +277,6 @@ impl<E> Observed<E> {
         }
     }
 
-    /// Whether the caller has read everything, and the end records nothing more.
-    pub(crate) fn is_end_stream(&self) -> bool {
-        (self.finished || (self.inner_ended && self.end_is_silent()))
-            && self.pending.is_none()
-            && self.held.is_empty()
-            && self.held_error.is_none()
-    }
-
     /// The target's size hint.
     pub(crate) fn size_hint(&self) -> SizeHint {
         self.body
@@ -277,7 +286,7 @@ impl<E> Observed<E> {
     }
 }
 
-impl<E> Drop for Observed<E> {
+impl<B, E> Drop for Observed<B, E> {
     fn drop(&mut self) {
         if self.recorder.as_ref().is_none_or(Recorder::has_outcome) {
             return; // recorded (a write under way is a task of its own and finishes)
@@ -308,7 +317,11 @@ impl<E> Drop for Observed<E> {
 
 /// The task started with an observed body: reads on a body the caller dropped before its
 /// outcome was known, bounded in time; a body finished (or dropped recorded) ends it at once.
-async fn drain<E>(receiver: oneshot::Receiver<Observed<E>>) {
+async fn drain<B, E>(receiver: oneshot::Receiver<Observed<B, E>>)
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<E>,
+{
     let Ok(mut rest) = receiver.await else {
         return;
     };

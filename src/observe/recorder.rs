@@ -60,7 +60,7 @@ pub(crate) trait Watchers: Send + Sync + 'static {
 }
 
 /// Tells the waiters of an execution its outcome, once (the guard's single-flight owner).
-pub(crate) type Settle = Box<dyn FnOnce(Settlement) + Send>;
+pub(crate) type Settle = Box<dyn FnOnce(Settlement) + Send + Sync>;
 
 /// Records the outcome of one dispatched call, exactly once. Dropped unrecorded (the call's
 /// future or its body went away before the answer was seen), it records `unknown`: the tool

@@ -101,7 +101,7 @@ pin_project! {
     #[project = ResponseKindProj]
     enum ResponseKind<B: Body> {
         Passthrough { #[pin] inner: B },
-        Observed { watch: Observed<B::Error> },
+        Observed { watch: Observed<B, B::Error> },
         Answer { data: Option<Bytes> },
     }
 }
