@@ -30,7 +30,8 @@ use crate::protocol::response::ResponseScanner;
 /// A task started with the body waits for it. A body dropped before its outcome is known is
 /// sent to that task, which reads it on (bounded by the recorder's drain timeout, stopped by
 /// its watchers' shutdown) so that a result the target sent is still recorded, undelivered.
-/// Nothing is spawned from `Drop`; without a runtime, the recorder records `unknown`.
+/// Nothing is spawned from `Drop`; dropped where no runtime runs, the recorder records
+/// `unknown` in place.
 ///
 /// Generic over the target's body `B` (not boxed: the body is `Sync` when `B` is) and the
 /// error `E` it reports (`B::Error`, or the guard's `BoxError`).
@@ -291,8 +292,14 @@ impl<B, E> Drop for Observed<B, E> {
         if self.recorder.as_ref().is_none_or(Recorder::has_outcome) {
             return; // recorded (a write under way is a task of its own and finishes)
         }
-        let Some(drain) = self.drain.take() else {
-            return; // the recorder's drop records `unknown`
+        // Dropped where no runtime runs (a plain thread), the body is not read on: the
+        // recorder's drop records `unknown` in place.
+        let Some(drain) = self
+            .drain
+            .take()
+            .filter(|_| tokio::runtime::Handle::try_current().is_ok())
+        else {
+            return;
         };
         let rest = Observed {
             body: self.body.take(),
