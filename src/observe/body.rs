@@ -371,3 +371,154 @@ where
     }
     drop(work);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::VecDeque, convert::Infallible, sync::Arc};
+
+    use super::*;
+    use crate::{
+        ExecutionId,
+        contract::RetryClass,
+        ledger::{
+            Claim, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, MemoryLedger,
+            Timestamp, fixtures,
+        },
+        protocol::RequestId,
+    };
+
+    /// A target's body that never says it ended before its `None` (as a chunked response).
+    struct Frames(VecDeque<Bytes>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    fn frames(parts: &[&'static str]) -> Frames {
+        Frames(parts.iter().map(|p| Bytes::from_static(p.as_bytes())).collect())
+    }
+
+    /// A dispatched call (attempt 1) in `ledger`.
+    async fn dispatched(ledger: &dyn Ledger) -> ExecutionId {
+        let claim = Claim {
+            at: Timestamp::now(),
+            ..fixtures::claim(RetryClass::Idempotent, "test")
+        };
+        let id = ledger.claim(claim).await.unwrap().record().execution_id;
+        for kind in [
+            EventKind::Authorized,
+            fixtures::dispatched(id, 1, Some("test")),
+        ] {
+            let event = LedgerEvent {
+                execution_id: id,
+                at: Timestamp::now(),
+                kind,
+            };
+            ledger.append(event).await.unwrap();
+        }
+        id
+    }
+
+    fn observed(
+        ledger: Arc<dyn Ledger>,
+        id: ExecutionId,
+        body: Frames,
+        sse: bool,
+    ) -> Observed<Frames, Infallible> {
+        let mut recorder = Recorder::new(ledger, id, RequestId::Number(1.into()));
+        recorder.status = 200;
+        recorder.drain_timeout = std::time::Duration::from_secs(5);
+        Observed::new(body, recorder, sse, 1 << 20, |_| String::new())
+    }
+
+    async fn state(ledger: &dyn Ledger, id: ExecutionId) -> ExecutionState {
+        ledger.get(id).await.unwrap().unwrap().state
+    }
+
+    /// The guard's copy handed a JSON body's frames on as they came and recorded the answer
+    /// only at the end, so a caller could hold the whole answer while the ledger still said
+    /// `dispatched` (the server half's copy held them). Now neither half gives a frame of a
+    /// JSON answer before the answer is recorded.
+    #[tokio::test]
+    async fn a_json_answer_is_recorded_before_any_of_its_frames_goes_on() {
+        let ledger = MemoryLedger::new();
+        let id = dispatched(&ledger).await;
+        let body = frames(&[
+            r#"{"jsonrpc":"2.0","id":1,"#,
+            r#""result":{"content":[],"isError":false}}"#,
+        ]);
+        let mut body = observed(Arc::new(ledger.clone()), id, body, false);
+        let first = std::future::poll_fn(|cx| body.poll_next(cx)).await;
+        assert!(matches!(first, Some(Ok(_))));
+        assert_eq!(state(&ledger, id).await, ExecutionState::Completed);
+    }
+
+    /// The guard's copy polled its ledger write inside the body: a caller that dropped the
+    /// body while the write of the answer ran cut it, and the execution was recorded
+    /// `unknown` though its answer had arrived (the server half's copy ran writes as tasks).
+    /// Now every write is a task of its own and finishes.
+    #[tokio::test]
+    async fn a_body_dropped_while_its_answer_is_recorded_still_records_it() {
+        let path = std::env::temp_dir().join(format!("mrg-observe-{}", ExecutionId::new().ulid()));
+        let ledger: Arc<dyn Ledger> = Arc::new(FileLedger::open(&path).unwrap());
+        let id = dispatched(&*ledger).await;
+        let body = frames(&[
+            "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n",
+        ]);
+        let mut body = observed(ledger.clone(), id, body, true);
+        let waker = std::task::Waker::noop();
+        let polled = body.poll_next(&mut Context::from_waker(waker));
+        assert!(polled.is_pending(), "the answer's write is under way");
+        drop(body);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state(&*ledger, id).await == ExecutionState::Dispatched
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(state(&*ledger, id).await, ExecutionState::Completed);
+        drop(ledger);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// A body the caller dropped before the answer is read on by the task started with it:
+    /// the answer the target still sends is recorded, undelivered.
+    #[tokio::test]
+    async fn a_body_dropped_early_is_drained_for_its_answer() {
+        let ledger = MemoryLedger::new();
+        let id = dispatched(&ledger).await;
+        let body = frames(&[
+            ": keep-alive\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n",
+        ]);
+        let body = observed(Arc::new(ledger.clone()), id, body, true);
+        drop(body);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state(&ledger, id).await == ExecutionState::Dispatched
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(state(&ledger, id).await, ExecutionState::Completed);
+    }
+
+    /// The body ended without the answer: `unknown`, recorded before the end is reported.
+    #[tokio::test]
+    async fn a_body_that_ends_without_the_answer_records_unknown() {
+        let ledger = MemoryLedger::new();
+        let id = dispatched(&ledger).await;
+        let body = frames(&["data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n"]);
+        let mut body = observed(Arc::new(ledger.clone()), id, body, true);
+        while std::future::poll_fn(|cx| body.poll_next(cx)).await.is_some() {}
+        assert!(body.is_end_stream());
+        assert_eq!(state(&ledger, id).await, ExecutionState::Unknown);
+    }
+}

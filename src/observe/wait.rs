@@ -31,3 +31,55 @@ pub(crate) async fn until_changed(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::{Claim, EventKind, ExecutionState, LedgerEvent, MemoryLedger, Timestamp, fixtures},
+    };
+
+    async fn accepted(ledger: &MemoryLedger, owner: &str) -> ExecutionRecord {
+        let claim = Claim {
+            at: Timestamp::now(),
+            ..fixtures::claim(RetryClass::Idempotent, owner)
+        };
+        ledger.claim(claim).await.unwrap().record().clone()
+    }
+
+    #[tokio::test]
+    async fn a_record_that_stays_as_it_is_waits_until_the_deadline() {
+        let ledger = MemoryLedger::new();
+        let record = accepted(&ledger, "guard:self").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let changed = until_changed(&ledger, &record, "guard:self", deadline).await;
+        assert!(changed.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_record_that_moves_on_ends_the_wait_with_its_new_state() {
+        let ledger = MemoryLedger::new();
+        let record = accepted(&ledger, "guard:self").await;
+        let id = record.execution_id;
+        let moved = {
+            let ledger = ledger.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let event = LedgerEvent {
+                    execution_id: id,
+                    at: Timestamp::now(),
+                    kind: EventKind::Authorized,
+                };
+                ledger.append(event).await.unwrap();
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let (changed, ()) = tokio::join!(
+            until_changed(&ledger, &record, "guard:self", deadline),
+            moved
+        );
+        let current = changed.unwrap().expect("changed before the deadline");
+        assert_eq!(current.state, ExecutionState::Authorized);
+    }
+}
