@@ -103,7 +103,9 @@ impl<B> GuardResponseBody<B> {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let watch = Observed::new(inner, recorder, sse, max_event, |e: &BoxError| e.to_string());
+        let watch = Observed::new(inner, recorder, sse, max_event, |e: &BoxError| {
+            e.to_string()
+        });
         Self {
             kind: Kind::Observed { watch },
         }

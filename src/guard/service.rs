@@ -34,9 +34,7 @@ use crate::{
         LedgerEvent, Timestamp,
     },
     observe::{self, Polled, Recorder, Settlement, Unread, Watchers, Write, write_from_drop},
-    protocol::{
-        self, Era, Message, RequestId, RequestKind, ToolCall, response::ResponseScanner,
-    },
+    protocol::{self, Era, Message, RequestId, RequestKind, ToolCall, response::ResponseScanner},
 };
 
 /// How many times one call decides again because another attempt moved its execution on
@@ -1725,7 +1723,6 @@ impl Drop for Owner {
         }
     }
 }
-
 
 impl<S> Call<S> {
     /// The recorder of a response the guard observes for `actor`'s call, with this process's

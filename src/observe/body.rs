@@ -214,7 +214,6 @@ impl<B, E> Observed<B, E> {
             && !self.scanner.is_oversize()
             && self.recorder.as_ref().is_some_and(|r| !r.has_outcome())
     }
-
 }
 
 impl<B, E> Observed<B, E>
@@ -223,7 +222,10 @@ where
     B::Error: Into<E>,
 {
     /// Polls the target's body, observing it, until it has a frame for the caller.
-    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, E>>> {
+    pub(crate) fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, E>>> {
         loop {
             if let Some(write) = self.pending.as_mut() {
                 // A write that failed was logged by the write itself.
@@ -403,7 +405,12 @@ mod tests {
     }
 
     fn frames(parts: &[&'static str]) -> Frames {
-        Frames(parts.iter().map(|p| Bytes::from_static(p.as_bytes())).collect())
+        Frames(
+            parts
+                .iter()
+                .map(|p| Bytes::from_static(p.as_bytes()))
+                .collect(),
+        )
     }
 
     /// A dispatched call (attempt 1) in `ledger`.
@@ -515,9 +522,13 @@ mod tests {
     async fn a_body_that_ends_without_the_answer_records_unknown() {
         let ledger = MemoryLedger::new();
         let id = dispatched(&ledger).await;
-        let body = frames(&["data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n"]);
+        let body =
+            frames(&["data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n"]);
         let mut body = observed(Arc::new(ledger.clone()), id, body, true);
-        while std::future::poll_fn(|cx| body.poll_next(cx)).await.is_some() {}
+        while std::future::poll_fn(|cx| body.poll_next(cx))
+            .await
+            .is_some()
+        {}
         assert!(body.is_end_stream());
         assert_eq!(state(&ledger, id).await, ExecutionState::Unknown);
     }

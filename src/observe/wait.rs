@@ -37,7 +37,9 @@ mod tests {
     use super::*;
     use crate::{
         contract::RetryClass,
-        ledger::{Claim, EventKind, ExecutionState, LedgerEvent, MemoryLedger, Timestamp, fixtures},
+        ledger::{
+            Claim, EventKind, ExecutionState, LedgerEvent, MemoryLedger, Timestamp, fixtures,
+        },
     };
 
     async fn accepted(ledger: &MemoryLedger, owner: &str) -> ExecutionRecord {

@@ -66,9 +66,9 @@ impl<B: Body<Data = Bytes>> Body for IdempotencyRequestBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
             RequestKindProj::Passthrough { inner } => inner.poll_frame(cx),
-            RequestKindProj::Buffered { inner } => inner
-                .poll_frame(cx)
-                .map_err(|never| match never {}),
+            RequestKindProj::Buffered { inner } => {
+                inner.poll_frame(cx).map_err(|never| match never {})
+            }
         }
     }
 
@@ -183,4 +183,3 @@ where
         }
     }
 }
-

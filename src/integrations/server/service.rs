@@ -21,10 +21,9 @@ use super::{
     layer::{Config, InFlight},
 };
 use crate::{
-    Actor, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::RetryClass,
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
-    BoxError,
     guard::answer,
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
     observe::{self, Recorder, Unread, spawn_finishing, written},
@@ -358,7 +357,8 @@ impl<S> Call<S> {
             }
         }
         tracing::info!(%execution_id, tool = %keyed.call.name, "running a keyed call");
-        let mut recorder = Recorder::new(config.ledger.clone(), execution_id, keyed.call.id.clone());
+        let mut recorder =
+            Recorder::new(config.ledger.clone(), execution_id, keyed.call.id.clone());
         recorder.max_result_bytes = config.max_body_bytes;
         recorder.drain_timeout = config.drain_timeout;
         let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
