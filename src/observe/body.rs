@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
-use super::recorder::{Pending, Recorder, Write, spawn_finishing, written};
+use super::recorder::{Pending, Recorder, Watchers, Write, spawn_finishing, written};
 use crate::protocol::response::ResponseScanner;
 
 /// A response body watched for the JSON-RPC response to one dispatched call.
@@ -58,6 +58,8 @@ pub(crate) struct Observed<B, E> {
     answered: Option<Arc<AtomicBool>>,
     /// The drain task started with the body.
     drain: Option<oneshot::Sender<Observed<B, E>>>,
+    /// The recorder's watchers, kept past the recorder (the last write outlives it).
+    watchers: Option<Arc<dyn Watchers>>,
 }
 
 impl<B, E> std::fmt::Debug for Observed<B, E> {
@@ -90,6 +92,7 @@ where
         });
         Self {
             body: Some(Box::pin(inner)),
+            watchers: recorder.watchers.clone(),
             recorder: Some(recorder),
             scanner: ResponseScanner::new(sse, max),
             sse,
@@ -116,8 +119,13 @@ impl<B, E> Observed<B, E> {
         Some((recorder, answered))
     }
 
-    /// Starts a ledger write; held frames wait for it.
+    /// Starts a ledger write; held frames wait for it. It counts as background work of the
+    /// recorder's watchers until it ends (a process that shuts down waits for it).
     fn start(&mut self, write: Write) {
+        let write = match &self.watchers {
+            Some(watchers) => watchers.track(write),
+            None => write,
+        };
         let previous = self.pending.take();
         self.pending = spawn_finishing(Box::pin(async move {
             written(previous).await;
@@ -317,6 +325,7 @@ impl<B, E> Drop for Observed<B, E> {
             caller_gone: true,
             answered: None,
             drain: None,
+            watchers: self.watchers.clone(),
         };
         // A drain task that is gone hands `rest` back; dropped here, its recorder records
         // `unknown`.
