@@ -138,6 +138,7 @@ pub mod fingerprint;
 pub mod guard;
 pub mod integrations;
 pub mod ledger;
+mod observe;
 pub mod protocol;
 pub mod replay_policy;
 pub mod resume;
@@ -147,6 +148,9 @@ pub use execution_id::{
     ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat, InvalidExecutionId,
     InvalidIdempotencyKey,
 };
+
+/// A boxed error, as tower uses.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

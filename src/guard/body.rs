@@ -1,7 +1,6 @@
 //! Request and response bodies of the guard.
 
 use std::{
-    future::Future,
     pin::Pin,
     sync::{
         Arc,
@@ -10,34 +9,27 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::{BoxError, service::Observation};
 use crate::{
-    ExecutionId,
+    BoxError, ExecutionId,
     ledger::{EventKind, Ledger, LedgerError, LedgerEvent, Timestamp},
-    protocol::{RequestId, response::ResponseScanner},
+    observe::{BufferedBody, Observed, Polled, Recorder, Write},
+    protocol::RequestId,
 };
 
 /// The body the guard sends to the inner service: the buffered request bytes, plus a flag that
 /// tells whether the transport ever read them (a body never read proves the request was not
 /// sent).
 #[derive(Debug)]
-pub struct GuardRequestBody {
-    data: Option<Bytes>,
-    polled: Arc<AtomicBool>,
-}
+pub struct GuardRequestBody(BufferedBody);
 
 impl GuardRequestBody {
-    pub(super) fn new(data: Bytes) -> (Self, Arc<AtomicBool>) {
-        let polled = Arc::new(AtomicBool::new(false));
-        let body = Self {
-            data: Some(data),
-            polled: polled.clone(),
-        };
-        (body, polled)
+    pub(super) fn new(data: Bytes) -> (Self, Polled) {
+        let (body, polled) = BufferedBody::new(data);
+        (Self(body), polled)
     }
 }
 
@@ -54,23 +46,19 @@ impl Body for GuardRequestBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.polled.store(true, Ordering::Release);
-        let data = self.data.take().filter(|d| !d.is_empty());
-        Poll::Ready(data.map(|d| Ok(Frame::data(d))))
+        Pin::new(&mut self.0).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.as_ref().is_none_or(Bytes::is_empty)
+        self.0.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        self.0.size_hint()
     }
 }
-
-type LedgerWrite = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 pin_project! {
     /// The response body the guard returns: the target's body, observed on its way to the
@@ -86,15 +74,11 @@ pin_project! {
     }
 }
 
-/// The observed body, boxed so that a body the caller drops early can be handed to a task
-/// that keeps reading it until the outcome is known.
-type ObservedBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
-
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Observed {
-            watch: Watch,
+            watch: Observed<B, BoxError>,
         },
         Passthrough {
             #[pin]
@@ -108,30 +92,20 @@ pin_project! {
         Kept {
             data: Option<Bytes>,
             delivery: Option<Delivery>,
-            recording: Option<LedgerWrite>,
+            recording: Option<Write>,
         },
     }
 }
 
 impl<B> GuardResponseBody<B> {
-    pub(super) fn observed(inner: B, observation: Observation, sse: bool, max_event: usize) -> Self
+    pub(super) fn observed(inner: B, recorder: Recorder, sse: bool, max_event: usize) -> Self
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let inner: ObservedBody = Box::pin(http_body_util::BodyExt::map_err(inner, Into::into));
-        let watch = Watch {
-            body: Some(inner),
-            observation: Some(observation),
-            scanner: ResponseScanner::new(sse, max_event),
-            pending: None,
-            held: None,
-            held_error: None,
-            inner_ended: false,
-            finished: false,
-            caller_gone: false,
-            delivery: None,
-        };
+        let watch = Observed::new(inner, recorder, sse, max_event, |e: &BoxError| {
+            e.to_string()
+        });
         Self {
             kind: Kind::Observed { watch },
         }
@@ -177,16 +151,13 @@ impl<B> GuardResponseBody<B> {
         let Kind::Observed { watch } = &mut self.kind else {
             return None;
         };
-        let observation = watch.observation.as_ref()?;
-        let (ledger, execution_id, request_id) = observation.delivery_target();
-        let delivery = Delivery {
-            ledger,
-            execution_id,
-            request_id,
-            answered: Arc::new(AtomicBool::new(false)),
-        };
-        watch.delivery = Some(delivery.answered.clone());
-        Some(delivery)
+        let (recorder, answered) = watch.defer_delivery()?;
+        Some(Delivery {
+            ledger: recorder.ledger.clone(),
+            execution_id: recorder.execution_id,
+            request_id: recorder.request_id.clone(),
+            answered,
+        })
     }
 }
 
@@ -260,239 +231,6 @@ impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
     }
 }
 
-struct Watch {
-    /// The target's body.
-    body: Option<ObservedBody>,
-    /// Present until the outcome and the delivery are recorded.
-    observation: Option<Observation>,
-    scanner: ResponseScanner,
-    /// A ledger write that must finish before the next frame is handed on.
-    pending: Option<LedgerWrite>,
-    /// A frame held back until `pending` is done.
-    held: Option<Frame<Bytes>>,
-    /// A body error held back until the break is recorded.
-    held_error: Option<BoxError>,
-    /// The target's body said it ended (`is_end_stream`) with the last frame it gave.
-    inner_ended: bool,
-    finished: bool,
-    /// The caller dropped the body: read on for the outcome, but never record a delivery. Also
-    /// marks the copy a drain task owns, which never drains again.
-    caller_gone: bool,
-    /// The caller records the delivery itself ([`GuardResponseBody::defer_delivery`]); set
-    /// once the answer is recorded.
-    delivery: Option<Arc<AtomicBool>>,
-}
-
-impl Watch {
-    /// Feeds response bytes; sets `pending` to the ledger write when the response is found.
-    fn feed(&mut self, chunk: &[u8]) {
-        let Some(observation) = self.observation.as_mut() else {
-            return;
-        };
-        let mut found = None;
-        self.scanner.feed(chunk, |message| {
-            if found.is_none() {
-                found = observation.match_response(message);
-            }
-        });
-        if let Some(id) = self.scanner.last_event_id() {
-            observation.last_event_id = Some(id.to_owned());
-        }
-        if self.scanner.is_oversize() {
-            observation.oversize = true;
-        }
-        if let Some(message) = found {
-            let write = observation.completed(message);
-            self.pending = Some(self.answered(write));
-        }
-    }
-
-    /// `write` (the recording of the target's answer), then the mark that a deferred delivery
-    /// has something to deliver.
-    fn answered(&self, write: LedgerWrite) -> LedgerWrite {
-        let Some(flag) = self.delivery.clone() else {
-            return write;
-        };
-        Box::pin(async move {
-            write.await;
-            flag.store(true, Ordering::Release);
-        })
-    }
-
-    /// A JSON body whose last byte arrived: its outcome, recorded before the frame that ends it
-    /// is handed on (as for SSE).
-    fn json_outcome(&mut self) {
-        let Some(observation) = self.observation.as_mut() else {
-            return;
-        };
-        if observation.has_outcome() {
-            return;
-        }
-        let Some(answer) = self
-            .scanner
-            .json_body()
-            .and_then(|body| observation.match_response(body))
-        else {
-            return;
-        };
-        let write = observation.completed(answer);
-        self.pending = Some(self.answered(write));
-    }
-
-    /// Whether the end of the body records `delivered` (the caller reads it, and does not
-    /// record the delivery itself).
-    fn delivers_at_end(&self) -> bool {
-        !self.caller_gone && self.delivery.is_none()
-    }
-
-    /// Whether polling the end of the body would record nothing more.
-    fn end_is_silent(&self) -> bool {
-        self.observation
-            .as_ref()
-            .is_none_or(|o| o.has_outcome() && !self.delivers_at_end())
-    }
-
-    /// At the end of the body: the outcome if it is still open, then the delivery.
-    fn finish(&mut self) -> Option<LedgerWrite> {
-        self.json_outcome();
-        let record = self.pending.take();
-        let observation = self.observation.take()?;
-        let end = observation.end_of_body(self.delivers_at_end());
-        Some(match record {
-            Some(record) => Box::pin(async move {
-                record.await;
-                end.await;
-            }),
-            None => end,
-        })
-    }
-}
-
-impl Watch {
-    /// Polls the target's body, observing it, until it has a frame for the caller.
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        loop {
-            if let Some(write) = self.pending.as_mut() {
-                ready!(write.as_mut().poll(cx));
-                self.pending = None;
-            }
-            if let Some(frame) = self.held.take() {
-                return Poll::Ready(Some(Ok(frame)));
-            }
-            if let Some(error) = self.held_error.take() {
-                self.finished = true;
-                return Poll::Ready(Some(Err(error)));
-            }
-            let Some(body) = self.body.as_mut().filter(|_| !self.finished) else {
-                return Poll::Ready(None);
-            };
-            let next = if self.inner_ended {
-                None
-            } else {
-                ready!(body.as_mut().poll_frame(cx))
-            };
-            match next {
-                Some(Ok(frame)) => {
-                    let ended = body.is_end_stream();
-                    if let Some(data) = frame.data_ref() {
-                        self.feed(data.chunk());
-                    }
-                    if ended {
-                        self.inner_ended = true;
-                        if self.pending.is_none() {
-                            self.json_outcome();
-                        }
-                    }
-                    if self.pending.is_none() {
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                    self.held = Some(frame);
-                }
-                // Record the break first, then report it.
-                Some(Err(error)) => {
-                    if let Some(observation) = self.observation.take() {
-                        self.pending = Some(observation.broken(&*error));
-                    }
-                    self.held_error = Some(error);
-                }
-                None => {
-                    self.pending = self.finish();
-                    self.finished = true;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Watch {
-    /// A body dropped before its JSON-RPC response was seen: keep reading it in the background
-    /// (bounded in time) so that a result the target sent is still recorded, undelivered.
-    ///
-    /// Never spawns from a drain that is itself being dropped (a runtime shutting down cancels
-    /// the drain task): that drain records `unknown` and stops.
-    fn drop(&mut self) {
-        let Some(observation) = self.observation.take() else {
-            return;
-        };
-        if observation.has_outcome() {
-            return; // completed, not delivered: already recorded
-        }
-        if self.caller_gone {
-            // The drain task's own copy, dropped before the outcome was known.
-            observation.dropped_early();
-            return;
-        }
-        let drain_for = observation.drain_timeout;
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            observation.dropped_early();
-            return;
-        };
-        let (task, stopped) = observation.background();
-        let mut rest = Watch {
-            body: self.body.take(),
-            observation: Some(observation),
-            scanner: std::mem::replace(&mut self.scanner, ResponseScanner::new(false, 0)),
-            pending: self.pending.take(),
-            held: None,
-            held_error: None,
-            inner_ended: self.inner_ended,
-            finished: self.finished,
-            caller_gone: true,
-            delivery: None,
-        };
-        drop(handle.spawn(async move {
-            let _task = task;
-            let drained = {
-                let drain = async {
-                    while rest.observation.as_ref().is_some_and(|o| !o.has_outcome()) {
-                        match std::future::poll_fn(|cx| rest.poll_next(cx)).await {
-                            Some(Ok(_)) => {}
-                            Some(Err(_)) | None => break,
-                        }
-                    }
-                };
-                let mut drain = std::pin::pin!(tokio::time::timeout(drain_for, drain));
-                let mut stopped = std::pin::pin!(stopped);
-                std::future::poll_fn(|cx| match drain.as_mut().poll(cx) {
-                    Poll::Ready(drained) => Poll::Ready(drained.is_ok()),
-                    Poll::Pending => stopped.as_mut().poll(cx).map(|()| false),
-                })
-                .await
-            };
-            // A write under way (the outcome just found) is finished, never cut.
-            if let Some(write) = rest.pending.take() {
-                write.await;
-            }
-            if !drained && let Some(observation) = rest.observation.take() {
-                observation.dropped_early();
-            }
-            // Whatever is left (an outcome recorded, not delivered) stays as it is; taking it
-            // keeps `rest`'s own drop from recording again.
-            rest.observation.take();
-        }));
-    }
-}
-
 impl<B> Body for GuardResponseBody<B>
 where
     B: Body<Data = Bytes>,
@@ -543,12 +281,7 @@ where
             } => data.is_none() && delivery.is_none() && recording.is_none(),
             Kind::Passthrough { inner } => inner.is_end_stream(),
             // The end must be polled when it records something (the outcome, the delivery).
-            Kind::Observed { watch, .. } => {
-                (watch.finished || (watch.inner_ended && watch.end_is_silent()))
-                    && watch.pending.is_none()
-                    && watch.held.is_none()
-                    && watch.held_error.is_none()
-            }
+            Kind::Observed { watch } => watch.is_end_stream(),
         }
     }
 
@@ -558,11 +291,7 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Passthrough { inner } => inner.size_hint(),
-            Kind::Observed { watch } => watch
-                .body
-                .as_ref()
-                .map(|b| b.size_hint())
-                .unwrap_or_default(),
+            Kind::Observed { watch } => watch.size_hint(),
         }
     }
 }

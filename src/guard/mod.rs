@@ -47,8 +47,7 @@ pub use service::{DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, ResponseFuture, red
 
 use crate::{ExecutionId, ledger::LedgerError};
 
-/// A boxed error, as tower uses.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::BoxError;
 
 /// An error of the guarded service.
 #[derive(Debug)]

@@ -4,10 +4,7 @@ use std::{
     collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -41,10 +38,8 @@ use crate::{
         Claim, Claimed, ClientInfo, EventKind, ExecutionRecord, ExecutionState, Ledger,
         LedgerEvent, Timestamp,
     },
-    protocol::{
-        self, Era, Message, RequestId, RequestKind, ToolCall,
-        response::{ResponseScanner, ResponseTo},
-    },
+    observe::{self, Polled, Recorder, Settlement, Unread, Watchers, Write, write_from_drop},
+    protocol::{self, Era, Message, RequestId, RequestKind, ToolCall, response::ResponseScanner},
 };
 
 /// How many times one call decides again because another attempt moved its execution on
@@ -342,12 +337,12 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Guard<S> {
 /// The future of [`Guard`]. Boxed inside: the decision awaits the ledger several times, and a
 /// hand-written state machine for it would hide the logic this crate exists for.
 pub struct ResponseFuture<RB> {
-    inner: Pin<Box<dyn Future<Output = Answer<RB>> + Send>>,
+    inner: observe::BoxFuture<Answer<RB>>,
 }
 
 impl<RB> std::fmt::Debug for ResponseFuture<RB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ResponseFuture")
+        self.inner.fmt(f)
     }
 }
 
@@ -355,7 +350,7 @@ impl<RB> Future for ResponseFuture<RB> {
     type Output = Answer<RB>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        Pin::new(&mut self.inner).poll(cx)
     }
 }
 
@@ -389,7 +384,7 @@ where
             inflight: self.inflight.clone(),
         };
         ResponseFuture {
-            inner: Box::pin(call.run(request)),
+            inner: observe::BoxFuture::new(call.run(request)),
         }
     }
 }
@@ -443,9 +438,9 @@ where
     {
         let (parts, body) = request.into_parts();
         let max = self.config.max_body_bytes;
-        let bytes = match Limited::new(body, max).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+        let bytes = match observe::collect(body, max).await {
+            Ok(bytes) => bytes,
+            Err(Unread::TooLarge) => {
                 return answered(answer::jsonrpc_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     None,
@@ -455,7 +450,7 @@ where
                     ),
                 ));
             }
-            Err(error) => return Err(GuardError::request_body(error)),
+            Err(Unread::Failed(error)) => return Err(GuardError::request_body(error)),
         };
         let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
         let mut parts = parts;
@@ -670,25 +665,18 @@ where
         if !response.status().is_success() {
             return Ok(response.map(GuardResponseBody::passthrough));
         }
-        let observation = Observation {
-            actor: link.actor,
-            attempt: None,
-            ledger: self.config.ledger.clone(),
-            execution_id: link.execution_id,
-            request_id: link.request_id,
-            status: response.status().as_u16(),
-            keep_results: link.keep_results,
-            max_result_bytes: link.max_result_bytes,
-            outcome_recorded: false,
-            last_event_id: Some(last_event_id.to_owned()),
-            oversize: false,
-            drain_timeout: self.config.drain_timeout,
-            owner: None,
-            local: self.inflight.clone(),
-            resume: true,
-        };
+        let mut recorder = self.recorder(
+            link.actor,
+            link.execution_id,
+            link.request_id,
+            response.status().as_u16(),
+        );
+        recorder.keep_results = link.keep_results;
+        recorder.max_result_bytes = link.max_result_bytes;
+        recorder.last_event_id = Some(last_event_id.to_owned());
+        recorder.resume = true;
         let max = self.config.max_body_bytes.max(link.max_result_bytes);
-        Ok(response.map(|b| GuardResponseBody::observed(b, observation, true, max)))
+        Ok(response.map(|b| GuardResponseBody::observed(b, recorder, true, max)))
     }
 
     async fn pass_through(mut self, parts: http::request::Parts, bytes: Bytes) -> Answer<RB> {
@@ -1133,25 +1121,14 @@ where
         let status = response.status();
         if status.is_success() {
             let sse = ResponseScanner::is_sse(response.headers());
-            let observation = Observation {
-                actor: intent.actor.clone(),
-                attempt: Some(record.attempts),
-                ledger: self.config.ledger.clone(),
-                execution_id: id,
-                request_id: intent.call.id,
-                status: status.as_u16(),
-                keep_results: intent.keep_results,
-                max_result_bytes: intent.max_result_bytes,
-                outcome_recorded: false,
-                last_event_id: None,
-                oversize: false,
-                drain_timeout: self.config.drain_timeout,
-                owner: Some(owner),
-                local: self.inflight.clone(),
-                resume: false,
-            };
+            let mut recorder =
+                self.recorder(intent.actor.clone(), id, intent.call.id, status.as_u16());
+            recorder.attempt = Some(record.attempts);
+            recorder.keep_results = intent.keep_results;
+            recorder.max_result_bytes = intent.max_result_bytes;
+            recorder.settle = Some(Box::new(move |settlement| owner.settle(settlement)));
             let max = self.config.max_body_bytes.max(intent.max_result_bytes);
-            return Ok(response.map(|b| GuardResponseBody::observed(b, observation, sse, max)));
+            return Ok(response.map(|b| GuardResponseBody::observed(b, recorder, sse, max)));
         }
         let kind = if refused_before_running(status.as_u16()) {
             EventKind::Failed {
@@ -1174,14 +1151,14 @@ where
 async fn send_failed<RB>(
     config: &Config,
     record: &ExecutionRecord,
-    polled: &AtomicBool,
+    polled: &Polled,
     error: BoxError,
     owner: Owner,
 ) -> Answer<RB> {
     let id = record.execution_id;
     {
-        let sent = classify_error(polled.load(Ordering::Acquire), is_connect_error(&*error))
-            == ErrorClass::Unknown;
+        let sent =
+            classify_error(polled.was_polled(), is_connect_error(&*error)) == ErrorClass::Unknown;
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
@@ -1236,29 +1213,16 @@ impl Config {
             && self.ledger.is_owner_alive(&record.owner).await
     }
 
-    /// Polls the ledger until the execution leaves its in-flight state or its owner dies;
-    /// `None` when the attach wait ran out.
+    /// Waits until the execution leaves its in-flight state or its owner dies; `None` when
+    /// the attach wait ran out.
     async fn wait_for_other_attempt(
         &self,
         record: &ExecutionRecord,
     ) -> Result<Option<ExecutionRecord>, GuardError> {
         let deadline = tokio::time::Instant::now() + self.attach_timeout;
-        while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let current = self
-                .ledger
-                .get(record.execution_id)
-                .await
-                .map_err(GuardError::ledger)?;
-            match current {
-                Some(current)
-                    if current.state == record.state
-                        && self.ledger.is_owner_alive(&current.owner).await => {}
-                Some(current) => return Ok(Some(current)),
-                None => return Ok(Some(record.clone())),
-            }
-        }
-        Ok(None)
+        observe::until_changed(&*self.ledger, record, &self.owner, deadline)
+            .await
+            .map_err(GuardError::ledger)
     }
 
     /// The result kept for `record`, if one was.
@@ -1589,19 +1553,6 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// The outcome of an execution as its attached waiters need it.
-#[derive(Debug, Clone)]
-pub(crate) enum Settlement {
-    /// The execution completed (or was resolved as applied): its result (kept bytes of the
-    /// JSON-RPC `result`), when kept.
-    Completed {
-        execution_id: ExecutionId,
-        result: Option<Bytes>,
-    },
-    /// Anything else: waiters decide again from the ledger.
-    Other,
-}
-
 use crate::ledger::IntentKey;
 
 /// In-process state: single flight (one owner per intent at a time), and the broken streams a
@@ -1775,353 +1726,53 @@ impl Drop for Owner {
     }
 }
 
-/// What the response body watcher records.
-pub(super) struct Observation {
-    /// Whose call it answers.
+impl<S> Call<S> {
+    /// The recorder of a response the guard observes for `actor`'s call, with this process's
+    /// single flight and resume links as its watchers.
+    fn recorder(
+        &self,
+        actor: Actor,
+        execution_id: ExecutionId,
+        request_id: RequestId,
+        status: u16,
+    ) -> Recorder {
+        let mut recorder = Recorder::new(self.config.ledger.clone(), execution_id, request_id);
+        recorder.status = status;
+        recorder.drain_timeout = self.config.drain_timeout;
+        recorder.deliver_at_end = true;
+        recorder.watchers = Some(Arc::new(Local {
+            actor,
+            inflight: self.inflight.clone(),
+        }));
+        recorder
+    }
+}
+
+/// What this process learns of an observed call's outcome: a broken stream becomes a resume
+/// link of the call's actor; writes from a `Drop` and drains count as background work.
+struct Local {
     actor: Actor,
-    /// The attempt it observes (none for a resume stream, which records no `unknown`).
-    attempt: Option<u32>,
-    ledger: Arc<dyn Ledger>,
-    execution_id: ExecutionId,
-    request_id: RequestId,
-    status: u16,
-    keep_results: bool,
-    max_result_bytes: usize,
-    outcome_recorded: bool,
-    pub(super) last_event_id: Option<String>,
-    pub(super) oversize: bool,
-    pub(super) drain_timeout: Duration,
-    owner: Option<Owner>,
-    local: Arc<Inflight>,
-    /// Observing a resume GET of an execution whose outcome was unknown.
-    resume: bool,
+    inflight: Arc<Inflight>,
 }
 
-type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-impl Observation {
-    /// The answer to the call, if `message` is the JSON-RPC response with the call's id. Parsed
-    /// without building a tree: the result is kept as the exact bytes the target sent.
-    pub(super) fn match_response(&self, message: &[u8]) -> Option<TargetAnswer> {
-        TargetAnswer::find(message, &self.request_id)
-    }
-
-    pub(super) fn has_outcome(&self) -> bool {
-        self.outcome_recorded
-    }
-
-    /// The JSON-RPC response was seen: record the outcome (and keep the result) before the
-    /// caller sees it.
-    pub(super) fn completed(&mut self, answer: TargetAnswer) -> Write {
-        self.outcome_recorded = true;
-        let ledger = self.ledger.clone();
-        let id = self.execution_id;
-        let status = self.status;
-        let keep = self.keep_results;
-        let max = self.max_result_bytes;
-        let owner = self.owner.take();
-        Box::pin(async move {
-            let settlement = record_outcome(&*ledger, id, status, keep, max, answer).await;
-            if let Some(owner) = owner {
-                owner.settle(settlement);
-            }
-        })
-    }
-
-    /// What a deferred delivery records: into which ledger, for which execution and request.
-    pub(super) fn delivery_target(&self) -> (Arc<dyn Ledger>, ExecutionId, RequestId) {
-        (
-            self.ledger.clone(),
-            self.execution_id,
-            self.request_id.clone(),
-        )
-    }
-
-    pub(super) fn end_of_body(mut self, deliver: bool) -> Write {
-        let ledger = self.ledger.clone();
-        let id = self.execution_id;
-        let request_id = self.request_id.clone();
-        if self.outcome_recorded {
-            if !deliver {
-                return Box::pin(async {});
-            }
-            return Box::pin(async move {
-                append_logged(
-                    &*ledger,
-                    id,
-                    EventKind::Delivered {
-                        jsonrpc_id: Some(request_id),
-                    },
-                )
-                .await;
-            });
-        }
-        let reason = if self.oversize {
-            "the response was too large to observe"
-        } else {
-            "the response ended before the JSON-RPC response to the call"
+impl Watchers for Local {
+    fn broke_at(&self, last_event_id: &str, recorder: &Recorder) {
+        let link = ResumeLink {
+            actor: self.actor.clone(),
+            execution_id: recorder.execution_id,
+            request_id: recorder.request_id.clone(),
+            keep_results: recorder.keep_results,
+            max_result_bytes: recorder.max_result_bytes,
         };
-        self.unknown(reason.into())
+        self.inflight.link(last_event_id.to_owned(), link);
     }
 
-    pub(super) fn broken(mut self, error: &(dyn std::error::Error + Send + Sync)) -> Write {
-        if self.outcome_recorded {
-            // Completed, not delivered: the record already says so.
-            return Box::pin(async {});
-        }
-        self.unknown(format!(
-            "the response stream broke before the JSON-RPC response: {error}"
-        ))
+    fn track(&self, write: Write) -> Write {
+        self.inflight.tracked(write)
     }
 
-    fn unknown(&mut self, reason: String) -> Write {
-        self.outcome_recorded = true;
-        // Only the observed attempt: one another process dispatched meanwhile is not marked.
-        let attempt = self.attempt;
-        let ledger = self.ledger.clone();
-        let id = self.execution_id;
-        let status = self.status;
-        let owner = self.owner.take();
-        let last_event_id = self.last_event_id.clone();
-        if let Some(last_event_id) = &last_event_id {
-            let link = ResumeLink {
-                actor: self.actor.clone(),
-                execution_id: id,
-                request_id: self.request_id.clone(),
-                keep_results: self.keep_results,
-                max_result_bytes: self.max_result_bytes,
-            };
-            self.local.link(last_event_id.clone(), link);
-        }
-        let resume = self.resume;
-        Box::pin(async move {
-            if let Some(last_event_id) = last_event_id {
-                append_logged(&*ledger, id, EventKind::EventSeen { last_event_id }).await;
-            }
-            // A resume stream that breaks again leaves the outcome as unknown as it was.
-            if !resume {
-                let unknown = EventKind::Unknown {
-                    target_status: Some(status),
-                    attempt,
-                    reason,
-                };
-                append_logged(&*ledger, id, unknown).await;
-            }
-            if let Some(owner) = owner {
-                owner.settle(Settlement::Other);
-            }
-        })
-    }
-
-    pub(super) fn dropped_early(mut self) {
-        if self.outcome_recorded {
-            return;
-        }
-        let write = self
-            .unknown("the caller dropped the response before the JSON-RPC response arrived".into());
-        write_from_drop(self.local.tracked(write));
-    }
-
-    /// For a drain of the body this observes: its place in the guard's background work, and
-    /// the signal that it must stop ([`GuardLayer::shut_down`]).
-    pub(super) fn background(&self) -> (BackgroundTask, impl Future<Output = ()> + Send + 'static) {
-        (self.local.background_task(), self.local.stopped())
-    }
-}
-
-/// How long a ledger write from a `Drop` that no runtime can run is driven in place.
-const IN_PLACE_WRITE_BOUND: Duration = Duration::from_secs(1);
-
-/// Runs a ledger write that a `Drop` must not lose, without ever letting a `Drop` spawn in a
-/// loop: on the current runtime when there is one; when its task is dropped before it finished
-/// (the runtime is shutting down, which drops every task), or there is no runtime, the write is
-/// driven in place on the dropping thread, bounded by [`IN_PLACE_WRITE_BOUND`]. The file and
-/// memory ledgers finish there; a ledger that needs the runtime's I/O cannot, and the record
-/// stays as it was (`dispatched` under an owner that is gone, which every later decision reads
-/// as unknown).
-pub(super) fn write_from_drop(write: Write) {
-    drop(spawn_finishing(write));
-}
-
-/// [`write_from_drop`], with the task's handle when there is a runtime.
-pub(crate) fn spawn_finishing(write: Write) -> Option<tokio::task::JoinHandle<()>> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => Some(handle.spawn(FinishOnDrop(Some(write)))),
-        Err(_) => {
-            drive_in_place(write);
-            None
-        }
-    }
-}
-
-/// A write that its task may drop unfinished; then it is driven in place.
-struct FinishOnDrop(Option<Write>);
-
-impl Future for FinishOnDrop {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(write) = self.0.as_mut() {
-            std::task::ready!(write.as_mut().poll(cx));
-            self.0 = None;
-        }
-        Poll::Ready(())
-    }
-}
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        if let Some(write) = self.0.take() {
-            drive_in_place(write);
-        }
-    }
-}
-
-/// Polls `write` on this thread until it finishes or [`IN_PLACE_WRITE_BOUND`] passes. A write
-/// that panics here (it needed a runtime that is gone) is caught and logged: a `Drop` must not
-/// unwind into a runtime's shutdown.
-fn drive_in_place(mut write: Write) {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = std::time::Instant::now() + IN_PLACE_WRITE_BOUND;
-    let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        loop {
-            if write.as_mut().poll(&mut cx).is_ready() {
-                return true;
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            std::thread::park_timeout(deadline - now);
-        }
-    }));
-    if !matches!(finished, Ok(true)) {
-        tracing::warn!(
-            "a ledger write at shutdown could not finish; the execution stays `dispatched` and reads as unknown"
-        );
-    }
-}
-
-pub(crate) async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
-    let name = kind.name();
-    if let Err(error) = ledger
-        .append(LedgerEvent {
-            execution_id: id,
-            at: Timestamp::now(),
-            kind,
-        })
-        .await
-    {
-        tracing::warn!(execution_id = %id, event = name, %error, "could not record");
-    }
-}
-
-/// The target's answer to a call.
-#[derive(Debug)]
-pub(crate) enum TargetAnswer {
-    /// A `result` (its exact bytes), with the tool's `isError`, and the task id when the call
-    /// became an MCP task.
-    Result {
-        raw: Bytes,
-        is_error: bool,
-        task_id: Option<String>,
-    },
-    /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
-    /// message may echo arguments, secrets included).
-    Error { code: i64 },
-}
-
-impl TargetAnswer {
-    /// The answer in `message` if it is the JSON-RPC response to the request `id`. The result
-    /// is kept as the exact bytes the target sent.
-    pub(crate) fn find(message: &[u8], id: &RequestId) -> Option<Self> {
-        #[derive(serde::Deserialize)]
-        struct ToolResult {
-            #[serde(rename = "isError", default)]
-            is_error: Option<bool>,
-            #[serde(rename = "resultType", default)]
-            result_type: Option<String>,
-            #[serde(rename = "taskId", default)]
-            task_id: Option<String>,
-        }
-        match protocol::response::response_to(message, id)? {
-            ResponseTo::Result(raw) => {
-                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
-                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
-                // A 2026-07-28 `CreateTaskResult`: the call became a task.
-                let task_id = result
-                    .filter(|r| r.result_type.as_deref() == Some("task"))
-                    .and_then(|r| r.task_id);
-                let raw = Bytes::copy_from_slice(raw.get().as_bytes());
-                Some(Self::Result {
-                    raw,
-                    is_error,
-                    task_id,
-                })
-            }
-            ResponseTo::Error { code } => Some(Self::Error { code }),
-        }
-    }
-}
-
-/// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
-/// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
-/// back rewritten as the nearest double) and `completed`.
-pub(crate) async fn record_outcome(
-    ledger: &dyn Ledger,
-    id: ExecutionId,
-    status: u16,
-    keep: bool,
-    max: usize,
-    answer: TargetAnswer,
-) -> Settlement {
-    let (raw, is_error) = match answer {
-        TargetAnswer::Result {
-            raw,
-            is_error,
-            task_id,
-        } => {
-            if let Some(task_id) = task_id {
-                append_logged(ledger, id, EventKind::TaskCreated { task_id }).await;
-            }
-            (raw, is_error)
-        }
-        TargetAnswer::Error { code } => {
-            let reason = format!("the server answered the call with JSON-RPC error {code}");
-            let failed = EventKind::Failed {
-                target_status: Some(status),
-                reason,
-            };
-            append_logged(ledger, id, failed).await;
-            return Settlement::Other;
-        }
-    };
-    let kept = if keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw) {
-        match ledger.store_result(id, raw.clone()).await {
-            Ok(reference) => Some((reference, raw)),
-            Err(error) => {
-                tracing::warn!(execution_id = %id, %error, "could not keep the result");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let completed = EventKind::Completed {
-        target_status: status,
-        is_error,
-        result_reference: kept.as_ref().map(|(r, _)| r.clone()),
-    };
-    append_logged(ledger, id, completed).await;
-    Settlement::Completed {
-        execution_id: id,
-        result: kept.map(|(_, b)| b),
+    fn drain(&self) -> (Box<dyn Send>, Write) {
+        let work = self.inflight.background_task();
+        (Box::new(work), Box::pin(self.inflight.stopped()))
     }
 }

@@ -5,7 +5,6 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use bytes::Bytes;
@@ -14,24 +13,23 @@ use http::{
     header::{ACCEPT, CONTENT_TYPE},
 };
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::{
     IdempotencyRequestBody, IdempotencyResponseBody,
-    body::{Recorder, written},
     layer::{Config, InFlight},
 };
 use crate::{
-    Actor, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::RetryClass,
     decide::{
         classify::refused_before_running,
         server::{KeyDecision, decide},
     },
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
-    guard::{BoxError, answer},
+    guard::answer,
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
+    observe::{self, Recorder, Unread, spawn_finishing, written},
     protocol::response::ResponseScanner,
     protocol::{self, Era, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
 };
@@ -56,8 +54,6 @@ const ANONYMOUS: &str = "anonymous";
 /// The tool name of a key's own fingerprint (the claim on a key is atomic per principal and
 /// key, whatever the call).
 const KEY_SLOT: &str = "idempotency-key";
-/// How often a waiting repeat looks at the ledger.
-const WAIT_POLL: Duration = Duration::from_millis(10);
 
 /// The server-side Idempotency-Key middleware; see [`IdempotencyLayer`](super::IdempotencyLayer).
 #[derive(Clone)]
@@ -79,12 +75,12 @@ type Answer<RB, E> = Result<Response<IdempotencyResponseBody<RB>>, E>;
 /// The future of [`Idempotency`]. Boxed inside: a keyed call awaits the ledger several times,
 /// and a hand-written state machine would hide the decision.
 pub struct ResponseFuture<RB: Body, E> {
-    inner: Pin<Box<dyn Future<Output = Answer<RB, E>> + Send>>,
+    inner: observe::BoxFuture<Answer<RB, E>>,
 }
 
 impl<RB: Body, E> std::fmt::Debug for ResponseFuture<RB, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ResponseFuture")
+        self.inner.fmt(f)
     }
 }
 
@@ -92,7 +88,7 @@ impl<RB: Body, E> Future for ResponseFuture<RB, E> {
     type Output = Answer<RB, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        Pin::new(&mut self.inner).poll(cx)
     }
 }
 
@@ -125,7 +121,7 @@ where
             config: self.config.clone(),
         };
         ResponseFuture {
-            inner: Box::pin(call.run(request)),
+            inner: observe::BoxFuture::new(call.run(request)),
         }
     }
 }
@@ -171,12 +167,9 @@ impl<S> Call<S> {
             return Ok(response.map(IdempotencyResponseBody::passthrough));
         }
         let (parts, body) = request.into_parts();
-        let bytes = match Limited::new(body, self.config.max_body_bytes)
-            .collect()
-            .await
-        {
-            Ok(collected) => collected.to_bytes(),
-            Err(error) => return answered(unreadable_body(&*error)),
+        let bytes = match observe::collect(body, self.config.max_body_bytes).await {
+            Ok(bytes) => bytes,
+            Err(unread) => return answered(unreadable_body(&unread)),
         };
         let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
         // The caller's era: the shape of a replayed result.
@@ -367,20 +360,16 @@ impl<S> Call<S> {
             }
         }
         tracing::info!(%execution_id, tool = %keyed.call.name, "running a keyed call");
-        let mut recorder = Recorder {
-            ledger: config.ledger.clone(),
-            execution_id,
-            request_id: keyed.call.id.clone(),
-            status: 0,
-            max_result_bytes: config.max_body_bytes,
-            drain_timeout: config.drain_timeout,
-            armed: true,
-        };
+        let mut recorder =
+            Recorder::new(config.ledger.clone(), execution_id, keyed.call.id.clone());
+        recorder.max_result_bytes = config.max_body_bytes;
+        recorder.drain_timeout = config.drain_timeout;
         let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
         let response = match self.inner.call(request).await {
             Ok(response) => response,
             Err(error) => {
-                written(recorder.unknown("the inner service failed on the call".into())).await;
+                let write = recorder.unknown("the inner service failed on the call".into());
+                written(spawn_finishing(write)).await;
                 return Err(error);
             }
         };
@@ -401,7 +390,7 @@ impl<S> Call<S> {
                 "HTTP {status} on tools/call: the tool may have run"
             ))
         };
-        written(write).await;
+        written(spawn_finishing(write)).await;
         Ok(response.map(IdempotencyResponseBody::passthrough))
     }
 }
@@ -476,25 +465,16 @@ impl Config {
         }
     }
 
-    /// Polls the ledger until the record moves on (or its owner dies); `false` when the
-    /// deadline came first.
+    /// Waits until the record moves on (or its owner dies); `false` when the deadline came
+    /// first.
     async fn wait_for_change(
         &self,
         record: &ExecutionRecord,
         deadline: tokio::time::Instant,
     ) -> Result<bool, LedgerError> {
-        while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(WAIT_POLL).await;
-            match self.ledger.get(record.execution_id).await? {
-                Some(current)
-                    if current.state == record.state
-                        && current.request_fingerprint == record.request_fingerprint
-                        && (current.owner == self.owner
-                            || self.ledger.is_owner_alive(&current.owner).await) => {}
-                _ => return Ok(true),
-            }
-        }
-        Ok(false)
+        observe::until_changed(&*self.ledger, record, &self.owner, deadline)
+            .await
+            .map(|changed| changed.is_some())
     }
 }
 
@@ -593,8 +573,8 @@ fn not_recorded(id: &RequestId, error: &LedgerError) -> Response<Bytes> {
     )
 }
 
-fn unreadable_body(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Response<Bytes> {
-    let (status, message) = if error.is::<LengthLimitError>() {
+fn unreadable_body(unread: &Unread) -> Response<Bytes> {
+    let (status, message) = if matches!(unread, Unread::TooLarge) {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
             "the request body is larger than this server keeps for an Idempotency-Key",

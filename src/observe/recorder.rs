@@ -1,0 +1,445 @@
+//! The outcome recorder: what a dispatched call's answer (or its absence) writes to the ledger.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+
+use crate::{
+    ExecutionId,
+    ledger::{EventKind, Ledger, LedgerEvent, Timestamp},
+    protocol::{
+        self, RequestId,
+        response::{ResponseTo, response_to},
+    },
+};
+
+/// A ledger write, run to its end by whoever holds it.
+pub(crate) type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A ledger write under way as a task of its own (it finishes even when its body is dropped
+/// meanwhile); `None` when it already ran in place.
+pub(crate) type Pending = Option<tokio::task::JoinHandle<()>>;
+
+/// Waits for a ledger write started with [`spawn_finishing`].
+pub(crate) async fn written(write: Pending) {
+    if let Some(handle) = write {
+        // A write that failed was logged by the write itself.
+        let _ = handle.await;
+    }
+}
+
+/// The outcome of an execution as its attached waiters need it.
+#[derive(Debug, Clone)]
+pub(crate) enum Settlement {
+    /// The execution completed (or was resolved as applied): its result (kept bytes of the
+    /// JSON-RPC `result`), when kept.
+    Completed {
+        execution_id: ExecutionId,
+        result: Option<Bytes>,
+    },
+    /// Anything else: waiters decide again from the ledger.
+    Other,
+}
+
+/// Who else learns of an observed call's outcome, besides the ledger (the guard's single
+/// flight and resume links; the server half has none).
+pub(crate) trait Watchers: Send + Sync + 'static {
+    /// The stream broke after the event `last_event_id`: a resume of it belongs to the call.
+    fn broke_at(&self, last_event_id: &str, recorder: &Recorder);
+    /// `write`, counted as work that outlives the call until it finishes.
+    fn track(&self, write: Write) -> Write;
+    /// A drain of a dropped body starts: its place in the background work (held until it
+    /// ends), and a future that resolves when it must stop.
+    fn drain(&self) -> (Box<dyn Send>, Write);
+}
+
+/// Tells the waiters of an execution its outcome, once (the guard's single-flight owner).
+pub(crate) type Settle = Box<dyn FnOnce(Settlement) + Send + Sync>;
+
+/// Records the outcome of one dispatched call, exactly once. Dropped unrecorded (the call's
+/// future or its body went away before the answer was seen), it records `unknown`: the tool
+/// may have run.
+pub(crate) struct Recorder {
+    pub(crate) ledger: Arc<dyn Ledger>,
+    pub(crate) execution_id: ExecutionId,
+    pub(crate) request_id: RequestId,
+    /// The HTTP status of the answer (`0` until it arrived).
+    pub(crate) status: u16,
+    /// The attempt observed; `unknown` marks only it (none for a resume stream).
+    pub(crate) attempt: Option<u32>,
+    pub(crate) keep_results: bool,
+    pub(crate) max_result_bytes: usize,
+    /// How long a body the caller dropped is read on for its outcome.
+    pub(crate) drain_timeout: Duration,
+    /// Observing a resume stream: breaking again leaves the outcome as unknown as it was.
+    pub(crate) resume: bool,
+    /// Whether reading the body to its end records `delivered`.
+    pub(crate) deliver_at_end: bool,
+    pub(crate) last_event_id: Option<String>,
+    pub(crate) oversize: bool,
+    pub(crate) settle: Option<Settle>,
+    pub(crate) watchers: Option<Arc<dyn Watchers>>,
+    recorded: bool,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("execution_id", &self.execution_id)
+            .field("recorded", &self.recorded)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recorder {
+    /// A recorder of the call `request_id` of `execution_id`, armed: dropped before it
+    /// recorded anything, it records `unknown`.
+    pub(crate) fn new(
+        ledger: Arc<dyn Ledger>,
+        execution_id: ExecutionId,
+        request_id: RequestId,
+    ) -> Self {
+        Self {
+            ledger,
+            execution_id,
+            request_id,
+            status: 0,
+            attempt: None,
+            keep_results: true,
+            max_result_bytes: usize::MAX,
+            drain_timeout: Duration::ZERO,
+            resume: false,
+            deliver_at_end: false,
+            last_event_id: None,
+            oversize: false,
+            settle: None,
+            watchers: None,
+            recorded: false,
+        }
+    }
+
+    /// The answer to the call, if `message` is the JSON-RPC response with the call's id.
+    pub(crate) fn answer(&self, message: &[u8]) -> Option<TargetAnswer> {
+        TargetAnswer::find(message, &self.request_id)
+    }
+
+    /// Whether the outcome is recorded (or being recorded).
+    pub(crate) fn has_outcome(&self) -> bool {
+        self.recorded
+    }
+
+    /// The JSON-RPC response was seen: keep the result and record `completed` (or `failed`
+    /// for a JSON-RPC error) before the caller sees it.
+    pub(crate) fn completed(&mut self, answer: TargetAnswer) -> Write {
+        self.recorded = true;
+        let ledger = self.ledger.clone();
+        let (id, status) = (self.execution_id, self.status);
+        let (keep, max) = (self.keep_results, self.max_result_bytes);
+        let settle = self.settle.take();
+        Box::pin(async move {
+            let settlement = record_outcome(&*ledger, id, status, keep, max, answer).await;
+            if let Some(settle) = settle {
+                settle(settlement);
+            }
+        })
+    }
+
+    /// Records an outcome other than an answer (a refusal, which frees the intent).
+    pub(crate) fn settle(&mut self, kind: EventKind) -> Write {
+        self.recorded = true;
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let settle = self.settle.take();
+        Box::pin(async move {
+            append_logged(&*ledger, id, kind).await;
+            if let Some(settle) = settle {
+                settle(Settlement::Other);
+            }
+        })
+    }
+
+    /// No answer can be recorded: the outcome is unknown.
+    pub(crate) fn unknown(&mut self, reason: String) -> Write {
+        self.recorded = true;
+        let ledger = self.ledger.clone();
+        let id = self.execution_id;
+        let last_event_id = self.last_event_id.clone();
+        if let (Some(last_event_id), Some(watchers)) = (&last_event_id, &self.watchers) {
+            watchers.broke_at(last_event_id, self);
+        }
+        // Only the observed attempt: one dispatched meanwhile is not marked.
+        let unknown = (!self.resume).then(|| EventKind::Unknown {
+            target_status: Some(self.status).filter(|s| *s != 0),
+            attempt: self.attempt,
+            reason,
+        });
+        let settle = self.settle.take();
+        Box::pin(async move {
+            if let Some(last_event_id) = last_event_id {
+                append_logged(&*ledger, id, EventKind::EventSeen { last_event_id }).await;
+            }
+            if let Some(unknown) = unknown {
+                append_logged(&*ledger, id, unknown).await;
+            }
+            if let Some(settle) = settle {
+                settle(Settlement::Other);
+            }
+        })
+    }
+
+    /// The body ended: `delivered` when the outcome is recorded (and the reader delivers),
+    /// else `unknown`.
+    pub(crate) fn ended(&mut self, deliver: bool) -> Write {
+        if self.recorded {
+            if !deliver {
+                return Box::pin(async {});
+            }
+            let ledger = self.ledger.clone();
+            let id = self.execution_id;
+            let jsonrpc_id = Some(self.request_id.clone());
+            return Box::pin(async move {
+                append_logged(&*ledger, id, EventKind::Delivered { jsonrpc_id }).await;
+            });
+        }
+        let reason = if self.oversize {
+            "the response was too large to observe"
+        } else {
+            "the response ended before the JSON-RPC response to the call"
+        };
+        self.unknown(reason.into())
+    }
+
+    /// The body failed before the answer: `unknown` (nothing when the answer is recorded:
+    /// completed, not delivered, the record already says so).
+    pub(crate) fn broken(&mut self, error: &dyn std::fmt::Display) -> Write {
+        if self.recorded {
+            return Box::pin(async {});
+        }
+        self.unknown(format!(
+            "the response stream broke before the JSON-RPC response: {error}"
+        ))
+    }
+
+    /// `write`, counted as background work when the recorder's watchers count it.
+    pub(crate) fn track(&self, write: Write) -> Write {
+        match &self.watchers {
+            Some(watchers) => watchers.track(write),
+            None => write,
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.recorded {
+            let write = self
+                .unknown("the caller dropped the call before its JSON-RPC response arrived".into());
+            write_from_drop(self.track(write));
+        }
+    }
+}
+
+/// How long a ledger write from a `Drop` that no runtime can run is driven in place.
+const IN_PLACE_WRITE_BOUND: Duration = Duration::from_secs(1);
+
+/// Runs a ledger write that a `Drop` must not lose, without ever letting a `Drop` spawn in a
+/// loop: on the current runtime when there is one; when its task is dropped before it finished
+/// (the runtime is shutting down, which drops every task), or there is no runtime, the write is
+/// driven in place on the dropping thread, bounded by [`IN_PLACE_WRITE_BOUND`]. The file and
+/// memory ledgers finish there; a ledger that needs the runtime's I/O cannot, and the record
+/// stays as it was (`dispatched` under an owner that is gone, which every later decision reads
+/// as unknown).
+pub(crate) fn write_from_drop(write: Write) {
+    drop(spawn_finishing(write));
+}
+
+/// [`write_from_drop`], with the task's handle when there is a runtime.
+pub(crate) fn spawn_finishing(write: Write) -> Pending {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => Some(handle.spawn(FinishOnDrop(Some(write)))),
+        Err(_) => {
+            drive_in_place(write);
+            None
+        }
+    }
+}
+
+/// A write that its task may drop unfinished; then it is driven in place.
+struct FinishOnDrop(Option<Write>);
+
+impl Future for FinishOnDrop {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(write) = self.0.as_mut() {
+            std::task::ready!(write.as_mut().poll(cx));
+            self.0 = None;
+        }
+        Poll::Ready(())
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(write) = self.0.take() {
+            drive_in_place(write);
+        }
+    }
+}
+
+/// Polls `write` on this thread until it finishes or [`IN_PLACE_WRITE_BOUND`] passes. A write
+/// that panics here (it needed a runtime that is gone) is caught and logged: a `Drop` must not
+/// unwind into a runtime's shutdown.
+fn drive_in_place(mut write: Write) {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + IN_PLACE_WRITE_BOUND;
+    let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        loop {
+            if write.as_mut().poll(&mut cx).is_ready() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }));
+    if !matches!(finished, Ok(true)) {
+        tracing::warn!(
+            "a ledger write at shutdown could not finish; the execution stays `dispatched` and reads as unknown"
+        );
+    }
+}
+
+/// Appends `kind`; a failure is logged (the record then stays as it was, which every later
+/// decision reads conservatively).
+pub(crate) async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
+    let name = kind.name();
+    if let Err(error) = ledger
+        .append(LedgerEvent {
+            execution_id: id,
+            at: Timestamp::now(),
+            kind,
+        })
+        .await
+    {
+        tracing::warn!(execution_id = %id, event = name, %error, "could not record");
+    }
+}
+
+/// The target's answer to a call.
+#[derive(Debug)]
+pub(crate) enum TargetAnswer {
+    /// A `result` (its exact bytes), with the tool's `isError`, and the task id when the call
+    /// became an MCP task.
+    Result {
+        raw: Bytes,
+        is_error: bool,
+        task_id: Option<String>,
+    },
+    /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
+    /// message may echo arguments, secrets included).
+    Error { code: i64 },
+}
+
+impl TargetAnswer {
+    /// The answer in `message` if it is the JSON-RPC response to the request `id`. The result
+    /// is kept as the exact bytes the target sent.
+    pub(crate) fn find(message: &[u8], id: &RequestId) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct ToolResult {
+            #[serde(rename = "isError", default)]
+            is_error: Option<bool>,
+            #[serde(rename = "resultType", default)]
+            result_type: Option<String>,
+            #[serde(rename = "taskId", default)]
+            task_id: Option<String>,
+        }
+        match response_to(message, id)? {
+            ResponseTo::Result(raw) => {
+                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
+                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
+                // A 2026-07-28 `CreateTaskResult`: the call became a task.
+                let task_id = result
+                    .filter(|r| r.result_type.as_deref() == Some("task"))
+                    .and_then(|r| r.task_id);
+                let raw = Bytes::copy_from_slice(raw.get().as_bytes());
+                Some(Self::Result {
+                    raw,
+                    is_error,
+                    task_id,
+                })
+            }
+            ResponseTo::Error { code } => Some(Self::Error { code }),
+        }
+    }
+}
+
+/// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
+/// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
+/// back rewritten as the nearest double) and `completed`.
+pub(crate) async fn record_outcome(
+    ledger: &dyn Ledger,
+    id: ExecutionId,
+    status: u16,
+    keep: bool,
+    max: usize,
+    answer: TargetAnswer,
+) -> Settlement {
+    let (raw, is_error) = match answer {
+        TargetAnswer::Result {
+            raw,
+            is_error,
+            task_id,
+        } => {
+            if let Some(task_id) = task_id {
+                append_logged(ledger, id, EventKind::TaskCreated { task_id }).await;
+            }
+            (raw, is_error)
+        }
+        TargetAnswer::Error { code } => {
+            let reason = format!("the server answered the call with JSON-RPC error {code}");
+            let failed = EventKind::Failed {
+                target_status: Some(status),
+                reason,
+            };
+            append_logged(ledger, id, failed).await;
+            return Settlement::Other;
+        }
+    };
+    let kept = if keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw) {
+        match ledger.store_result(id, raw.clone()).await {
+            Ok(reference) => Some((reference, raw)),
+            Err(error) => {
+                tracing::warn!(execution_id = %id, %error, "could not keep the result");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let completed = EventKind::Completed {
+        target_status: status,
+        is_error,
+        result_reference: kept.as_ref().map(|(r, _)| r.clone()),
+    };
+    append_logged(ledger, id, completed).await;
+    Settlement::Completed {
+        execution_id: id,
+        result: kept.map(|(_, b)| b),
+    }
+}
