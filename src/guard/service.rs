@@ -37,7 +37,7 @@ use crate::{
         LedgerEvent, Timestamp,
     },
     protocol::{
-        self, Era, Message, RequestId, RequestKind, ToolCall,
+        self, Era, Message, RequestId, RequestKind, ResumeKey, ToolCall,
         response::{ResponseScanner, ResponseTo},
     },
 };
@@ -462,7 +462,9 @@ where
             Ok(c) => match c.kind {
                 RequestKind::Message(Message::ToolCall(call)) => (call, c.session_id),
                 RequestKind::Resume { last_event_id } => {
-                    return self.resume(parts, bytes, &last_event_id).await;
+                    return self
+                        .resume(parts, bytes, &last_event_id, c.session_id)
+                        .await;
                 }
                 ref kind @ RequestKind::Batch(_) if kind.tool_calls().next().is_some() => {
                     return answered(answer::jsonrpc_error(
@@ -538,11 +540,7 @@ where
             .get::<CredentialRef>()
             .or(config.credential_ref.as_ref())
             .cloned();
-        let target = ext
-            .get::<Target>()
-            .or(config.target.as_ref())
-            .cloned()
-            .unwrap_or_else(|| target_of(&parts.uri));
+        let target = request_target(parts, config.target.as_ref());
         let caller_key = match parts
             .headers
             .get(IDEMPOTENCY_KEY)
@@ -580,15 +578,9 @@ where
         .borrowed_arguments(&call.arguments);
         // A multi-round-trip continuation is a new intent, not a re-issue of the call it
         // continues.
-        let continuation: serde_json::Map<String, serde_json::Value> =
-            ["inputResponses", "requestState"]
-                .into_iter()
-                .filter_map(|k| call.other_params.get(k).map(|v| (k.to_owned(), v.clone())))
-                .collect();
-        let record = if continuation.is_empty() {
-            record
-        } else {
-            record.continuation(serde_json::Value::Object(continuation))
+        let record = match call.continuation() {
+            Some(continuation) => record.continuation(continuation),
+            None => record,
         };
         let record = match &credential_ref {
             Some(c) => record.credential_ref(c.clone()),
@@ -629,6 +621,7 @@ where
         parts: http::request::Parts,
         bytes: Bytes,
         last_event_id: &str,
+        session_id: Option<String>,
     ) -> Answer<RB> {
         // A broken stream belongs to the actor whose call it answered: another actor's GET
         // with its event id is refused unsent (the target would replay that call's answer
@@ -638,12 +631,15 @@ where
             .get::<Actor>()
             .unwrap_or(&self.config.actor)
             .clone();
+        // The same event id on another endpoint or session is another stream.
+        let target = request_target(&parts, self.config.target.as_ref());
+        let key = ResumeKey::new(target.clone(), session_id.clone(), last_event_id);
         let Some((_, link)) = self
             .inflight
             .resume_links
-            .remove_if(last_event_id, |_, link| link.actor == actor)
+            .remove_if(&key, |_, link| link.actor == actor)
         else {
-            if self.inflight.resume_links.contains_key(last_event_id) {
+            if self.inflight.resume_links.contains_key(&key) {
                 tracing::warn!("a resume of another actor's stream was refused");
                 return answered(answer::jsonrpc_error(
                     StatusCode::FORBIDDEN,
@@ -681,6 +677,7 @@ where
             owner: None,
             local: self.inflight.clone(),
             resume: true,
+            stream: (target, session_id),
         };
         let max = self.config.max_body_bytes.max(link.max_result_bytes);
         Ok(response.map(|b| GuardResponseBody::observed(b, observation, true, max)))
@@ -1146,6 +1143,7 @@ where
                 owner: Some(owner),
                 local: self.inflight.clone(),
                 resume: false,
+                stream: (intent.target.clone(), intent.session_id.clone()),
             };
             let max = self.config.max_body_bytes.max(intent.max_result_bytes);
             return Ok(response.map(|b| GuardResponseBody::observed(b, observation, sse, max)));
@@ -1177,7 +1175,8 @@ async fn send_failed<RB>(
 ) -> Answer<RB> {
     let id = record.execution_id;
     {
-        let sent = polled.load(Ordering::Acquire) && !is_connect_error(&*error);
+        let sent =
+            polled.load(Ordering::Acquire) && !protocol::transport::nothing_was_sent(&*error);
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
@@ -1503,39 +1502,23 @@ fn add_standard_headers(headers: &mut http::HeaderMap, request: &protocol::Class
     }
 }
 
+/// The target a request is recorded under: the caller's [`Target`] extension, the layer's,
+/// else the request URI's host, port and path.
+fn request_target(parts: &http::request::Parts, configured: Option<&Target>) -> Target {
+    parts
+        .extensions
+        .get::<Target>()
+        .or(configured)
+        .cloned()
+        .unwrap_or_else(|| protocol::target_of(&parts.uri))
+}
+
 /// HTTP statuses on a `tools/call` that mean the server refused it before running the tool.
 fn refused_before_running(status: StatusCode) -> bool {
     matches!(
         status.as_u16(),
         400 | 401 | 403 | 404 | 405 | 406 | 415 | 422 | 429
     )
-}
-
-/// Whether an error proves nothing was sent: a connect error anywhere in the source chain.
-fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::ConnectionRefused
-        {
-            return true;
-        }
-        if let Some(hyper) = e.downcast_ref::<hyper_util::client::legacy::Error>()
-            && hyper.is_connect()
-        {
-            return true;
-        }
-        current = e.source();
-    }
-    false
-}
-
-/// The recorded target of a request: host, port and path, never the URI's userinfo or query
-/// (either may carry a credential).
-fn target_of(uri: &http::Uri) -> Target {
-    let host = uri.host().unwrap_or("");
-    let port = uri.port().map(|p| format!(":{p}")).unwrap_or_default();
-    Target::new(format!("{host}{port}{}", uri.path()))
 }
 
 /// A URL as it may be recorded, logged or printed: scheme, host, port and path, without the
@@ -1613,7 +1596,7 @@ type IntentKey = (Actor, IntentScope, Fingerprint);
 #[derive(Debug, Default)]
 struct Inflight {
     intents: DashMap<IntentKey, watch::Sender<Option<Settlement>>>,
-    resume_links: DashMap<String, ResumeLink>,
+    resume_links: DashMap<ResumeKey, ResumeLink>,
     background: Background,
 }
 
@@ -1647,8 +1630,8 @@ impl Drop for BackgroundTask {
 /// Bound on remembered broken streams (each is a few dozen bytes).
 const MAX_RESUME_LINKS: usize = 10_000;
 
-/// A broken response stream of an execution, by the last event id the caller saw: a GET with
-/// that `Last-Event-ID` (from a resume layer, or from a client that resumes by itself) belongs
+/// A broken response stream of an execution, by its target, session and the last event id the
+/// caller saw ([`ResumeKey`]): a GET of that stream with that `Last-Event-ID` (from a resume layer, or from a client that resumes by itself) belongs
 /// to the execution, and a result that arrives on it completes the execution.
 #[derive(Debug, Clone)]
 struct ResumeLink {
@@ -1683,11 +1666,11 @@ impl Inflight {
         }
     }
 
-    fn link(&self, last_event_id: String, link: ResumeLink) {
+    fn link(&self, key: ResumeKey, link: ResumeLink) {
         if self.resume_links.len() >= MAX_RESUME_LINKS {
             self.resume_links.clear();
         }
-        self.resume_links.insert(last_event_id, link);
+        self.resume_links.insert(key, link);
     }
 }
 
@@ -1793,6 +1776,8 @@ pub(super) struct Observation {
     local: Arc<Inflight>,
     /// Observing a resume GET of an execution whose outcome was unknown.
     resume: bool,
+    /// The stream's target and session: with an event id, the key a resume GET links by.
+    stream: (Target, Option<String>),
 }
 
 type Write = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -1889,7 +1874,9 @@ impl Observation {
                 keep_results: self.keep_results,
                 max_result_bytes: self.max_result_bytes,
             };
-            self.local.link(last_event_id.clone(), link);
+            let (target, session_id) = self.stream.clone();
+            let key = ResumeKey::new(target, session_id, last_event_id.clone());
+            self.local.link(key, link);
         }
         let resume = self.resume;
         Box::pin(async move {

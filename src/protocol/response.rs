@@ -3,7 +3,8 @@
 //! it, so there is one place that knows how an answer is found (and one SSE parser under it).
 
 use bytes::BytesMut;
-use http::{HeaderMap, header::CONTENT_TYPE};
+use http::HeaderMap;
+use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use super::{RequestId, sse::SseParser};
@@ -38,10 +39,7 @@ impl ResponseScanner {
 
     /// Whether a response's `Content-Type` says SSE.
     pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
-        headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"))
+        super::is_event_stream(headers)
     }
 
     /// Feeds response bytes. `on_message` gets the data of each complete SSE event; JSON bytes
@@ -89,6 +87,19 @@ impl ResponseScanner {
             _ => None,
         }
     }
+}
+
+/// Whether a JSON-RPC message is a response (a `result` or an `error`, no `method`) rather than
+/// a request or a notification: on a `POST`'s SSE stream, the event that ends it.
+pub(crate) fn is_response(message: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        method: Option<IgnoredAny>,
+        result: Option<IgnoredAny>,
+        error: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Shape>(message)
+        .is_ok_and(|m| m.method.is_none() && (m.result.is_some() || m.error.is_some()))
 }
 
 /// The answer a JSON-RPC response message gives to a request.
@@ -175,5 +186,19 @@ mod tests {
             ),
             Some(ResponseTo::Error { code: -32602 })
         ));
+    }
+
+    #[test]
+    fn responses_are_told_from_requests_and_notifications() {
+        assert!(is_response(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert!(is_response(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#
+        ));
+        assert!(!is_response(br#"{"jsonrpc":"2.0","id":1,"method":"x"}"#));
+        assert!(!is_response(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress"}"#
+        ));
+        assert!(!is_response(b""));
+        assert!(!is_response(b"not json"));
     }
 }

@@ -247,14 +247,7 @@ where
 /// Whether an event carries a JSON-RPC response (not a request or notification): the end of a
 /// POST's stream.
 fn is_response(event: &SseEvent) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        method: Option<serde::de::IgnoredAny>,
-        result: Option<serde::de::IgnoredAny>,
-        error: Option<serde::de::IgnoredAny>,
-    }
-    serde_json::from_str::<Probe>(&event.data)
-        .is_ok_and(|p| p.method.is_none() && (p.result.is_some() || p.error.is_some()))
+    crate::protocol::response::is_response(event.data.as_bytes())
 }
 
 /// Writes an event back as SSE text.

@@ -7,7 +7,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Request, Response, header};
+use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
@@ -51,11 +51,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = ready!(this.inner.poll(cx))?;
-        let sse = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let sse = crate::protocol::is_event_stream(response.headers());
         let get = this
             .get
             .take()

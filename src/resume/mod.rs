@@ -35,3 +35,68 @@ pub use body::{ResumeBody, ResumeFailed};
 pub use future::ResponseFuture;
 pub use layer::ResumeLayer;
 pub use service::Resume;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use bytes::Bytes;
+    use http::{Method, Request, Response, header::CONTENT_TYPE};
+    use http_body::Frame;
+    use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
+    use tower::{Layer, ServiceExt};
+
+    use super::ResumeLayer;
+    use crate::guard::BoxError;
+
+    type TestBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+    fn body(chunks: Vec<Result<&'static str, ()>>) -> TestBody {
+        let frames = chunks.into_iter().map(|c| {
+            c.map(|s| Frame::data(Bytes::from_static(s.as_bytes())))
+                .map_err(|()| std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+        });
+        UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mixed_case_event_stream_is_resumed_like_any_other() {
+        // The layer once took only a lowercase `text/event-stream` for SSE: this answer
+        // passed through, and its break reached the caller unresumed.
+        let gets = Arc::new(AtomicUsize::new(0));
+        let seen = gets.clone();
+        let target = tower::service_fn(move |request: Request<String>| {
+            let seen = seen.clone();
+            async move {
+                let body = if request.method() == Method::GET {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    body(vec![Ok(
+                        "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
+                    )])
+                } else {
+                    body(vec![
+                        Ok("id: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\n"),
+                        Err(()),
+                    ])
+                };
+                let response = Response::builder()
+                    .header(CONTENT_TYPE, "Text/Event-Stream; charset=utf-8")
+                    .body(body)
+                    .unwrap();
+                Ok::<_, BoxError>(response)
+            }
+        });
+        let service = ResumeLayer::new().layer(target);
+        let request = Request::post("http://127.0.0.1/mcp")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(String::new())
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(gets.load(Ordering::SeqCst), 1, "one resume GET");
+        assert!(String::from_utf8_lossy(&text).contains("\"result\""));
+    }
+}

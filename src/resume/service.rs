@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::{ResponseFuture, ResumeBody, layer::Config};
 use crate::{
     guard::BoxError,
-    protocol::{LAST_EVENT_ID, MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, ProtocolVersion},
+    protocol::{LAST_EVENT_ID, MCP_METHOD, MCP_NAME, ProtocolVersion},
 };
 
 /// The resume middleware; see [`ResumeLayer`].
@@ -53,12 +53,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let resumable = request.method() == Method::POST
-            && request
-                .headers()
-                .get(&MCP_PROTOCOL_VERSION)
-                .map_or(Some(ProtocolVersion::WITHOUT_HEADER), |v| {
-                    v.to_str().ok().and_then(|v| v.parse().ok())
-                })
+            && ProtocolVersion::of_headers(request.headers())
                 .is_some_and(ProtocolVersion::supports_resumption);
         let get = resumable.then(|| GetTemplate {
             uri: request.uri().clone(),
@@ -85,7 +80,7 @@ fn get_headers(post: &HeaderMap) -> HeaderMap {
     }
     headers.insert(
         header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
+        HeaderValue::from_static(crate::protocol::EVENT_STREAM),
     );
     headers
 }

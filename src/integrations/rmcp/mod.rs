@@ -128,11 +128,9 @@ use tower_service::Service;
 
 use crate::guard::BoxError;
 
-const EVENT_STREAM: &str = "text/event-stream";
-const JSON: &str = "application/json";
-const ACCEPT_BOTH: &str = "text/event-stream, application/json";
-const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
-const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+use crate::protocol::{
+    ACCEPT_BOTH, EVENT_STREAM, JSON, LAST_EVENT_ID, MCP_SESSION_ID as SESSION_ID, media_type_is,
+};
 /// Headers a custom header may not set (rmcp sets them itself). `MCP-Protocol-Version` is not
 /// among them: rmcp's worker injects it as a custom header.
 const RESERVED: [&str; 3] = ["accept", "mcp-session-id", "last-event-id"];
@@ -410,7 +408,5 @@ mod tests;
 
 pub use error::TowerClientError;
 use request::{Outgoing, send};
-use response::{
-    auth_challenge, media_type_is, read_post_response, status_error, unexpected_content_type,
-};
+use response::{auth_challenge, read_post_response, status_error, unexpected_content_type};
 use sse::{RefusedResumes, SseBody, StreamKey};

@@ -23,6 +23,7 @@ use crate::guard::BoxError;
 use super::{
     BODY_PREVIEW, EVENT_STREAM, Error, JSON, MAX_RETRY_AFTER, READ_FAILURE, SESSION_ID,
     error::TowerClientError,
+    media_type_is,
     sse::{SseBody, StreamKey},
 };
 
@@ -236,16 +237,6 @@ pub(super) fn unexpected_content_type(content_type: Option<&HeaderValue>) -> Err
     StreamableHttpError::UnexpectedContentType(
         content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned()),
     )
-}
-
-/// Whether a `Content-Type` names `expected`, ignoring case and parameters.
-pub(super) fn media_type_is(content_type: &HeaderValue, expected: &str) -> bool {
-    let essence = content_type.as_bytes().split(|&b| b == b';').next();
-    essence.is_some_and(|essence| {
-        essence
-            .trim_ascii()
-            .eq_ignore_ascii_case(expected.as_bytes())
-    })
 }
 
 /// A whole body of at most `max` bytes: a larger declared or counted size is

@@ -13,26 +13,23 @@ use futures_core::{Stream, stream::BoxStream};
 use http_body::Body;
 use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
 use rmcp::transport::streamable_http_client::SseError;
-use serde::de::IgnoredAny;
 use sse_stream::Sse;
 
 use crate::{
+    Target,
     guard::BoxError,
-    protocol::sse::{SseEvent, SseParser},
+    protocol::{
+        ResumeKey,
+        sse::{SseEvent, SseParser},
+    },
 };
 
 use super::{REFUSED_RESUMES, error::TowerClientError};
 
-/// A stream position (the last event id rmcp saw) whose resumption is refused.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct ResumePoint {
-    uri: Arc<str>,
-    session_id: Option<Arc<str>>,
-    last_event_id: String,
-}
-
+/// The stream positions (target, session, the last event id rmcp saw) whose resumption is
+/// refused.
 #[derive(Debug, Default)]
-pub(super) struct RefusedResumes(Mutex<VecDeque<ResumePoint>>);
+pub(super) struct RefusedResumes(Mutex<VecDeque<ResumeKey>>);
 
 /// Where a response stream comes from, to refuse its resumption after an oversized event.
 pub(super) struct StreamKey {
@@ -51,11 +48,13 @@ impl StreamKey {
         if refused.len() == REFUSED_RESUMES {
             refused.pop_front();
         }
-        refused.push_back(ResumePoint {
-            uri: self.uri.clone(),
-            session_id: self.session_id.clone(),
-            last_event_id,
-        });
+        refused.push_back(self.resume_key(last_event_id));
+    }
+
+    /// The stream at `last_event_id`; the target is the URI rmcp was given, unchanged.
+    fn resume_key(&self, last_event_id: impl Into<String>) -> ResumeKey {
+        let session_id = self.session_id.as_deref().map(str::to_owned);
+        ResumeKey::new(Target::new(&*self.uri), session_id, last_event_id)
     }
 
     pub(super) fn take_refused(&self, last_event_id: &str) -> bool {
@@ -64,11 +63,8 @@ impl StreamKey {
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let found = refused.iter().position(|point| {
-            point.uri == self.uri
-                && point.session_id == self.session_id
-                && point.last_event_id == last_event_id
-        });
+        let key = self.resume_key(last_event_id);
+        let found = refused.iter().position(|point| *point == key);
         found.and_then(|i| refused.remove(i)).is_some()
     }
 }
@@ -195,14 +191,7 @@ pub(super) fn millis(duration: Duration) -> u64 {
 
 /// Whether an event's data is a JSON-RPC response or error (not a request or notification).
 pub(super) fn is_response(data: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Shape {
-        method: Option<IgnoredAny>,
-        result: Option<IgnoredAny>,
-        error: Option<IgnoredAny>,
-    }
-    serde_json::from_str::<Shape>(data)
-        .is_ok_and(|m| m.method.is_none() && (m.result.is_some() || m.error.is_some()))
+    crate::protocol::response::is_response(data.as_bytes())
 }
 
 impl Stream for SseBody {
