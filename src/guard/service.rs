@@ -455,7 +455,7 @@ where
         let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
         let mut parts = parts;
         if let Ok(c) = &classified {
-            add_standard_headers(&mut parts.headers, c);
+            protocol::headers::add_standard_headers(&mut parts.headers, c);
         }
         let era = classified.as_ref().map_or(Era::Sessions, |c| c.era());
         let call = match classified {
@@ -1038,25 +1038,15 @@ where
         task_id: &str,
     ) -> ProbeOutcome {
         let probe_id = format!("mcp-replay-guard-probe-{}", ExecutionId::new().ulid());
-        let mut params = serde_json::json!({ "taskId": task_id });
-        if let Some(meta) = &intent.call.meta {
-            params["_meta"] = serde_json::Value::Object(meta.clone());
-        }
-        let body = serde_json::json!({"jsonrpc": "2.0", "id": probe_id, "method": "tasks/get", "params": params});
-        let mut request = Request::new(GuardRequestBody::new(Bytes::from(body.to_string())).0);
+        let body = protocol::headers::tasks_get(&probe_id, task_id, intent.call.meta.as_ref());
+        let mut request = Request::new(GuardRequestBody::new(body).0);
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
         let headers = request.headers_mut();
         headers.remove(IDEMPOTENCY_KEY);
         headers.remove(http::header::CONTENT_LENGTH);
-        if headers.contains_key(protocol::MCP_METHOD) {
-            headers.insert(
-                protocol::MCP_METHOD,
-                http::HeaderValue::from_static("tasks/get"),
-            );
-            headers.insert(protocol::MCP_NAME, protocol::encode_header_value(task_id));
-        }
+        protocol::headers::retarget_to_tasks_get(headers, task_id);
         let unknown = |reason: String| ProbeOutcome::Unknown { reason };
         let response = match self.send(request).await {
             Ok(response) if response.status().is_success() => response,
@@ -1474,32 +1464,6 @@ fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
         }
     });
     found
-}
-
-/// In 2026-07-28 a POST mirrors its body's method (and a tool call's name) in `Mcp-Method` /
-/// `Mcp-Name`. Headers the caller set are kept (classification already checked them against
-/// the body).
-fn add_standard_headers(headers: &mut http::HeaderMap, request: &protocol::ClassifiedRequest) {
-    let RequestKind::Message(message) = &request.kind else {
-        return;
-    };
-    if !request.version.has_standard_headers() {
-        return;
-    }
-    if let Some(method) = message.method()
-        && !headers.contains_key(protocol::MCP_METHOD)
-        && let Ok(value) = http::HeaderValue::from_str(method)
-    {
-        headers.insert(protocol::MCP_METHOD, value);
-    }
-    if let Message::ToolCall(call) = message
-        && !headers.contains_key(protocol::MCP_NAME)
-    {
-        headers.insert(
-            protocol::MCP_NAME,
-            protocol::encode_header_value(&call.name),
-        );
-    }
 }
 
 /// The target a request is recorded under: the caller's [`Target`] extension, the layer's,

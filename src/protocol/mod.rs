@@ -26,6 +26,7 @@
 //! - The body is validated as UTF-8 and parsed once; nothing is copied to parse it again.
 //! - Malformed input is a [`ClassifyError`], never a panic.
 
+pub(crate) mod headers;
 mod jsonrpc;
 mod media;
 mod numbers;

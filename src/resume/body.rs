@@ -20,7 +20,7 @@ use crate::{
     protocol::sse::{SseEvent, SseParser},
 };
 
-/// The response body of [`Resume`]: the target's stream, continued across breaks.
+/// The response body of [`Resume`](super::Resume): the target's stream, continued across breaks.
 pub struct ResumeBody<RB> {
     kind: Kind<RB>,
 }

@@ -6,7 +6,7 @@ use tower_layer::Layer;
 
 use super::Resume;
 
-/// Builds [`Resume`]; see the [module docs](self).
+/// Builds [`Resume`]; see the [module docs](super).
 ///
 /// Defaults: 3 attempts per broken stream, the server's `retry:` capped at 5 s, a 250 ms
 /// backoff (doubling) when the server sent none, 4 MiB per event.

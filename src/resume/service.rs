@@ -17,7 +17,7 @@ use crate::{
     protocol::{LAST_EVENT_ID, MCP_METHOD, MCP_NAME, ProtocolVersion},
 };
 
-/// The resume middleware; see [`ResumeLayer`].
+/// The resume middleware; see [`ResumeLayer`](super::ResumeLayer).
 #[derive(Debug, Clone)]
 pub struct Resume<S> {
     inner: S,

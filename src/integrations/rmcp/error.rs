@@ -6,8 +6,10 @@ use http::StatusCode;
 
 use crate::guard::BoxError;
 
-/// The error of [`TowerHttpClient`], carried in [`StreamableHttpError::Client`] (and, for a
-/// failed response stream, in [`SseError::Body`]).
+/// The error of [`TowerHttpClient`](super::TowerHttpClient), carried in
+/// [`StreamableHttpError::Client`](rmcp::transport::streamable_http_client::StreamableHttpError::Client)
+/// (and, for a failed response stream, in
+/// [`SseError::Body`](rmcp::transport::streamable_http_client::SseError::Body)).
 #[derive(Debug)]
 pub struct TowerClientError {
     kind: ErrorKind,

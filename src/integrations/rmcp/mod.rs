@@ -74,7 +74,7 @@
 //! [`StreamableHttpError::AuthRequired`] and [`StreamableHttpError::InsufficientScope`];
 //! `429` and `5xx` are [`StreamableHttpError::HttpStatus`]; a `GET` answered `405` is
 //! [`StreamableHttpError::ServerDoesNotSupportSse`]. A `text/event-stream` body is parsed
-//! incrementally by this crate's [`SseParser`]; an `application/json` body is read whole.
+//! incrementally by this crate's [`SseParser`](crate::protocol::sse::SseParser); an `application/json` body is read whole.
 //!
 //! # Limits
 //!
