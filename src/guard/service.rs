@@ -1060,7 +1060,7 @@ where
             Ok(collected) => collected.to_bytes(),
             Err(error) => return unknown(format!("tasks/get answer unreadable: {error}")),
         };
-        let Some(task) = find_response(&bytes, &RequestId::String(probe_id))
+        let Some(task) = protocol::response::find_response(&bytes, &RequestId::String(probe_id))
             .and_then(|m| m.get("result").cloned())
         else {
             return unknown("no answer to tasks/get".into());
@@ -1444,26 +1444,6 @@ impl Config {
             }
         }
     }
-}
-
-/// The JSON-RPC response with `id` in a body read whole: JSON, or SSE events.
-fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
-    let matches = |m: &serde_json::Value| {
-        m.get("id")
-            .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok())
-            .as_ref()
-            == Some(id)
-    };
-    if let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) {
-        return matches(&message).then_some(message);
-    }
-    let mut found = None;
-    let _ = protocol::sse::SseParser::new().push(body, |event| {
-        if found.is_none() {
-            found = serde_json::from_str(&event.data).ok().filter(matches);
-        }
-    });
-    found
 }
 
 /// The target a request is recorded under: the caller's [`Target`] extension, the layer's,

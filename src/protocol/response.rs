@@ -102,6 +102,22 @@ pub(crate) fn is_response(message: &[u8]) -> bool {
         .is_ok_and(|m| m.method.is_none() && (m.result.is_some() || m.error.is_some()))
 }
 
+/// The JSON-RPC response to the request `id` in a body read whole (JSON, or SSE events), as
+/// a tree; `None` when no message in it answers `id`.
+pub(crate) fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
+    let answer = |m: &[u8]| response_to(m, id).and_then(|_| serde_json::from_slice(m).ok());
+    if serde_json::from_slice::<IgnoredAny>(body).is_ok() {
+        return answer(body);
+    }
+    let mut found = None;
+    let _ = SseParser::new().push(body, |event| {
+        if found.is_none() {
+            found = answer(event.data.as_bytes());
+        }
+    });
+    found
+}
+
 /// The answer a JSON-RPC response message gives to a request.
 #[derive(Debug)]
 pub(crate) enum ResponseTo<'a> {
@@ -200,5 +216,19 @@ mod tests {
         ));
         assert!(!is_response(b""));
         assert!(!is_response(b"not json"));
+    }
+
+    #[test]
+    fn a_whole_body_yields_the_response_to_its_id_in_json_or_sse() {
+        let id = RequestId::from("p");
+        let json = br#"{"jsonrpc":"2.0","id":"p","result":{"status":"completed"}}"#;
+        assert_eq!(
+            find_response(json, &id).unwrap()["result"]["status"],
+            "completed"
+        );
+        let sse = b"data: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"id\":\"p\",\"result\":{}}\n\n";
+        assert!(find_response(sse, &id).is_some());
+        assert!(find_response(sse, &RequestId::from("q")).is_none());
     }
 }
