@@ -200,7 +200,7 @@ impl ReplayPolicy {
             .extensions()
             .get::<Target>()
             .cloned()
-            .unwrap_or_else(|| target_of(request.uri()));
+            .unwrap_or_else(|| crate::protocol::target_of(request.uri()));
         let strictest = |classes: &mut dyn Iterator<Item = RetryClass>| {
             classes.max_by_key(|class| match class {
                 RetryClass::ReadOnly => 0,
@@ -353,14 +353,8 @@ impl Outcome {
                 }
                 // `is_inner`: a request the guard passed through; its source decides.
             }
-            if let Some(hyper) = e.downcast_ref::<hyper_util::client::legacy::Error>()
-                && hyper.is_connect()
-            {
-                return Self::NotSent;
-            }
-            if let Some(io) = e.downcast_ref::<std::io::Error>()
-                && io.kind() == std::io::ErrorKind::ConnectionRefused
-            {
+            // The wire-level proof, link by link: a guard error nearer the top decides first.
+            if crate::protocol::transport::nothing_was_sent_here(e) {
                 return Self::NotSent;
             }
             current = e.source();
@@ -412,11 +406,6 @@ pub(crate) fn is_idempotent_method(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     )
-}
-
-fn target_of(uri: &http::Uri) -> Target {
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    Target::new(format!("{authority}{}", uri.path()))
 }
 
 /// The bytes of a body that holds them: read from a clone without waiting. `None` when the

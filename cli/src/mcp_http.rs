@@ -394,13 +394,8 @@ where
     Ok(bytes)
 }
 
-/// Whether a response's `Content-Type` says SSE.
-pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-}
+/// Whether a response's `Content-Type` says SSE (compared as a media type, in `protocol`).
+pub use mcp_replay_guard::protocol::is_event_stream;
 
 /// An error and its sources on one line (`a: b: c`), for messages that say what went wrong.
 pub fn describe(error: &(dyn StdError + 'static)) -> String {

@@ -39,7 +39,9 @@ use crate::{
         LedgerEvent, Timestamp,
     },
     observe::{self, Polled, Recorder, Settlement, Unread, Watchers, Write, write_from_drop},
-    protocol::{self, Era, Message, RequestId, RequestKind, ToolCall, response::ResponseScanner},
+    protocol::{
+        self, Era, Message, RequestId, RequestKind, ResumeKey, ToolCall, response::ResponseScanner,
+    },
 };
 
 /// How many times one call decides again because another attempt moved its execution on
@@ -455,14 +457,16 @@ where
         let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
         let mut parts = parts;
         if let Ok(c) = &classified {
-            add_standard_headers(&mut parts.headers, c);
+            protocol::headers::add_standard_headers(&mut parts.headers, c);
         }
         let era = classified.as_ref().map_or(Era::Sessions, |c| c.era());
         let call = match classified {
             Ok(c) => match c.kind {
                 RequestKind::Message(Message::ToolCall(call)) => (call, c.session_id),
                 RequestKind::Resume { last_event_id } => {
-                    return self.resume(parts, bytes, &last_event_id).await;
+                    return self
+                        .resume(parts, bytes, &last_event_id, c.session_id)
+                        .await;
                 }
                 ref kind @ RequestKind::Batch(_) if kind.tool_calls().next().is_some() => {
                     return answered(answer::jsonrpc_error(
@@ -538,11 +542,7 @@ where
             .get::<CredentialRef>()
             .or(config.credential_ref.as_ref())
             .cloned();
-        let target = ext
-            .get::<Target>()
-            .or(config.target.as_ref())
-            .cloned()
-            .unwrap_or_else(|| target_of(&parts.uri));
+        let target = request_target(parts, config.target.as_ref());
         let caller_key = match parts
             .headers
             .get(IDEMPOTENCY_KEY)
@@ -580,15 +580,9 @@ where
         .borrowed_arguments(&call.arguments);
         // A multi-round-trip continuation is a new intent, not a re-issue of the call it
         // continues.
-        let continuation: serde_json::Map<String, serde_json::Value> =
-            ["inputResponses", "requestState"]
-                .into_iter()
-                .filter_map(|k| call.other_params.get(k).map(|v| (k.to_owned(), v.clone())))
-                .collect();
-        let record = if continuation.is_empty() {
-            record
-        } else {
-            record.continuation(serde_json::Value::Object(continuation))
+        let record = match call.continuation() {
+            Some(continuation) => record.continuation(continuation),
+            None => record,
         };
         let record = match &credential_ref {
             Some(c) => record.credential_ref(c.clone()),
@@ -629,6 +623,7 @@ where
         parts: http::request::Parts,
         bytes: Bytes,
         last_event_id: &str,
+        session_id: Option<String>,
     ) -> Answer<RB> {
         // A broken stream belongs to the actor whose call it answered: another actor's GET
         // with its event id is refused unsent (the target would replay that call's answer
@@ -638,12 +633,15 @@ where
             .get::<Actor>()
             .unwrap_or(&self.config.actor)
             .clone();
+        // The same event id on another endpoint or session is another stream.
+        let target = request_target(&parts, self.config.target.as_ref());
+        let key = ResumeKey::new(target.clone(), session_id.clone(), last_event_id);
         let Some((_, link)) = self
             .inflight
             .resume_links
-            .remove_if(last_event_id, |_, link| link.actor == actor)
+            .remove_if(&key, |_, link| link.actor == actor)
         else {
-            if self.inflight.resume_links.contains_key(last_event_id) {
+            if self.inflight.resume_links.contains_key(&key) {
                 tracing::warn!("a resume of another actor's stream was refused");
                 return answered(answer::jsonrpc_error(
                     StatusCode::FORBIDDEN,
@@ -670,6 +668,7 @@ where
             link.execution_id,
             link.request_id,
             response.status().as_u16(),
+            (target, session_id),
         );
         recorder.keep_results = link.keep_results;
         recorder.max_result_bytes = link.max_result_bytes;
@@ -1032,25 +1031,15 @@ where
         task_id: &str,
     ) -> ProbeOutcome {
         let probe_id = format!("mcp-replay-guard-probe-{}", ExecutionId::new().ulid());
-        let mut params = serde_json::json!({ "taskId": task_id });
-        if let Some(meta) = &intent.call.meta {
-            params["_meta"] = serde_json::Value::Object(meta.clone());
-        }
-        let body = serde_json::json!({"jsonrpc": "2.0", "id": probe_id, "method": "tasks/get", "params": params});
-        let mut request = Request::new(GuardRequestBody::new(Bytes::from(body.to_string())).0);
+        let body = protocol::headers::tasks_get(&probe_id, task_id, intent.call.meta.as_ref());
+        let mut request = Request::new(GuardRequestBody::new(body).0);
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
         let headers = request.headers_mut();
         headers.remove(IDEMPOTENCY_KEY);
         headers.remove(http::header::CONTENT_LENGTH);
-        if headers.contains_key(protocol::MCP_METHOD) {
-            headers.insert(
-                protocol::MCP_METHOD,
-                http::HeaderValue::from_static("tasks/get"),
-            );
-            headers.insert(protocol::MCP_NAME, protocol::encode_header_value(task_id));
-        }
+        protocol::headers::retarget_to_tasks_get(headers, task_id);
         let unknown = |reason: String| ProbeOutcome::Unknown { reason };
         let response = match self.send(request).await {
             Ok(response) if response.status().is_success() => response,
@@ -1064,7 +1053,7 @@ where
             Ok(collected) => collected.to_bytes(),
             Err(error) => return unknown(format!("tasks/get answer unreadable: {error}")),
         };
-        let Some(task) = find_response(&bytes, &RequestId::String(probe_id))
+        let Some(task) = protocol::response::find_response(&bytes, &RequestId::String(probe_id))
             .and_then(|m| m.get("result").cloned())
         else {
             return unknown("no answer to tasks/get".into());
@@ -1121,8 +1110,13 @@ where
         let status = response.status();
         if status.is_success() {
             let sse = ResponseScanner::is_sse(response.headers());
-            let mut recorder =
-                self.recorder(intent.actor.clone(), id, intent.call.id, status.as_u16());
+            let mut recorder = self.recorder(
+                intent.actor.clone(),
+                id,
+                intent.call.id,
+                status.as_u16(),
+                (intent.target.clone(), intent.session_id.clone()),
+            );
             recorder.attempt = Some(record.attempts);
             recorder.keep_results = intent.keep_results;
             recorder.max_result_bytes = intent.max_result_bytes;
@@ -1157,8 +1151,10 @@ async fn send_failed<RB>(
 ) -> Answer<RB> {
     let id = record.execution_id;
     {
-        let sent =
-            classify_error(polled.was_polled(), is_connect_error(&*error)) == ErrorClass::Unknown;
+        let sent = classify_error(
+            polled.was_polled(),
+            protocol::transport::nothing_was_sent(&*error),
+        ) == ErrorClass::Unknown;
         let (kind, error) = if sent {
             (
                 EventKind::Unknown {
@@ -1425,77 +1421,15 @@ impl Config {
     }
 }
 
-/// The JSON-RPC response with `id` in a body read whole: JSON, or SSE events.
-fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
-    let matches = |m: &serde_json::Value| {
-        m.get("id")
-            .and_then(|v| serde_json::from_value::<RequestId>(v.clone()).ok())
-            .as_ref()
-            == Some(id)
-    };
-    if let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) {
-        return matches(&message).then_some(message);
-    }
-    let mut found = None;
-    let _ = protocol::sse::SseParser::new().push(body, |event| {
-        if found.is_none() {
-            found = serde_json::from_str(&event.data).ok().filter(matches);
-        }
-    });
-    found
-}
-
-/// In 2026-07-28 a POST mirrors its body's method (and a tool call's name) in `Mcp-Method` /
-/// `Mcp-Name`. Headers the caller set are kept (classification already checked them against
-/// the body).
-fn add_standard_headers(headers: &mut http::HeaderMap, request: &protocol::ClassifiedRequest) {
-    let RequestKind::Message(message) = &request.kind else {
-        return;
-    };
-    if !request.version.has_standard_headers() {
-        return;
-    }
-    if let Some(method) = message.method()
-        && !headers.contains_key(protocol::MCP_METHOD)
-        && let Ok(value) = http::HeaderValue::from_str(method)
-    {
-        headers.insert(protocol::MCP_METHOD, value);
-    }
-    if let Message::ToolCall(call) = message
-        && !headers.contains_key(protocol::MCP_NAME)
-    {
-        headers.insert(
-            protocol::MCP_NAME,
-            protocol::encode_header_value(&call.name),
-        );
-    }
-}
-
-/// Whether an error proves nothing was sent: a connect error anywhere in the source chain.
-fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::ConnectionRefused
-        {
-            return true;
-        }
-        if let Some(hyper) = e.downcast_ref::<hyper_util::client::legacy::Error>()
-            && hyper.is_connect()
-        {
-            return true;
-        }
-        current = e.source();
-    }
-    false
-}
-
-/// The recorded target of a request: host, port and path, never the URI's userinfo or query
-/// (either may carry a credential).
-fn target_of(uri: &http::Uri) -> Target {
-    let host = uri.host().unwrap_or("");
-    let port = uri.port().map(|p| format!(":{p}")).unwrap_or_default();
-    Target::new(format!("{host}{port}{}", uri.path()))
+/// The target a request is recorded under: the caller's [`Target`] extension, the layer's,
+/// else the request URI's host, port and path.
+fn request_target(parts: &http::request::Parts, configured: Option<&Target>) -> Target {
+    parts
+        .extensions
+        .get::<Target>()
+        .or(configured)
+        .cloned()
+        .unwrap_or_else(|| protocol::target_of(&parts.uri))
 }
 
 /// A URL as it may be recorded, logged or printed: scheme, host, port and path, without the
@@ -1560,7 +1494,7 @@ use crate::ledger::IntentKey;
 #[derive(Debug, Default)]
 struct Inflight {
     intents: DashMap<IntentKey, watch::Sender<Option<Settlement>>>,
-    resume_links: DashMap<String, ResumeLink>,
+    resume_links: DashMap<ResumeKey, ResumeLink>,
     background: Background,
 }
 
@@ -1594,8 +1528,8 @@ impl Drop for BackgroundTask {
 /// Bound on remembered broken streams (each is a few dozen bytes).
 const MAX_RESUME_LINKS: usize = 10_000;
 
-/// A broken response stream of an execution, by the last event id the caller saw: a GET with
-/// that `Last-Event-ID` (from a resume layer, or from a client that resumes by itself) belongs
+/// A broken response stream of an execution, by its target, session and the last event id the
+/// caller saw ([`ResumeKey`]): a GET of that stream with that `Last-Event-ID` (from a resume layer, or from a client that resumes by itself) belongs
 /// to the execution, and a result that arrives on it completes the execution.
 #[derive(Debug, Clone)]
 struct ResumeLink {
@@ -1630,11 +1564,11 @@ impl Inflight {
         }
     }
 
-    fn link(&self, last_event_id: String, link: ResumeLink) {
+    fn link(&self, key: ResumeKey, link: ResumeLink) {
         if self.resume_links.len() >= MAX_RESUME_LINKS {
             self.resume_links.clear();
         }
-        self.resume_links.insert(last_event_id, link);
+        self.resume_links.insert(key, link);
     }
 }
 
@@ -1735,6 +1669,7 @@ impl<S> Call<S> {
         execution_id: ExecutionId,
         request_id: RequestId,
         status: u16,
+        stream: (Target, Option<String>),
     ) -> Recorder {
         let mut recorder = Recorder::new(self.config.ledger.clone(), execution_id, request_id);
         recorder.status = status;
@@ -1743,6 +1678,7 @@ impl<S> Call<S> {
         recorder.watchers = Some(Arc::new(Local {
             actor,
             inflight: self.inflight.clone(),
+            stream,
         }));
         recorder
     }
@@ -1753,6 +1689,8 @@ impl<S> Call<S> {
 struct Local {
     actor: Actor,
     inflight: Arc<Inflight>,
+    /// The stream's target and session: with an event id, the key a resume GET links by.
+    stream: (Target, Option<String>),
 }
 
 impl Watchers for Local {
@@ -1764,7 +1702,9 @@ impl Watchers for Local {
             keep_results: recorder.keep_results,
             max_result_bytes: recorder.max_result_bytes,
         };
-        self.inflight.link(last_event_id.to_owned(), link);
+        let (target, session_id) = self.stream.clone();
+        let key = ResumeKey::new(target, session_id, last_event_id.to_owned());
+        self.inflight.link(key, link);
     }
 
     fn track(&self, write: Write) -> Write {

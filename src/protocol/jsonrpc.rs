@@ -128,6 +128,24 @@ pub struct ToolCall {
     pub other_params: Map<String, Value>,
 }
 
+/// The members of a `tools/call`'s `params` that make it the continuation of an earlier call
+/// (MCP multi-round-trip requests): part of the intent. No other member of `params` is.
+pub const CONTINUATION_PARAMS: [&str; 2] = ["inputResponses", "requestState"];
+
+impl ToolCall {
+    /// The call's continuation members ([`CONTINUATION_PARAMS`]) as one object, `None` when it
+    /// has none. A continuation is a new intent, not a re-issue of the call it continues; any
+    /// other extra member of `params` leaves the intent alone, on the client and server side
+    /// alike.
+    pub fn continuation(&self) -> Option<Value> {
+        let continuation: Map<String, Value> = CONTINUATION_PARAMS
+            .into_iter()
+            .filter_map(|k| self.other_params.get(k).map(|v| (k.to_owned(), v.clone())))
+            .collect();
+        (!continuation.is_empty()).then_some(Value::Object(continuation))
+    }
+}
+
 /// Parses a POST body: one message, or a batch of messages. The body is parsed exactly once;
 /// duplicate object keys are noted while parsing and are an error inside a `tools/call`.
 pub(super) fn parse_body(text: &str) -> Result<Parsed, ClassifyError> {

@@ -26,16 +26,20 @@
 //! - The body is validated as UTF-8 and parsed once; nothing is copied to parse it again.
 //! - Malformed input is a [`ClassifyError`], never a panic.
 
+pub(crate) mod headers;
 mod jsonrpc;
+mod media;
 mod numbers;
 pub(crate) mod response;
 pub mod sse;
+pub(crate) mod transport;
 mod version;
 
 use base64::Engine as _;
 use http::{HeaderMap, HeaderName, Method};
 
-pub use jsonrpc::{Message, RequestId, TOOLS_CALL, ToolCall};
+pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall};
+pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
 pub(crate) use numbers::json_has_integer_beyond_64_bits;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
@@ -200,10 +204,7 @@ pub fn classify(
     body: &[u8],
 ) -> Result<ClassifiedRequest, ClassifyError> {
     let header = header_str(headers, &MCP_PROTOCOL_VERSION)?;
-    let version = match header {
-        None => ProtocolVersion::WITHOUT_HEADER,
-        Some(v) => v.trim().parse()?,
-    };
+    let version = ProtocolVersion::from_header(header)?;
     let session_id = header_str(headers, &MCP_SESSION_ID)?.map(str::to_owned);
     let kind = match *method {
         Method::POST => classify_post(version, headers, body)?,
@@ -317,6 +318,38 @@ pub(crate) fn decode_header_value(raw: &str) -> Option<String> {
             .ok()
             .and_then(|bytes| String::from_utf8(bytes).ok()),
         None => Some(raw.to_owned()),
+    }
+}
+
+/// The recorded target of a request: host, port and path, never the URI's userinfo or query
+/// (either may carry a credential).
+pub(crate) fn target_of(uri: &http::Uri) -> crate::Target {
+    let host = uri.host().unwrap_or("");
+    let port = uri.port().map(|p| format!(":{p}")).unwrap_or_default();
+    crate::Target::new(format!("{host}{port}{}", uri.path()))
+}
+
+/// A resume GET's link to the broken stream it continues: the same event id on another
+/// endpoint or session is another stream (event ids are only unique per stream, and a server
+/// may number every stream from 0).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ResumeKey {
+    target: crate::Target,
+    session_id: Option<String>,
+    last_event_id: String,
+}
+
+impl ResumeKey {
+    pub(crate) fn new(
+        target: crate::Target,
+        session_id: Option<String>,
+        last_event_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            target,
+            session_id,
+            last_event_id: last_event_id.into(),
+        }
     }
 }
 

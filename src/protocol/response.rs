@@ -3,7 +3,8 @@
 //! it, so there is one place that knows how an answer is found (and one SSE parser under it).
 
 use bytes::BytesMut;
-use http::{HeaderMap, header::CONTENT_TYPE};
+use http::HeaderMap;
+use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use super::{RequestId, sse::SseParser};
@@ -38,10 +39,7 @@ impl ResponseScanner {
 
     /// Whether a response's `Content-Type` says SSE.
     pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
-        headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"))
+        super::is_event_stream(headers)
     }
 
     /// Feeds response bytes. `on_message` gets the data of each complete SSE event; JSON bytes
@@ -89,6 +87,35 @@ impl ResponseScanner {
             _ => None,
         }
     }
+}
+
+/// Whether a JSON-RPC message is a response (a `result` or an `error`, no `method`) rather than
+/// a request or a notification: on a `POST`'s SSE stream, the event that ends it.
+pub(crate) fn is_response(message: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        method: Option<IgnoredAny>,
+        result: Option<IgnoredAny>,
+        error: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Shape>(message)
+        .is_ok_and(|m| m.method.is_none() && (m.result.is_some() || m.error.is_some()))
+}
+
+/// The JSON-RPC response to the request `id` in a body read whole (JSON, or SSE events), as
+/// a tree; `None` when no message in it answers `id`.
+pub(crate) fn find_response(body: &[u8], id: &RequestId) -> Option<serde_json::Value> {
+    let answer = |m: &[u8]| response_to(m, id).and_then(|_| serde_json::from_slice(m).ok());
+    if serde_json::from_slice::<IgnoredAny>(body).is_ok() {
+        return answer(body);
+    }
+    let mut found = None;
+    let _ = SseParser::new().push(body, |event| {
+        if found.is_none() {
+            found = answer(event.data.as_bytes());
+        }
+    });
+    found
 }
 
 /// The answer a JSON-RPC response message gives to a request.
@@ -175,5 +202,33 @@ mod tests {
             ),
             Some(ResponseTo::Error { code: -32602 })
         ));
+    }
+
+    #[test]
+    fn responses_are_told_from_requests_and_notifications() {
+        assert!(is_response(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        assert!(is_response(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#
+        ));
+        assert!(!is_response(br#"{"jsonrpc":"2.0","id":1,"method":"x"}"#));
+        assert!(!is_response(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress"}"#
+        ));
+        assert!(!is_response(b""));
+        assert!(!is_response(b"not json"));
+    }
+
+    #[test]
+    fn a_whole_body_yields_the_response_to_its_id_in_json_or_sse() {
+        let id = RequestId::from("p");
+        let json = br#"{"jsonrpc":"2.0","id":"p","result":{"status":"completed"}}"#;
+        assert_eq!(
+            find_response(json, &id).unwrap()["result"]["status"],
+            "completed"
+        );
+        let sse = b"data: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"id\":\"p\",\"result\":{}}\n\n";
+        assert!(find_response(sse, &id).is_some());
+        assert!(find_response(sse, &RequestId::from("q")).is_none());
     }
 }

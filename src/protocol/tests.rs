@@ -304,3 +304,81 @@ fn header_values_that_cannot_travel_bare_are_base64_wrapped_and_read_back() {
     assert_eq!(encode_header_value("deploy_release"), "deploy_release");
     assert_eq!(encode_header_value("météo"), "=?base64?bcOpdMOpbw==?=");
 }
+
+fn call_with(params: serde_json::Value) -> ToolCall {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let request = classify(
+        &Method::POST,
+        &HeaderMap::new(),
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    match request.kind {
+        RequestKind::Message(Message::ToolCall(call)) => call,
+        other => panic!("not a tool call: {other:?}"),
+    }
+}
+
+#[test]
+fn only_the_continuation_params_make_a_call_a_continuation() {
+    // The server half once took any extra member of `params` as a continuation, the guard only
+    // these two: one rule now, for both.
+    let extra = call_with(json!({"name": "deploy", "arguments": {}, "traceHint": "x"}));
+    assert_eq!(extra.continuation(), None);
+    let plain = call_with(json!({"name": "deploy", "arguments": {}}));
+    assert_eq!(plain.continuation(), None);
+    let continued = call_with(json!({
+        "name": "deploy", "arguments": {}, "requestState": "s1", "traceHint": "x"
+    }));
+    assert_eq!(
+        continued.continuation(),
+        Some(json!({"requestState": "s1"}))
+    );
+}
+
+#[test]
+fn the_version_header_default_and_trim_are_one_rule() {
+    assert_eq!(
+        ProtocolVersion::from_header(None).unwrap(),
+        ProtocolVersion::WITHOUT_HEADER
+    );
+    assert_eq!(
+        ProtocolVersion::from_header(Some(" 2025-11-25 ")).unwrap(),
+        ProtocolVersion::V2025_11_25
+    );
+    assert!(ProtocolVersion::from_header(Some("1999-01-01")).is_err());
+    // `ResumeLayer` read the header untrimmed: a padded 2025-11-25 was not resumable there.
+    let padded = headers(&[("MCP-Protocol-Version", " 2025-11-25")]);
+    assert_eq!(
+        ProtocolVersion::of_headers(&padded),
+        Some(ProtocolVersion::V2025_11_25)
+    );
+    assert_eq!(
+        ProtocolVersion::of_headers(&HeaderMap::new()),
+        Some(ProtocolVersion::WITHOUT_HEADER)
+    );
+}
+
+#[test]
+fn a_target_never_carries_userinfo_or_query() {
+    // `ReplayPolicy` once recorded the whole authority, `user:secret@` included.
+    let uri: http::Uri = "http://agent:s3cr3t@127.0.0.1:8000/mcp?token=t"
+        .parse()
+        .unwrap();
+    assert_eq!(target_of(&uri).as_str(), "127.0.0.1:8000/mcp");
+    let uri: http::Uri = "/mcp".parse().unwrap();
+    assert_eq!(target_of(&uri).as_str(), "/mcp");
+}
+
+#[test]
+fn a_resume_key_is_the_stream_and_the_event_id() {
+    let key = |target: &str, session: Option<&str>, id: &str| {
+        ResumeKey::new(crate::Target::new(target), session.map(str::to_owned), id)
+    };
+    let a = key("h/mcp", Some("s1"), "0/3");
+    assert_eq!(a, key("h/mcp", Some("s1"), "0/3"));
+    assert_ne!(a, key("h/mcp", Some("s2"), "0/3"));
+    assert_ne!(a, key("other/mcp", Some("s1"), "0/3"));
+    assert_ne!(a, key("h/mcp", None, "0/3"));
+    assert_ne!(a, key("h/mcp", Some("s1"), "0/4"));
+}

@@ -41,6 +41,21 @@ impl ProtocolVersion {
         Self::V2026_07_28,
     ];
 
+    /// The revision a request names in its `MCP-Protocol-Version` header (surrounding
+    /// whitespace ignored), or [`WITHOUT_HEADER`](Self::WITHOUT_HEADER) when it has none.
+    pub fn from_header(header: Option<&str>) -> Result<Self, UnsupportedProtocolVersion> {
+        header.map_or(Ok(Self::WITHOUT_HEADER), |v| v.trim().parse())
+    }
+
+    /// The revision a request's headers name ([`from_header`](Self::from_header)); `None` when
+    /// the header is unreadable or names no revision this crate speaks.
+    pub(crate) fn of_headers(headers: &http::HeaderMap) -> Option<Self> {
+        match headers.get(&super::MCP_PROTOCOL_VERSION) {
+            None => Some(Self::WITHOUT_HEADER),
+            Some(v) => Self::from_header(Some(v.to_str().ok()?)).ok(),
+        }
+    }
+
     /// The revision's name, e.g. `"2025-11-25"`.
     pub fn as_str(self) -> &'static str {
         match self {

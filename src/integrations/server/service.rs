@@ -430,11 +430,10 @@ impl Config {
             Channel::mcp(target.clone()),
         )
         .borrowed_arguments(&call.arguments);
-        // Other params (multi-round-trip `requestState`, …) make another call.
-        let record = if call.other_params.is_empty() {
-            record
-        } else {
-            record.continuation(serde_json::Value::Object(call.other_params.clone()))
+        // A multi-round-trip continuation makes another call; no other extra param does.
+        let record = match call.continuation() {
+            Some(continuation) => record.continuation(continuation),
+            None => record,
         };
         let fingerprint = self.key.fingerprint(record, &rules);
         Keyed {
