@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_replay_guard::protocol::sse::SseParser;
+use mcp_replay_guard::protocol::{self, sse::SseParser};
 use serde_json::{Value, json};
 use tower::{Service, ServiceExt};
 
@@ -352,8 +352,8 @@ where
             parser
                 .push(&data, |event| {
                     if found.is_none()
+                        && is_answer_to(event.data.as_bytes(), id)
                         && let Ok(message) = serde_json::from_str::<Value>(&event.data)
-                        && is_answer_to(&message, id)
                     {
                         found = Some(message);
                     }
@@ -363,17 +363,18 @@ where
         found.ok_or(ReadError::NoAnswer)?
     } else {
         let bytes = read_to_end(body.as_mut()).await?;
-        serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .filter(|message| is_answer_to(message, id))
+        is_answer_to(&bytes, id)
+            .then(|| serde_json::from_slice::<Value>(&bytes).ok())
+            .flatten()
             .ok_or(ReadError::NoAnswer)?
     };
     Ok(Reply::Message(answer))
 }
 
-fn is_answer_to(message: &Value, id: &Value) -> bool {
-    message.get("id") == Some(id)
-        && (message.get("result").is_some() || message.get("error").is_some())
+/// Whether `message` answers the request `id` (a result or an error): the library's rule.
+fn is_answer_to(message: &[u8], id: &Value) -> bool {
+    serde_json::from_value::<protocol::RequestId>(id.clone())
+        .is_ok_and(|id| protocol::is_response_to(message, &id))
 }
 
 async fn read_to_end<B>(mut body: std::pin::Pin<&mut B>) -> Result<Vec<u8>, ReadError>

@@ -79,6 +79,7 @@ pub(crate) struct Index {
 impl Index {
     /// Puts a record read from storage in the index; `latest` when it is its intent's latest
     /// execution (the one a claim links to).
+    #[cfg(feature = "postgres")]
     pub(crate) fn load(&mut self, record: ExecutionRecord, latest: bool) {
         if latest {
             self.intents

@@ -13,9 +13,9 @@ mod response;
 mod wait;
 
 pub(crate) use body::Observed;
-pub(crate) use recorder::{
-    Recorder, Settlement, Watchers, Write, spawn_finishing, write_from_drop, written,
-};
+pub(crate) use recorder::{Recorder, Settlement, Watchers, Write, write_from_drop};
+#[cfg(feature = "server")]
+pub(crate) use recorder::{spawn_finishing, written};
 pub(crate) use request::{BufferedBody, Polled, Unread, collect};
 pub(crate) use response::BoxFuture;
 pub(crate) use wait::until_changed;

@@ -151,6 +151,7 @@ impl Recorder {
     }
 
     /// Records an outcome other than an answer (a refusal, which frees the intent).
+    #[cfg(feature = "server")]
     pub(crate) fn settle(&mut self, kind: EventKind) -> Write {
         self.recorded = true;
         let ledger = self.ledger.clone();

@@ -130,6 +130,22 @@ pub(crate) enum ResponseTo<'a> {
     },
 }
 
+/// Whether `message` (one JSON-RPC message) is the response, a `result` or an `error`, to the
+/// request `id`. Ids compare as JSON-RPC ids: `1` and `"1"` differ.
+///
+/// ```
+/// use mcp_replay_guard::protocol::{RequestId, is_response_to};
+///
+/// let id = RequestId::from(7);
+/// assert!(is_response_to(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#, &id));
+/// assert!(is_response_to(br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32600,"message":"no"}}"#, &id));
+/// assert!(!is_response_to(br#"{"jsonrpc":"2.0","id":"7","result":{}}"#, &id));
+/// assert!(!is_response_to(br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#, &id));
+/// ```
+pub fn is_response_to(message: &[u8], id: &RequestId) -> bool {
+    response_to(message, id).is_some()
+}
+
 /// The answer in `message` if it is the JSON-RPC response to the request `id`. Parsed without
 /// building a tree.
 pub(crate) fn response_to<'a>(message: &'a [u8], id: &RequestId) -> Option<ResponseTo<'a>> {
