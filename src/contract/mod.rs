@@ -37,6 +37,7 @@ mod annotations;
 mod class;
 mod error;
 mod policy;
+mod probe;
 mod registry;
 mod tool;
 
@@ -44,6 +45,7 @@ pub use annotations::ToolAnnotations;
 pub use class::RetryClass;
 pub use error::{InvalidContract, NoContract};
 pub use policy::{Policy, ToolPolicy, UnlistedPolicy};
+pub use probe::{ProbeOutcome, ProbeRequest, StatusProbe};
 pub use registry::{ContractRegistry, ContractRegistryBuilder, ContractSource, ResolvedContract};
 pub use tool::ToolContract;
 

@@ -88,12 +88,16 @@ impl ContractRegistry {
     /// The registry with `tool`'s retry class set to `class`: a contract the tool already has
     /// keeps its other terms (link window, retention, fingerprint rules); a tool without one gets
     /// the unlisted defaults. This is how a command line's `--class` overrides a policy file.
+    /// A status probe stays only while the class is recoverable (no other class uses one).
     pub fn with_class(mut self, tool: &str, class: RetryClass) -> Self {
         let contract = self.tools.entry(tool.to_owned()).or_insert_with(|| {
             let [.., unlisted] = &self.unlisted;
             unlisted.clone()
         });
         contract.class = class;
+        if class != RetryClass::Recoverable {
+            contract.probe = None;
+        }
         self
     }
 

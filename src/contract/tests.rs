@@ -251,3 +251,46 @@ fn from_path_reads_toml_and_json_and_names_the_file() {
     assert!(missing.to_string().contains("missing.toml"), "{missing}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[derive(Debug)]
+struct NeverApplied;
+
+#[async_trait::async_trait]
+impl StatusProbe for NeverApplied {
+    async fn probe(&self, _: ProbeRequest<'_>) -> ProbeOutcome {
+        ProbeOutcome::NotApplied
+    }
+}
+
+#[test]
+fn a_status_probe_on_a_tool_that_is_not_recoverable_is_refused_by_build() {
+    for contract in [
+        ToolContract::read_only(),
+        ToolContract::idempotent(),
+        ToolContract::irreversible(),
+    ] {
+        let err = ContractRegistry::builder()
+            .tool("t", contract.status_probe(NeverApplied))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("tools.t: a status probe"), "{err}");
+    }
+    let registry = ContractRegistry::builder()
+        .tool("t", ToolContract::recoverable().status_probe(NeverApplied))
+        .build()
+        .unwrap();
+    let r = registry.resolve("t", &target(), None).unwrap();
+    assert!(r.contract.probe().is_some());
+    // The registry stays cloneable and printable with a probe inside.
+    assert!(format!("{:?}", registry.clone()).contains("NeverApplied"));
+    // Overriding the class drops the probe rather than leave it unused.
+    let registry = registry.with_class("t", RetryClass::Irreversible);
+    assert!(
+        registry
+            .resolve("t", &target(), None)
+            .unwrap()
+            .contract
+            .probe()
+            .is_none()
+    );
+}

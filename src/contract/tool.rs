@@ -1,15 +1,20 @@
 //! The contract of one tool.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use super::{InvalidContract, RetryClass};
+use super::{InvalidContract, RetryClass, StatusProbe};
 use crate::fingerprint::FingerprintRules;
 
 /// The contract of one tool.
 ///
 /// # Defaults
 ///
-/// Link window 10 minutes, retention 24 hours, results kept up to 1 MiB, no fingerprint rules.
+/// Link window 10 minutes, retention 24 hours, results kept up to 1 MiB, no fingerprint rules,
+/// no status probe.
+///
+/// # Clone
+///
+/// Cheap apart from the fingerprint rules; the status probe is shared (an `Arc`).
 #[derive(Debug, Clone)]
 pub struct ToolContract {
     pub(super) class: RetryClass,
@@ -18,6 +23,7 @@ pub struct ToolContract {
     fingerprint: FingerprintRules,
     keep_results: bool,
     max_result_bytes: usize,
+    pub(super) probe: Option<Arc<dyn StatusProbe>>,
 }
 
 impl ToolContract {
@@ -37,6 +43,7 @@ impl ToolContract {
             fingerprint: FingerprintRules::new(),
             keep_results: true,
             max_result_bytes: Self::DEFAULT_MAX_RESULT_BYTES,
+            probe: None,
         }
     }
 
@@ -92,6 +99,23 @@ impl ToolContract {
         self
     }
 
+    /// The status probe that settles an unknown outcome of this (recoverable) tool.
+    ///
+    /// Only a [`RetryClass::Recoverable`] contract takes one:
+    /// [`ContractRegistryBuilder::build`](super::ContractRegistryBuilder::build) refuses a probe
+    /// on any other class, so a probe can never be silently unused. A recoverable contract
+    /// without a probe is still probed when the call became an MCP task (the guard asks the
+    /// target `tasks/get`); otherwise its unknown outcome waits for review.
+    pub fn status_probe(mut self, probe: impl StatusProbe) -> Self {
+        self.probe = Some(Arc::new(probe));
+        self
+    }
+
+    /// The status probe, if the contract has one.
+    pub fn probe(&self) -> Option<&Arc<dyn StatusProbe>> {
+        self.probe.as_ref()
+    }
+
     /// The retry class.
     pub fn class(&self) -> RetryClass {
         self.class
@@ -126,6 +150,12 @@ impl ToolContract {
         self.fingerprint
             .check()
             .map_err(|e| InvalidContract(format!("tools.{tool}.fingerprint: {e}")))?;
+        if self.probe.is_some() && self.class != RetryClass::Recoverable {
+            return Err(InvalidContract(format!(
+                "tools.{tool}: a status probe is only used by a recoverable tool, and this one is {}",
+                self.class
+            )));
+        }
         if self.link_window > self.retention {
             return Err(InvalidContract(format!(
                 "tools.{tool}: link_window ({}) is longer than retention ({}); a record must outlive its window",
