@@ -41,6 +41,7 @@ mod probe;
 mod registry;
 mod tool;
 
+pub(crate) use annotations::AnnotationCache;
 pub use annotations::ToolAnnotations;
 pub use class::RetryClass;
 pub use error::{InvalidContract, NoContract};

@@ -101,6 +101,11 @@ impl ContractRegistry {
         self
     }
 
+    /// Whether `server`'s tool annotations are trusted (its `tools/list` is worth reading).
+    pub(crate) fn trusts(&self, server: &Target) -> bool {
+        self.trusted_servers.contains(server)
+    }
+
     /// Whether the registry refuses tools without a contract.
     pub fn is_strict(&self) -> bool {
         self.strict
