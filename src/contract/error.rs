@@ -5,6 +5,7 @@
 #[error(
     "tool {tool:?} has no contract and the registry is strict; write a ToolContract for it (its retry class, at least) before an agent may call it"
 )]
+#[non_exhaustive]
 pub struct NoContract {
     /// The tool.
     pub tool: String,

@@ -74,6 +74,7 @@ impl ContractRegistry {
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Policy {
     /// Refuse tools without a contract.
     #[serde(default)]
@@ -92,6 +93,7 @@ pub struct Policy {
 /// The `[unlisted]` table of a policy file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct UnlistedPolicy {
     /// Link window.
     #[serde(default, with = "humantime_serde")]
@@ -104,6 +106,7 @@ pub struct UnlistedPolicy {
 /// One `[tools.NAME]` table of a policy file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ToolPolicy {
     /// The retry class (`read_only`, `idempotent`, `recoverable`, `irreversible`).
     pub class: RetryClass,

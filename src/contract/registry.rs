@@ -24,6 +24,7 @@ pub enum ContractSource {
 
 /// The contract that governs one call, and where it came from.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ResolvedContract<'a> {
     /// The contract.
     pub contract: &'a ToolContract,
