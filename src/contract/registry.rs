@@ -2,12 +2,13 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    sync::Arc,
     time::Duration,
 };
 
 use serde::Serialize;
 
-use super::{InvalidContract, NoContract, RetryClass, ToolAnnotations, ToolContract};
+use super::{InvalidContract, NoContract, RetryClass, StatusProbe, ToolAnnotations, ToolContract};
 use crate::context::Target;
 
 /// Where a resolved contract came from.
@@ -100,6 +101,30 @@ impl ContractRegistry {
             contract.probe = None;
         }
         self
+    }
+
+    /// The registry with `probe` as the status probe of `tool`'s declared contract, for a
+    /// registry read from a policy file (which names no probe). Refused unless `tool` has a
+    /// declared [`RetryClass::Recoverable`] contract: a probe for a misspelled or a
+    /// non-recoverable tool would never be asked.
+    pub fn with_status_probe(
+        mut self,
+        tool: &str,
+        probe: impl StatusProbe,
+    ) -> Result<Self, InvalidContract> {
+        match self.tools.get_mut(tool) {
+            Some(contract) if contract.class == RetryClass::Recoverable => {
+                contract.probe = Some(Arc::new(probe));
+                Ok(self)
+            }
+            Some(contract) => Err(InvalidContract(format!(
+                "tools.{tool}: a status probe is only used by a recoverable tool, and this one is {}",
+                contract.class
+            ))),
+            None => Err(InvalidContract(format!(
+                "tools.{tool}: a status probe for a tool without a contract would never be asked"
+            ))),
+        }
     }
 
     /// Whether `server`'s tool annotations are trusted (its `tools/list` is worth reading).

@@ -283,6 +283,20 @@ fn a_status_probe_on_a_tool_that_is_not_recoverable_is_refused_by_build() {
     assert!(r.contract.probe().is_some());
     // The registry stays cloneable and printable with a probe inside.
     assert!(format!("{:?}", registry.clone()).contains("NeverApplied"));
+    // A probe added to a registry read from a policy file: the same rule, by name.
+    let plain = ContractRegistry::builder()
+        .tool("t", ToolContract::recoverable())
+        .tool("i", ToolContract::idempotent())
+        .build()
+        .unwrap();
+    assert!(plain.clone().with_status_probe("t", NeverApplied).is_ok());
+    for tool in ["i", "typo"] {
+        let err = plain
+            .clone()
+            .with_status_probe(tool, NeverApplied)
+            .unwrap_err();
+        assert!(err.to_string().contains(&format!("tools.{tool}:")), "{err}");
+    }
     // Overriding the class drops the probe rather than leave it unused.
     let registry = registry.with_class("t", RetryClass::Irreversible);
     assert!(

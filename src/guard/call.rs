@@ -100,6 +100,12 @@ where
                         "a JSON-RPC batch carrying tools/call cannot be guarded; send each tools/call in its own request".into(),
                     ));
                 }
+                RequestKind::Message(Message::Request { id, method })
+                    if method == protocol::tools_list::TOOLS_LIST
+                        && self.config.watches_list_of(&parts) =>
+                {
+                    return self.list_tools(parts, bytes, id).await;
+                }
                 _ => return self.pass_through(parts, bytes).await,
             },
             Err(error) if parts.method == http::Method::POST => {
@@ -315,7 +321,7 @@ where
         intent: Intent,
         owner: Owner,
     ) -> Answer<RB> {
-        let has_probe = self.config.probes.contains_key(&intent.call.name);
+        let has_probe = intent.probe.is_some();
         let reply_id = intent.call.id.clone();
         for _ in 0..MAX_DECISIONS {
             let mut claimed = self.config.claim(&intent).await?;

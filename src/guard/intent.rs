@@ -1,6 +1,6 @@
 //! What the guard knows of one `tools/call`: its fingerprint, contract and caller.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -11,7 +11,7 @@ use super::{BoxError, GuardRequestBody, answer, call::Call};
 
 use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
-    contract::RetryClass,
+    contract::{RetryClass, StatusProbe},
     fingerprint::{ActionRecord, Channel, Fingerprint},
     ledger::ClientInfo,
     protocol::{self, Era, ToolCall},
@@ -26,6 +26,8 @@ pub(super) struct Intent {
     pub(super) target: Target,
     pub(super) credential_ref: Option<CredentialRef>,
     pub(super) class: RetryClass,
+    /// The contract's status probe (recoverable tools only).
+    pub(super) probe: Option<Arc<dyn StatusProbe>>,
     pub(super) link_window: Duration,
     pub(super) retention: Duration,
     pub(super) keep_results: bool,
@@ -82,7 +84,11 @@ where
         };
         let resolved = config
             .contracts
-            .resolve(&call.name, &target, None)
+            .resolve(
+                &call.name,
+                &target,
+                config.annotations_of(&target, &call.name).as_ref(),
+            )
             .map_err(|error| {
                 Box::new(answer::jsonrpc_error(
                     StatusCode::OK,
@@ -126,6 +132,7 @@ where
             target,
             credential_ref,
             class: contract.class(),
+            probe: contract.probe().cloned(),
             link_window: contract.link_window_duration(),
             retention: contract.retention_duration(),
             keep_results: contract.keeps_results(),

@@ -1,14 +1,14 @@
 //! `GuardLayer`: the guard's configuration and its builder.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{Authorize, StatusProbe, inflight::Inflight, service::Guard};
+use super::{Authorize, inflight::Inflight, service::Guard};
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
-    contract::ContractRegistry,
+    contract::{AnnotationCache, ContractRegistry},
     fingerprint::FingerprintKey,
     ledger::{EventKind, ExecutionRecord, Ledger, LedgerEvent, Timestamp},
 };
@@ -26,7 +26,8 @@ pub(super) struct Config {
     pub(super) credential_ref: Option<CredentialRef>,
     pub(super) target: Option<Target>,
     pub(super) authorizer: Option<Arc<dyn Authorize>>,
-    pub(super) probes: HashMap<String, Arc<dyn StatusProbe>>,
+    /// What trusted targets' `tools/list` answers said of their tools (shared by clones).
+    pub(super) annotations: AnnotationCache,
     pub(super) max_body_bytes: usize,
     pub(super) attach_timeout: Duration,
     pub(super) drain_timeout: Duration,
@@ -79,7 +80,7 @@ impl GuardLayer {
                 credential_ref: None,
                 target: None,
                 authorizer: None,
-                probes: HashMap::new(),
+                annotations: AnnotationCache::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 attach_timeout: Duration::from_secs(30),
                 drain_timeout: Duration::from_secs(60),
@@ -121,12 +122,6 @@ impl GuardLayer {
     /// The authorization hook, asked once per new execution.
     pub fn authorizer(mut self, authorizer: impl Authorize) -> Self {
         self.config().authorizer = Some(Arc::new(authorizer));
-        self
-    }
-
-    /// The status probe of a recoverable tool.
-    pub fn status_probe(mut self, tool: impl Into<String>, probe: impl StatusProbe) -> Self {
-        self.config().probes.insert(tool.into(), Arc::new(probe));
         self
     }
 

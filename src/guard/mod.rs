@@ -39,6 +39,7 @@ mod hooks;
 mod inflight;
 mod intent;
 mod layer;
+mod listing;
 mod probe;
 mod redact;
 mod service;
@@ -46,13 +47,12 @@ mod steps;
 
 use std::fmt;
 
+pub use crate::contract::{ProbeOutcome, ProbeRequest, StatusProbe};
 pub(crate) use crate::decide::call::UncertainReason;
 pub use answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use future::ResponseFuture;
-pub use hooks::{
-    Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
-};
+pub use hooks::{Authorization, AuthorizationRequest, Authorize};
 pub use layer::{DEFAULT_MAX_BODY_BYTES, GuardLayer, resolve};
 pub use redact::redact_url;
 pub use service::Guard;

@@ -44,10 +44,7 @@ where
         intent: &Intent,
         record: ExecutionRecord,
     ) -> Result<Probed, GuardError> {
-        let outcome = match (
-            &record.correlation.task_id,
-            self.config.probes.get(&intent.call.name),
-        ) {
+        let outcome = match (&record.correlation.task_id, &intent.probe) {
             (Some(task_id), _) => {
                 let task_id = task_id.clone();
                 self.probe_task(parts, intent, &task_id).await
