@@ -32,6 +32,16 @@
 //! [`RetryClass::Irreversible`], unless its server is marked trusted: then `readOnlyHint: true`
 //! makes it read-only and `idempotentHint: true` idempotent. In strict mode an unlisted tool is
 //! refused outright: if nobody can write its contract, the tool is not ready.
+//!
+//! The guard learns a trusted server's annotations from the `tools/list` answers that pass
+//! through it (kept per server and tool, bounded); an untrusted server's list is not read.
+//!
+//! # Status probes
+//!
+//! A recoverable tool's [`StatusProbe`] is part of its contract
+//! ([`ToolContract::status_probe`]); [`ContractRegistryBuilder::build`] refuses one on any
+//! other class. A recoverable tool without a probe is still probed when its call became an MCP
+//! task (`tasks/get`); otherwise its unknown outcome waits for review.
 
 mod annotations;
 mod class;
