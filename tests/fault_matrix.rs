@@ -457,12 +457,15 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
     // This process's guard: for a killed client, the fresh one that reopens its ledger.
     let ledger = FileLedger::open(&path).expect("open the ledger");
     let probe = CredentialStatusProbe::new(&url, era);
-    let layer = if point == Point::UnknownPastWindow {
-        guard_layer_with(&ledger, short_window_registry())
+    let contracts = if point == Point::UnknownPastWindow {
+        short_window_registry()
     } else {
-        guard_layer(&ledger)
-    }
-    .status_probe("rotate_credential", probe.clone());
+        registry()
+    };
+    let contracts = contracts
+        .with_status_probe("rotate_credential", probe.clone())
+        .expect("rotate_credential is recoverable");
+    let layer = guard_layer_with(&ledger, contracts);
     let refuse = Arc::new(AtomicUsize::new(0));
     let mut client = stack(&layer, &refuse);
     let mut session = era.open_session(&url).await;

@@ -43,9 +43,13 @@ fn registry() -> ContractRegistry {
 }
 
 fn layer(ledger: &MemoryLedger) -> GuardLayer {
+    layer_with(ledger, registry())
+}
+
+fn layer_with(ledger: &MemoryLedger, registry: ContractRegistry) -> GuardLayer {
     GuardLayer::new(
         ledger.clone(),
-        registry(),
+        registry,
         FingerprintKey::from_bytes(&[9; 32]).unwrap(),
     )
     .actor(Actor::from("signed-process:com.example.agent"))
@@ -223,7 +227,12 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
     let probe = CredentialStatusProbe::new(&server.url, Era::Sessions);
     let mut client = Retry::new(
         RetryEveryError(3),
-        guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
+        guarded(&layer_with(
+            &ledger,
+            registry()
+                .with_status_probe("rotate_credential", probe.clone())
+                .unwrap(),
+        )),
     );
     server.state.lose_next_response("rotate_credential");
 
@@ -258,7 +267,12 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
     let probe = CredentialStatusProbe::new(&server.url, Era::Sessions);
     let mut client = Retry::new(
         RetryEveryError(3),
-        guarded(&layer(&ledger).status_probe("rotate_credential", probe.clone())),
+        guarded(&layer_with(
+            &ledger,
+            registry()
+                .with_status_probe("rotate_credential", probe.clone())
+                .unwrap(),
+        )),
     );
     // 502 before the tool runs is an unknown outcome for the guard; the probe finds nothing.
     server

@@ -271,12 +271,13 @@ async fn soak_child(
         .layer(
             GuardLayer::new(
                 ledger.clone(),
-                registry(),
+                registry()
+                    .with_status_probe("rotate_credential", ProbeByTarget(probes))
+                    .expect("rotate_credential is recoverable"),
                 ledger.fingerprint_key().expect("the shared key"),
             )
             .actor(Actor::from("signed-process:com.example.agent"))
-            .intent_scope(IntentScope::from(format!("run:soak-{seed:x}")))
-            .status_probe("rotate_credential", ProbeByTarget(probes)),
+            .intent_scope(IntentScope::from(format!("run:soak-{seed:x}"))),
         )
         .layer(
             ResumeLayer::new()

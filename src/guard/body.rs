@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::listing::ListWatch;
 use crate::{
     BoxError, ExecutionId,
     ledger::{EventKind, Ledger, LedgerError, LedgerEvent, Timestamp},
@@ -84,6 +85,13 @@ pin_project! {
             #[pin]
             inner: B,
         },
+        // A trusted target's `tools/list` answer, passed on untouched while its tools'
+        // annotations are read.
+        Listed {
+            #[pin]
+            inner: B,
+            watch: ListWatch,
+        },
         Answer {
             data: Option<Bytes>,
         },
@@ -114,6 +122,12 @@ impl<B> GuardResponseBody<B> {
     pub(super) fn passthrough(inner: B) -> Self {
         Self {
             kind: Kind::Passthrough { inner },
+        }
+    }
+
+    pub(super) fn listed(inner: B, watch: ListWatch) -> Self {
+        Self {
+            kind: Kind::Listed { inner, watch },
         }
     }
 
@@ -224,6 +238,7 @@ impl<B: std::fmt::Debug> std::fmt::Debug for GuardResponseBody<B> {
         match &self.kind {
             Kind::Observed { .. } => f.write_str("Observed"),
             Kind::Passthrough { inner } => f.debug_tuple("Passthrough").field(inner).finish(),
+            Kind::Listed { inner, .. } => f.debug_tuple("Listed").field(inner).finish(),
             Kind::Answer { data } | Kind::Kept { data, .. } => {
                 f.debug_tuple("Answer").field(data).finish()
             }
@@ -267,6 +282,19 @@ where
                 Poll::Ready(None)
             }
             KindProj::Passthrough { inner } => inner.poll_frame(cx).map_err(Into::into),
+            KindProj::Listed { inner, watch } => {
+                let frame = ready!(inner.poll_frame(cx)).map(|f| f.map_err(Into::into));
+                match &frame {
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            watch.feed(data);
+                        }
+                    }
+                    None => watch.end(),
+                    Some(Err(_)) => {}
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Observed { watch } => watch.poll_next(cx),
         }
     }
@@ -280,6 +308,8 @@ where
                 recording,
             } => data.is_none() && delivery.is_none() && recording.is_none(),
             Kind::Passthrough { inner } => inner.is_end_stream(),
+            // A JSON list is read at its end, so the end must be polled.
+            Kind::Listed { inner, watch } => watch.is_done() && inner.is_end_stream(),
             // The end must be polled when it records something (the outcome, the delivery).
             Kind::Observed { watch } => watch.is_end_stream(),
         }
@@ -290,7 +320,7 @@ where
             Kind::Answer { data } | Kind::Kept { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Passthrough { inner } => inner.size_hint(),
+            Kind::Passthrough { inner } | Kind::Listed { inner, .. } => inner.size_hint(),
             Kind::Observed { watch } => watch.size_hint(),
         }
     }

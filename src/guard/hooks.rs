@@ -1,5 +1,6 @@
-//! The two places where the guard asks code of yours: may this execution start, and was this
-//! unknown execution applied.
+//! Where the guard asks code of yours whether an execution may start. (The other hook, "was
+//! this unknown execution applied?", is a tool's [`StatusProbe`](crate::contract::StatusProbe),
+//! on its contract.)
 
 use std::fmt;
 
@@ -37,42 +38,4 @@ pub enum Authorization {
 pub trait Authorize: Send + Sync + fmt::Debug + 'static {
     /// Allow or deny.
     async fn authorize(&self, request: AuthorizationRequest<'_>) -> Authorization;
-}
-
-/// What a status probe is asked: did this execution, whose outcome is unknown, take effect?
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct ProbeRequest<'a> {
-    /// The execution (its id is the `Idempotency-Key` the target saw).
-    pub execution: &'a ExecutionRecord,
-    /// The arguments of the call being retried (the same intent, so the same action).
-    pub arguments: &'a Map<String, Value>,
-}
-
-/// A status probe's answer.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProbeOutcome {
-    /// The action took effect. `result` is the tool result to hand back (a `CallToolResult`
-    /// JSON), if the probe can tell it.
-    Applied {
-        /// The result, if known.
-        result: Option<Value>,
-    },
-    /// The action did not take effect: the guard sends it again under the same execution ID.
-    NotApplied,
-    /// The action is still running (an MCP task that is `working`): nothing is re-sent and the
-    /// caller is told to ask again later.
-    InProgress,
-    /// The probe cannot tell: the execution waits for review.
-    Unknown {
-        /// Why.
-        reason: String,
-    },
-}
-
-/// Answers "was it applied?" for a recoverable tool after an unknown outcome.
-#[async_trait]
-pub trait StatusProbe: Send + Sync + fmt::Debug + 'static {
-    /// Probe the target.
-    async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome;
 }

@@ -32,18 +32,30 @@
 
 pub(crate) mod answer;
 mod body;
+mod call;
+mod dispatch;
+mod future;
 mod hooks;
-pub(crate) mod service;
+mod inflight;
+mod intent;
+mod layer;
+mod listing;
+mod probe;
+mod redact;
+mod service;
+mod steps;
 
 use std::fmt;
 
+pub use crate::contract::{ProbeOutcome, ProbeRequest, StatusProbe};
 pub(crate) use crate::decide::call::UncertainReason;
 pub use answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
-pub use hooks::{
-    Authorization, AuthorizationRequest, Authorize, ProbeOutcome, ProbeRequest, StatusProbe,
-};
-pub use service::{DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, ResponseFuture, redact_url, resolve};
+pub use future::ResponseFuture;
+pub use hooks::{Authorization, AuthorizationRequest, Authorize};
+pub use layer::{DEFAULT_MAX_BODY_BYTES, GuardLayer, resolve};
+pub use redact::redact_url;
+pub use service::Guard;
 
 use crate::{ExecutionId, ledger::LedgerError};
 

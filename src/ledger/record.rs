@@ -158,6 +158,7 @@ impl fmt::Display for ExecutionState {
 
 /// Protocol correlation of the latest attempt: never identity, only where to look.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Correlation {
     /// JSON-RPC id of the latest request that carried this execution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -405,6 +406,7 @@ pub struct LedgerEvent {
 
 /// An execution as its events describe it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ExecutionRecord {
     /// The execution ID.
     pub execution_id: ExecutionId,
@@ -462,6 +464,7 @@ pub struct ExecutionRecord {
 /// An event that the record's state does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("execution {execution_id} is {state}; a `{event}` event is not allowed there")]
+#[non_exhaustive]
 pub struct InvalidTransition {
     /// The execution.
     pub execution_id: ExecutionId,

@@ -32,6 +32,7 @@ mod media;
 mod numbers;
 pub(crate) mod response;
 pub mod sse;
+pub(crate) mod tools_list;
 pub(crate) mod transport;
 mod version;
 

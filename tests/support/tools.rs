@@ -111,8 +111,10 @@ impl TestTools {
         ))
     }
 
+    // Annotated idempotent (a hint the guard honours only for a trusted server).
     #[tool(
-        description = "Create a payment (side effect; counts; records but does not dedupe Idempotency-Key)"
+        description = "Create a payment (side effect; counts; records but does not dedupe Idempotency-Key)",
+        annotations(idempotent_hint = true, destructive_hint = false)
     )]
     async fn create_payment(
         &self,

@@ -1,0 +1,157 @@
+//! What the guard knows of one `tools/call`: its fingerprint, contract and caller.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tower_service::Service;
+
+use super::{BoxError, GuardRequestBody, answer, call::Call};
+
+use crate::{
+    Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    contract::{RetryClass, StatusProbe},
+    fingerprint::{ActionRecord, Channel, Fingerprint},
+    ledger::ClientInfo,
+    protocol::{self, Era, ToolCall},
+};
+
+/// What the guard knows of one `tools/call` once it is fingerprinted.
+pub(super) struct Intent {
+    pub(super) call: ToolCall,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) actor: Actor,
+    pub(super) intent_scope: IntentScope,
+    pub(super) target: Target,
+    pub(super) credential_ref: Option<CredentialRef>,
+    pub(super) class: RetryClass,
+    /// The contract's status probe (recoverable tools only).
+    pub(super) probe: Option<Arc<dyn StatusProbe>>,
+    pub(super) link_window: Duration,
+    pub(super) retention: Duration,
+    pub(super) keep_results: bool,
+    pub(super) max_result_bytes: usize,
+    pub(super) session_id: Option<String>,
+    pub(super) client_info: Option<ClientInfo>,
+    pub(super) caller_key: Option<IdempotencyKey>,
+    /// The caller's era: the shape of every answer the guard writes for this call.
+    pub(super) era: Era,
+}
+
+impl<S, RB> Call<S>
+where
+    S: Service<Request<GuardRequestBody>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    pub(super) fn intent(
+        &self,
+        parts: &http::request::Parts,
+        call: ToolCall,
+        session_id: Option<String>,
+        era: Era,
+    ) -> Result<Intent, Box<Response<Bytes>>> {
+        let config = &self.config;
+        let ext = &parts.extensions;
+        let actor = ext.get::<Actor>().unwrap_or(&config.actor).clone();
+        let intent_scope = ext
+            .get::<IntentScope>()
+            .unwrap_or(&config.intent_scope)
+            .clone();
+        let credential_ref = ext
+            .get::<CredentialRef>()
+            .or(config.credential_ref.as_ref())
+            .cloned();
+        let target = request_target(parts, config.target.as_ref());
+        let caller_key = match parts
+            .headers
+            .get(IDEMPOTENCY_KEY)
+            .map(IdempotencyKey::from_header)
+        {
+            None => None,
+            Some(Ok(key)) => Some(key),
+            Some(Err(error)) => {
+                return Err(Box::new(answer::jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    Some(&call.id),
+                    -32600,
+                    format!("{error}; nothing was sent"),
+                )));
+            }
+        };
+        let resolved = config
+            .contracts
+            .resolve(
+                &call.name,
+                &target,
+                config.annotations_of(&target, &call.name).as_ref(),
+            )
+            .map_err(|error| {
+                Box::new(answer::jsonrpc_error(
+                    StatusCode::OK,
+                    Some(&call.id),
+                    -32601,
+                    format!("{error}; nothing was sent"),
+                ))
+            })?;
+        let contract = resolved.contract;
+        let record = ActionRecord::new(
+            actor.clone(),
+            intent_scope.clone(),
+            call.name.clone(),
+            Channel::mcp(target.clone()),
+        )
+        .borrowed_arguments(&call.arguments);
+        // A multi-round-trip continuation is a new intent, not a re-issue of the call it
+        // continues.
+        let record = match call.continuation() {
+            Some(continuation) => record.continuation(continuation),
+            None => record,
+        };
+        let record = match &credential_ref {
+            Some(c) => record.credential_ref(c.clone()),
+            None => record,
+        };
+        let fingerprint = config.key.fingerprint(record, contract.fingerprint_rules());
+        // Set by whoever knows the session's `initialize` (the proxy); a 2026-07-28 request
+        // names its client itself.
+        let client_info = ext.get::<ClientInfo>().cloned().or_else(|| {
+            call.meta
+                .as_ref()?
+                .get("io.modelcontextprotocol/clientInfo")
+                .and_then(ClientInfo::from_json)
+        });
+        Ok(Intent {
+            call,
+            fingerprint,
+            actor,
+            intent_scope,
+            target,
+            credential_ref,
+            class: contract.class(),
+            probe: contract.probe().cloned(),
+            link_window: contract.link_window_duration(),
+            retention: contract.retention_duration(),
+            keep_results: contract.keeps_results(),
+            max_result_bytes: contract.max_result_size(),
+            session_id,
+            client_info,
+            caller_key,
+            era,
+        })
+    }
+}
+
+/// The target a request is recorded under: the caller's [`Target`] extension, the layer's,
+/// else the request URI's host, port and path.
+pub(super) fn request_target(parts: &http::request::Parts, configured: Option<&Target>) -> Target {
+    parts
+        .extensions
+        .get::<Target>()
+        .or(configured)
+        .cloned()
+        .unwrap_or_else(|| protocol::target_of(&parts.uri))
+}

@@ -1,0 +1,233 @@
+//! `GuardLayer`: the guard's configuration and its builder.
+
+use std::{sync::Arc, time::Duration};
+
+use tower_layer::Layer;
+
+use super::{Authorize, inflight::Inflight, service::Guard};
+
+use crate::{
+    Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
+    contract::{AnnotationCache, ContractRegistry},
+    fingerprint::FingerprintKey,
+    ledger::{EventKind, ExecutionRecord, Ledger, LedgerEvent, Timestamp},
+};
+
+/// Default bound on a buffered request body.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Clone)]
+pub(super) struct Config {
+    pub(super) ledger: Arc<dyn Ledger>,
+    pub(super) contracts: Arc<ContractRegistry>,
+    pub(super) key: FingerprintKey,
+    pub(super) actor: Actor,
+    pub(super) intent_scope: IntentScope,
+    pub(super) credential_ref: Option<CredentialRef>,
+    pub(super) target: Option<Target>,
+    pub(super) authorizer: Option<Arc<dyn Authorize>>,
+    /// What trusted targets' `tools/list` answers said of their tools (shared by clones).
+    pub(super) annotations: AnnotationCache,
+    pub(super) max_body_bytes: usize,
+    pub(super) attach_timeout: Duration,
+    pub(super) drain_timeout: Duration,
+    pub(super) key_format: IdempotencyKeyFormat,
+    pub(super) owner: String,
+}
+
+/// A [`Layer`] that puts the guard in front of an MCP client transport.
+///
+/// # When a call is re-sent
+///
+/// Only as its tool's contract and the ledger allow: see the [module docs](super).
+///
+/// # Clone
+///
+/// Clones share the ledger and the in-flight table, so two services built from one layer
+/// single-flight the same intents.
+#[derive(Clone)]
+pub struct GuardLayer {
+    pub(super) config: Arc<Config>,
+    pub(super) inflight: Arc<Inflight>,
+}
+
+impl std::fmt::Debug for GuardLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardLayer")
+            .field("ledger", &self.config.ledger)
+            .field("actor", &self.config.actor)
+            .field("intent_scope", &self.config.intent_scope)
+            .field("owner", &self.config.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardLayer {
+    /// A guard recording into `ledger`, governed by `contracts`, fingerprinting under `key`.
+    ///
+    /// Defaults: actor `anonymous`, intent scope `process:<random>` (links repeats within this
+    /// guard's life only), target from each request's URI, no authorization hook, 4 MiB body
+    /// limit, 30 s attach wait, raw `Idempotency-Key`.
+    pub fn new(ledger: impl Ledger, contracts: ContractRegistry, key: FingerprintKey) -> Self {
+        let owner = format!("guard:{}", ExecutionId::new().ulid());
+        Self {
+            config: Arc::new(Config {
+                ledger: Arc::new(ledger),
+                contracts: Arc::new(contracts),
+                key,
+                actor: Actor::new("anonymous"),
+                intent_scope: IntentScope::new(format!("process:{owner}")),
+                credential_ref: None,
+                target: None,
+                authorizer: None,
+                annotations: AnnotationCache::default(),
+                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                attach_timeout: Duration::from_secs(30),
+                drain_timeout: Duration::from_secs(60),
+                key_format: IdempotencyKeyFormat::Raw,
+                owner,
+            }),
+            inflight: Arc::default(),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// The default actor (a request's [`Actor`] extension overrides it).
+    pub fn actor(mut self, actor: Actor) -> Self {
+        self.config().actor = actor;
+        self
+    }
+
+    /// The default intent scope (a request's [`IntentScope`] extension overrides it).
+    pub fn intent_scope(mut self, scope: IntentScope) -> Self {
+        self.config().intent_scope = scope;
+        self
+    }
+
+    /// The default credential reference (a request's [`CredentialRef`] extension overrides it).
+    pub fn credential_ref(mut self, credential_ref: CredentialRef) -> Self {
+        self.config().credential_ref = Some(credential_ref);
+        self
+    }
+
+    /// The target; by default each request's URI authority and path.
+    pub fn target(mut self, target: Target) -> Self {
+        self.config().target = Some(target);
+        self
+    }
+
+    /// The authorization hook, asked once per new execution.
+    pub fn authorizer(mut self, authorizer: impl Authorize) -> Self {
+        self.config().authorizer = Some(Arc::new(authorizer));
+        self
+    }
+
+    /// The largest request body buffered; a larger `tools/call` is refused before sending.
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.config().max_body_bytes = max;
+        self
+    }
+
+    /// How long a repeat waits for an in-flight attempt of the same execution.
+    pub fn attach_timeout(mut self, timeout: Duration) -> Self {
+        self.config().attach_timeout = timeout;
+        self
+    }
+
+    /// How long a response body the caller dropped before its JSON-RPC response is still read
+    /// in the background to learn the outcome (after that, the outcome is `unknown`).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.config().drain_timeout = timeout;
+        self
+    }
+
+    /// How the `Idempotency-Key` header is spelled.
+    pub fn idempotency_key_format(mut self, format: IdempotencyKeyFormat) -> Self {
+        self.config().key_format = format;
+        self
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.config.ledger
+    }
+
+    /// Settles a `needs_review` (or unknown) execution as an operator: applied or not applied,
+    /// recorded as a `resolved` event with the note.
+    pub async fn resolve(
+        &self,
+        execution_id: ExecutionId,
+        applied: bool,
+        operator: &str,
+        note: &str,
+    ) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
+        resolve(
+            &*self.config.ledger,
+            execution_id,
+            applied,
+            &format!("operator:{operator}"),
+            note,
+        )
+        .await
+    }
+}
+
+impl GuardLayer {
+    /// Ends the guard's background work, for a process that is about to exit.
+    ///
+    /// Drains of response bodies that callers dropped before the JSON-RPC response (see
+    /// [`drain_timeout`](Self::drain_timeout)) get up to `grace` to learn their outcome; then
+    /// they stop, and their calls are recorded `unknown`. Returns once every ledger write the
+    /// guard started in the background has finished, among them the `unknown` of a call that
+    /// was dropped between dispatch and outcome. A drain that starts later stops at once.
+    pub async fn shut_down(&self, grace: Duration) {
+        let background = &self.inflight.background;
+        let mut running = background.running.subscribe();
+        if tokio::time::timeout(grace, running.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            background.stop.send_replace(true);
+        }
+        // The sender lives in `self`.
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// Records an operator's (or any settler's) resolution.
+pub async fn resolve(
+    ledger: &dyn Ledger,
+    execution_id: ExecutionId,
+    applied: bool,
+    by: &str,
+    note: &str,
+) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
+    ledger
+        .append(LedgerEvent {
+            execution_id,
+            at: Timestamp::now(),
+            kind: EventKind::Resolved {
+                applied,
+                by: by.to_owned(),
+                note: note.to_owned(),
+                result_reference: None,
+                attempt: None,
+            },
+        })
+        .await
+}
+
+impl<S> Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard {
+            inner,
+            config: self.config.clone(),
+            inflight: self.inflight.clone(),
+        }
+    }
+}
