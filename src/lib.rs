@@ -130,6 +130,28 @@ macro_rules! serde_display_fromstr {
 }
 pub(crate) use serde_display_fromstr;
 
+/// `get_ref`, `get_mut` and `into_inner` for a middleware whose inner service `S` is its field
+/// `inner` (tower-http's `define_inner_service_accessors!`); used inside `impl<S> Foo<S>`.
+macro_rules! define_inner_service_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// The inner service, consuming the middleware.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+pub(crate) use define_inner_service_accessors;
+
 pub mod context;
 pub mod contract;
 mod decide;

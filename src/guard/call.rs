@@ -43,7 +43,6 @@ pub(super) fn foreign_link() -> GuardError {
 
 pub(super) struct Call<S> {
     pub(super) inner: S,
-    pub(super) inner_ready: bool,
     pub(super) config: Arc<Config>,
     pub(super) inflight: Arc<Inflight>,
 }
@@ -227,12 +226,10 @@ where
         &mut self,
         request: Request<GuardRequestBody>,
     ) -> Result<Response<RB>, BoxError> {
-        if !self.inner_ready {
-            std::future::poll_fn(|cx| self.inner.poll_ready(cx))
-                .await
-                .map_err(Into::into)?;
-        }
-        self.inner_ready = false;
+        // Ready right before the send: no slot below is held across ledger work.
+        std::future::poll_fn(|cx| self.inner.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
         self.inner.call(request).await.map_err(Into::into)
     }
 

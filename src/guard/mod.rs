@@ -43,6 +43,8 @@ mod probe;
 mod redact;
 mod service;
 mod steps;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 

@@ -62,6 +62,10 @@ pub struct Idempotency<S> {
     pub(super) config: Arc<Config>,
 }
 
+impl<S> Idempotency<S> {
+    crate::define_inner_service_accessors!();
+}
+
 impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
