@@ -152,6 +152,7 @@ macro_rules! define_inner_service_accessors {
 }
 pub(crate) use define_inner_service_accessors;
 
+mod answer;
 pub mod context;
 pub mod contract;
 mod decide;
@@ -170,6 +171,9 @@ pub use execution_id::{
     ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat, InvalidExecutionId,
     InvalidIdempotencyKey,
 };
+
+/// Default bound on a buffered request body, in the guard and in the server half.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

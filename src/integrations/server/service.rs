@@ -20,14 +20,13 @@ use super::{
     layer::{Config, InFlight},
 };
 use crate::{
-    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target, answer,
     contract::RetryClass,
     decide::{
         classify::refused_before_running,
         server::{KeyDecision, decide},
     },
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
-    guard::answer,
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
     observe::{self, Recorder, Unread, spawn_finishing, written},
     protocol::response::ResponseScanner,
