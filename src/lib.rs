@@ -130,6 +130,29 @@ macro_rules! serde_display_fromstr {
 }
 pub(crate) use serde_display_fromstr;
 
+/// `get_ref`, `get_mut` and `into_inner` for a middleware whose inner service `S` is its field
+/// `inner` (tower-http's `define_inner_service_accessors!`); used inside `impl<S> Foo<S>`.
+macro_rules! define_inner_service_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// The inner service, consuming the middleware.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+pub(crate) use define_inner_service_accessors;
+
+mod answer;
 pub mod context;
 pub mod contract;
 mod decide;
@@ -148,6 +171,9 @@ pub use execution_id::{
     ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat, InvalidExecutionId,
     InvalidIdempotencyKey,
 };
+
+/// Default bound on a buffered request body, in the guard and in the server half.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -7,7 +7,8 @@
 //! - `call`: what the guard does with a repeated `tools/call` (the README's table).
 //! - `class`: what a retry class allows after an unknown outcome (DESIGN §3), for the guard
 //!   and for `ReplayPolicy`.
-//! - `flight`: single flight, attach to a live attempt or own the intent.
+//! - `flight`: single flight, attach to a live attempt or own the intent, and what follows
+//!   the wait.
 //! - `classify`: the one outcome classifier, status or error chain → outcome.
 //! - `probe`: a status probe's answer → the next step.
 //! - `server`: what a keyed call gets in the server half.
@@ -28,7 +29,4 @@ mod tests;
 
 #[cfg(test)]
 pub(crate) use link::ORPHAN_REASON;
-pub(crate) use link::{is_linkable, orphan_unknown};
-// For the guard's and the server half's "dispatched, owner gone" checks.
-#[allow(unused_imports)]
-pub(crate) use link::is_orphaned;
+pub(crate) use link::{is_linkable, is_orphaned, orphan_unknown};

@@ -20,8 +20,12 @@ use super::{
 use crate::{
     Actor,
     contract::RetryClass,
-    decide::call::{Decision, Facts, decide},
-    ledger::{EventKind, ExecutionState},
+    decide::{
+        self,
+        call::{Decision, Facts, decide},
+        flight::{AfterWait, Waited, after_wait},
+    },
+    ledger::{EventKind, ExecutionRecord, ExecutionState},
     observe::{self, Settlement, Unread},
     protocol::{self, Era, Message, RequestKind, ResumeKey},
 };
@@ -41,11 +45,25 @@ pub(super) fn foreign_link() -> GuardError {
     ))
 }
 
+/// One call through the guard, with its own clone of the inner service.
 pub(super) struct Call<S> {
     pub(super) inner: S,
-    pub(super) inner_ready: bool,
     pub(super) config: Arc<Config>,
     pub(super) inflight: Arc<Inflight>,
+}
+
+/// What [`Call::own`] acts on: a decision, or the end of a wait for another process's attempt.
+enum Decided {
+    /// Act on `decision` for `record`; `attempt_alive`: a live attempt elsewhere owns it.
+    On {
+        decision: Decision,
+        record: ExecutionRecord,
+        attempt_alive: bool,
+    },
+    /// The other process's attempt completed while this call waited: its answer is this call's.
+    Completed(ExecutionRecord),
+    /// The wait ran out: the other attempt is still in progress.
+    InProgress(ExecutionRecord),
 }
 
 impl<S, RB> Call<S>
@@ -233,12 +251,10 @@ where
         &mut self,
         request: Request<GuardRequestBody>,
     ) -> Result<Response<RB>, BoxError> {
-        if !self.inner_ready {
-            std::future::poll_fn(|cx| self.inner.poll_ready(cx))
-                .await
-                .map_err(Into::into)?;
-        }
-        self.inner_ready = false;
+        // Ready right before the send: no slot below is held across ledger work.
+        std::future::poll_fn(|cx| self.inner.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
         self.inner.call(request).await.map_err(Into::into)
     }
 
@@ -265,14 +281,17 @@ where
                     .await
                     .map(|value| value.clone())
             };
-            match tokio::time::timeout(self.config.attach_timeout, wait).await {
-                // The attempt this call waited for completed: its answer is this call's answer,
-                // kept or not, as when the attempt ran in another process (deciding again would
-                // find the execution delivered and start a second one).
+            let waited = match tokio::time::timeout(self.config.attach_timeout, wait).await {
                 Ok(Ok(Some(Settlement::Completed {
                     execution_id,
                     result,
-                }))) => {
+                }))) => Waited::Completed((execution_id, result)),
+                // Any other outcome, or the owner went away without settling.
+                Ok(_) => Waited::Moved,
+                Err(_) => Waited::TimedOut,
+            };
+            match after_wait(waited) {
+                AfterWait::HandBack((execution_id, result)) => {
                     let record = self
                         .config
                         .ledger
@@ -289,9 +308,8 @@ where
                     }
                     // Gone from the index (or not this caller's): decide again.
                 }
-                Ok(Ok(_)) => {}  // any other outcome: decide again from the ledger
-                Ok(Err(_)) => {} // the owner went away without settling: decide again
-                Err(_) => {
+                AfterWait::DecideAgain => {}
+                AfterWait::InProgress => {
                     let claimed = self.config.claim(&intent).await?;
                     return answered(answer::uncertain(
                         &intent.call.id,
@@ -324,26 +342,14 @@ where
         let has_probe = intent.probe.is_some();
         let reply_id = intent.call.id.clone();
         for _ in 0..MAX_DECISIONS {
-            let mut claimed = self.config.claim(&intent).await?;
-            let decision = loop {
-                let task_known = claimed.record().correlation.task_id.is_some();
-                let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
-                let facts = Facts {
-                    attempt_alive,
-                    has_probe,
-                    task_known,
-                };
-                let decision = decide(&claimed, facts);
-                if decision != Decision::Attach {
-                    break decision;
-                }
-                // Another process's guard owns the execution: wait (bounded) for it to move
-                // on, then decide again.
-                match self.config.wait_for_other_attempt(claimed.record()).await? {
-                    // The attempt this call waited for completed: its answer is this call's
-                    // answer, even when another caller already received it (claiming again
-                    // would find a delivered execution and start a second one).
-                    Some(current) if current.state == ExecutionState::Completed => {
+            let (decision, mut record, attempt_alive) =
+                match self.decide_or_wait(&intent, has_probe).await? {
+                    Decided::On {
+                        decision,
+                        record,
+                        attempt_alive,
+                    } => (decision, record, attempt_alive),
+                    Decided::Completed(current) => {
                         let stored = self.config.kept_result(&current).await?;
                         return self
                             .config
@@ -351,18 +357,15 @@ where
                             .await?
                             .map_or_else(|| Err(foreign_link()), Ok);
                     }
-                    Some(_) => claimed = self.config.claim(&intent).await?,
-                    None => {
+                    Decided::InProgress(record) => {
                         return answered(answer::uncertain(
                             &reply_id,
                             intent.era,
-                            claimed.record(),
+                            &record,
                             UncertainReason::InProgress,
                         ));
                     }
-                }
-            };
-            let mut record = claimed.record().clone();
+                };
             let span = tracing::Span::current();
             span.record("execution_id", tracing::field::display(record.execution_id));
             span.record("decision", tracing::field::debug(decision));
@@ -370,7 +373,7 @@ where
             let id = record.execution_id;
             // A dispatched execution whose attempt is gone has an unknown outcome: record it
             // so (only if that attempt is still the latest).
-            if record.state == ExecutionState::Dispatched && !matches!(decision, Decision::Start) {
+            if decide::is_orphaned(&record, attempt_alive) && !matches!(decision, Decision::Start) {
                 match self
                     .config
                     .mark_unknown(&record, "the attempt ended before its outcome was observed")
@@ -434,23 +437,7 @@ where
                     return answered(answer::denied(&reply_id, intent.era, &record));
                 }
                 Decision::Uncertain(reason) => {
-                    if reason == UncertainReason::NeedsReview
-                        && record.state != ExecutionState::NeedsReview
-                    {
-                        let why = format!(
-                            "unknown outcome; a tool of class {} is not re-sent",
-                            record.retry_class
-                        );
-                        record = self
-                            .config
-                            .append_or_current(id, EventKind::NeedsReview { reason: why })
-                            .await?;
-                    }
-                    tracing::warn!(
-                        state = record.state_label(),
-                        "answered with an uncertain result"
-                    );
-                    return answered(answer::uncertain(&reply_id, intent.era, &record, reason));
+                    return self.uncertain(record, &intent, reason).await;
                 }
             };
             // Recorded before anything leaves; refused when another attempt moved the
@@ -471,6 +458,78 @@ where
             intent.era,
             claimed.record(),
             UncertainReason::InProgress,
+        ))
+    }
+
+    /// Claims and decides; while another process's guard owns the execution, waits (bounded)
+    /// for it to move on and decides again.
+    async fn decide_or_wait(
+        &mut self,
+        intent: &Intent,
+        has_probe: bool,
+    ) -> Result<Decided, GuardError> {
+        let mut claimed = self.config.claim(intent).await?;
+        loop {
+            let task_known = claimed.record().correlation.task_id.is_some();
+            let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
+            let facts = Facts {
+                attempt_alive,
+                has_probe,
+                task_known,
+            };
+            let decision = decide(&claimed, facts);
+            if decision != Decision::Attach {
+                let record = claimed.record().clone();
+                return Ok(Decided::On {
+                    decision,
+                    record,
+                    attempt_alive,
+                });
+            }
+            let waited = match self.config.wait_for_other_attempt(claimed.record()).await? {
+                Some(current) if current.state == ExecutionState::Completed => {
+                    Waited::Completed(current)
+                }
+                Some(_) => Waited::Moved,
+                None => Waited::TimedOut,
+            };
+            match after_wait(waited) {
+                AfterWait::HandBack(current) => return Ok(Decided::Completed(current)),
+                AfterWait::DecideAgain => claimed = self.config.claim(intent).await?,
+                AfterWait::InProgress => {
+                    return Ok(Decided::InProgress(claimed.record().clone()));
+                }
+            }
+        }
+    }
+
+    /// The honest answer of an execution whose outcome is unknown; one that is not re-sent is
+    /// recorded `needs_review` first.
+    async fn uncertain(
+        &mut self,
+        mut record: ExecutionRecord,
+        intent: &Intent,
+        reason: UncertainReason,
+    ) -> Answer<RB> {
+        if reason == UncertainReason::NeedsReview && record.state != ExecutionState::NeedsReview {
+            let why = format!(
+                "unknown outcome; a tool of class {} is not re-sent",
+                record.retry_class
+            );
+            record = self
+                .config
+                .append_or_current(record.execution_id, EventKind::NeedsReview { reason: why })
+                .await?;
+        }
+        tracing::warn!(
+            state = record.state_label(),
+            "answered with an uncertain result"
+        );
+        answered(answer::uncertain(
+            &intent.call.id,
+            intent.era,
+            &record,
+            reason,
         ))
     }
 }

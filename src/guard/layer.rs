@@ -13,9 +13,6 @@ use crate::{
     ledger::{EventKind, ExecutionRecord, Ledger, LedgerEvent, Timestamp},
 };
 
-/// Default bound on a buffered request body.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-
 #[derive(Clone)]
 pub(super) struct Config {
     pub(super) ledger: Arc<dyn Ledger>,
@@ -81,7 +78,7 @@ impl GuardLayer {
                 target: None,
                 authorizer: None,
                 annotations: AnnotationCache::default(),
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                max_body_bytes: crate::DEFAULT_MAX_BODY_BYTES,
                 attach_timeout: Duration::from_secs(30),
                 drain_timeout: Duration::from_secs(60),
                 key_format: IdempotencyKeyFormat::Raw,

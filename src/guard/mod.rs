@@ -30,7 +30,6 @@
 //! [`ExecutionId`] in its extensions, so a caller can name the execution
 //! even when the answer is not the guard's own.
 
-pub(crate) mod answer;
 mod body;
 mod call;
 mod dispatch;
@@ -44,16 +43,21 @@ mod probe;
 mod redact;
 mod service;
 mod steps;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 
 pub use crate::contract::{ProbeOutcome, ProbeRequest, StatusProbe};
 pub(crate) use crate::decide::call::UncertainReason;
-pub use answer::{STRUCTURED_KEY, jsonrpc_error};
+// The answers both halves write live at the crate root; these two are public here.
+pub use crate::DEFAULT_MAX_BODY_BYTES;
+use crate::answer;
+pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use future::ResponseFuture;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};
-pub use layer::{DEFAULT_MAX_BODY_BYTES, GuardLayer, resolve};
+pub use layer::{GuardLayer, resolve};
 pub use redact::redact_url;
 pub use service::Guard;
 

@@ -29,6 +29,8 @@ pub struct Guard<S> {
 }
 
 impl<S> Guard<S> {
+    crate::define_inner_service_accessors!();
+
     /// The guard's own answer to a `tools/call` whose every attempt lost its answer, for a
     /// caller that stops asking (the proxy, after the attempts it allows): a `CallToolResult`
     /// with `isError: true`, the execution record as it stands in the ledger, and what asking
@@ -83,12 +85,14 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The ready service goes with this call; the clone (maybe not ready) stays.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // Readiness is spent right before each send, not here: the ready service is dropped,
+        // which gives back what it reserved below (a `Buffer` or `ConcurrencyLimit` slot), so
+        // the body collect, the ledger writes and an attach wait hold no slot. The call polls
+        // its own clone ready right before it sends.
+        let inner = self.inner.clone();
+        drop(std::mem::replace(&mut self.inner, inner.clone()));
         let call = Call {
             inner,
-            inner_ready: true,
             config: self.config.clone(),
             inflight: self.inflight.clone(),
         };

@@ -99,4 +99,11 @@ mod tests {
         assert_eq!(gets.load(Ordering::SeqCst), 1, "one resume GET");
         assert!(String::from_utf8_lossy(&text).contains("\"result\""));
     }
+    #[test]
+    fn the_inner_service_is_reachable_through_the_layer() {
+        let mut service = ResumeLayer::new().layer(7_u32);
+        assert_eq!(*service.get_ref(), 7);
+        *service.get_mut() = 8;
+        assert_eq!(service.into_inner(), 8);
+    }
 }

@@ -28,6 +28,8 @@ impl<S> Resume<S> {
     pub(super) fn new(inner: S, config: Config) -> Self {
         Self { inner, config }
     }
+
+    crate::define_inner_service_accessors!();
 }
 
 pub(super) type GetFuture<RB> =

@@ -6,8 +6,7 @@ use tower_layer::Layer;
 
 use super::Idempotency;
 use crate::{
-    Actor, ExecutionId, Target, fingerprint::FingerprintKey, guard::DEFAULT_MAX_BODY_BYTES,
-    ledger::Ledger,
+    Actor, DEFAULT_MAX_BODY_BYTES, ExecutionId, Target, fingerprint::FingerprintKey, ledger::Ledger,
 };
 
 /// Who is calling, from the request (an extension an authentication layer put there, say).

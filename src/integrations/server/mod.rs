@@ -98,6 +98,8 @@
 mod body;
 mod layer;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use body::{IdempotencyRequestBody, IdempotencyResponseBody};
 pub use layer::{ExtractPrincipal, IdempotencyLayer, InFlight};

@@ -20,14 +20,13 @@ use super::{
     layer::{Config, InFlight},
 };
 use crate::{
-    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target, answer,
     contract::RetryClass,
     decide::{
         classify::refused_before_running,
         server::{KeyDecision, decide},
     },
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
-    guard::answer,
     ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
     observe::{self, Recorder, Unread, spawn_finishing, written},
     protocol::response::ResponseScanner,
@@ -60,6 +59,10 @@ const KEY_SLOT: &str = "idempotency-key";
 pub struct Idempotency<S> {
     pub(super) inner: S,
     pub(super) config: Arc<Config>,
+}
+
+impl<S> Idempotency<S> {
+    crate::define_inner_service_accessors!();
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
@@ -114,10 +117,13 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The ready service goes with this call; the clone (maybe not ready) stays.
-        let clone = self.inner.clone();
+        // Readiness is spent right before the send, not here: the ready service is dropped,
+        // which gives back what it reserved below (a `Buffer` or `ConcurrencyLimit` slot), so
+        // the body collect and the ledger writes hold no slot. The call polls its own clone.
+        let inner = self.inner.clone();
+        drop(std::mem::replace(&mut self.inner, inner.clone()));
         let call = Call {
-            inner: std::mem::replace(&mut self.inner, clone),
+            inner,
             config: self.config.clone(),
         };
         ResponseFuture {
@@ -129,6 +135,19 @@ where
 struct Call<S> {
     inner: S,
     config: Arc<Config>,
+}
+
+impl<S> Call<S> {
+    /// Calls the inner service, polled ready right before: a ready service held across the
+    /// body collect and the ledger writes would pin a slot of a `Buffer` or
+    /// `ConcurrencyLimit` below.
+    async fn send<R>(&mut self, request: R) -> Result<S::Response, S::Error>
+    where
+        S: Service<R>,
+    {
+        std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await?;
+        self.inner.call(request).await
+    }
 }
 
 /// A keyed `tools/call`, fingerprinted.
@@ -161,8 +180,7 @@ impl<S> Call<S> {
     {
         if request.method() != Method::POST || !request.headers().contains_key(IDEMPOTENCY_KEY) {
             let response = self
-                .inner
-                .call(request.map(IdempotencyRequestBody::passthrough))
+                .send(request.map(IdempotencyRequestBody::passthrough))
                 .await?;
             return Ok(response.map(IdempotencyResponseBody::passthrough));
         }
@@ -203,7 +221,7 @@ impl<S> Call<S> {
         // means nothing here.
         let Some(call) = call else {
             let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
-            let response = self.inner.call(request).await?;
+            let response = self.send(request).await?;
             return Ok(response.map(IdempotencyResponseBody::passthrough));
         };
         let key = match IdempotencyKey::from_header(&parts.headers[IDEMPOTENCY_KEY]) {
@@ -365,7 +383,8 @@ impl<S> Call<S> {
         recorder.max_result_bytes = config.max_body_bytes;
         recorder.drain_timeout = config.drain_timeout;
         let request = Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
-        let response = match self.inner.call(request).await {
+        // A readiness error counts as a failed call: recorded unknown, never run again.
+        let response = match self.send(request).await {
             Ok(response) => response,
             Err(error) => {
                 let write = recorder.unknown("the inner service failed on the call".into());

@@ -1,4 +1,5 @@
-//! Responses the guard writes itself, instead of the target's.
+//! Responses the crate writes itself, instead of the target's: the guard's uncertain answers
+//! and both halves' JSON-RPC errors.
 //!
 //! The guard never invents a failure: a model that sees a fake failure tries again. When it
 //! cannot hand back the target's result it answers the caller's request id with a
@@ -17,8 +18,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header::CONTENT_TYPE};
 use serde_json::{Value, json};
 
-use super::UncertainReason;
 use crate::{
+    decide::call::UncertainReason,
     ledger::ExecutionRecord,
     protocol::{Era, RequestId},
 };
