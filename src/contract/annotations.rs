@@ -5,28 +5,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use serde::{Deserialize, Serialize};
-
-use crate::context::Target;
-
-/// The MCP annotations of a tool, as `tools/list` reports them. Untrusted hints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[non_exhaustive]
-pub struct ToolAnnotations {
-    /// `readOnlyHint` (the specification's default is false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only_hint: Option<bool>,
-    /// `destructiveHint` (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destructive_hint: Option<bool>,
-    /// `idempotentHint` (default false).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotent_hint: Option<bool>,
-    /// `openWorldHint` (default true).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub open_world_hint: Option<bool>,
-}
+use crate::{context::Target, protocol::ToolAnnotations};
 
 /// The annotations the guard read from trusted servers' `tools/list` responses, per (target,
 /// tool), bounded: past [`MAX_TOOLS`](Self::MAX_TOOLS) entries a new tool is not recorded (it

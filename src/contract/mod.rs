@@ -51,8 +51,8 @@ mod probe;
 mod registry;
 mod tool;
 
+pub use crate::protocol::ToolAnnotations;
 pub(crate) use annotations::AnnotationCache;
-pub use annotations::ToolAnnotations;
 pub use class::RetryClass;
 pub use error::{InvalidContract, NoContract};
 pub use policy::{Policy, ToolPolicy, UnlistedPolicy};

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::guard::ProbeOutcome;
+use crate::contract::ProbeOutcome;
 
 /// What follows a probe, and what it records.
 #[derive(Debug, Clone, PartialEq)]

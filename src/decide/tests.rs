@@ -7,8 +7,8 @@ use super::{
     probe::AfterProbe,
 };
 use crate::{
+    contract::ProbeOutcome,
     contract::RetryClass,
-    guard::ProbeOutcome,
     ledger::{Claimed, ExecutionRecord, ExecutionState, Timestamp, fixtures},
 };
 

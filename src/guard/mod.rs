@@ -7,6 +7,73 @@
 //! Everything else (initialize, tools/list, notifications, GET, DELETE) and every read-only
 //! tool passes through untouched.
 //!
+//! # Example
+//!
+//! The layer over a `service_fn` target: the one `tools/call` is dispatched once, under the
+//! execution ID the ledger holds, sent as its `Idempotency-Key`.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use mcp_replay_guard::{
+//!     ExecutionId,
+//!     contract::{ContractRegistry, ToolContract},
+//!     fingerprint::FingerprintKey,
+//!     guard::{GuardLayer, GuardRequestBody},
+//!     ledger::{ExecutionState, Ledger, MemoryLedger},
+//! };
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // The target: records the Idempotency-Key of every request it is sent, answers the call.
+//! let keys = Arc::new(Mutex::new(Vec::new()));
+//! let seen = keys.clone();
+//! let target = service_fn(move |request: Request<GuardRequestBody>| {
+//!     let seen = seen.clone();
+//!     async move {
+//!         seen.lock().unwrap().push(request.headers()["idempotency-key"].clone());
+//!         let _ = request.into_body().collect().await?;
+//!         let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"deployed"}]}}"#;
+//!         let response = Response::builder()
+//!             .header("content-type", "application/json")
+//!             .body(Full::new(Bytes::from_static(answer.as_bytes())))?;
+//!         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+//!     }
+//! });
+//!
+//! let ledger = MemoryLedger::new();
+//! let contracts = ContractRegistry::builder()
+//!     .tool("deploy_release", ToolContract::irreversible())
+//!     .build()?;
+//! let guarded = ServiceBuilder::new()
+//!     .layer(GuardLayer::new(ledger.clone(), contracts, FingerprintKey::generate()?))
+//!     .service(target);
+//!
+//! let call = Request::post("http://127.0.0.1:9/mcp")
+//!     .header("content-type", "application/json")
+//!     .header("accept", "application/json, text/event-stream")
+//!     .header("mcp-protocol-version", "2025-11-25")
+//!     .body(Full::new(Bytes::from_static(
+//!         br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"deploy_release","arguments":{"service":"catalog"}}}"#,
+//!     )))?;
+//! let response = guarded.oneshot(call).await?;
+//! let body = response.into_body().collect().await?.to_bytes();
+//! assert!(body.starts_with(br#"{"jsonrpc":"2.0","id":1,"result""#));
+//!
+//! // One dispatch, under the execution ID the ledger holds, sent as the Idempotency-Key.
+//! let keys = keys.lock().unwrap().clone();
+//! assert_eq!(keys.len(), 1);
+//! let execution: ExecutionId = keys[0].to_str()?.parse()?;
+//! let record = ledger.get(execution).await?.expect("recorded");
+//! assert_eq!(record.state, ExecutionState::Completed);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # When a call is re-sent
 //!
 //! | prior execution | what the guard does |
@@ -23,8 +90,9 @@
 //! # What is recorded
 //!
 //! See [`crate::ledger`]. A send error before the transport read the request body, or a
-//! connect error, is `not_sent`; any other send error, a broken response stream, or a 5xx is
-//! `unknown`; 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
+//! connect error, is `not_sent`; any other send error, a broken response stream, or a status
+//! that does not prove a refusal (a 5xx, a 408, 409 or 410) is `unknown`;
+//! 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
 //!
 //! A response the target produced for a guarded call carries the call's
 //! [`ExecutionId`] in its extensions, so a caller can name the execution

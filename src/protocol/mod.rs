@@ -44,6 +44,7 @@ pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is}
 pub(crate) use numbers::json_has_integer_beyond_64_bits;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub use response::is_response_to;
+pub use tools_list::ToolAnnotations;
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
 
 pub(crate) use jsonrpc::parse_tracking_duplicates;

@@ -8,7 +8,25 @@ use super::{
     RequestId,
     response::{ResponseTo, response_to},
 };
-use crate::contract::ToolAnnotations;
+
+/// The MCP annotations of a tool, as `tools/list` reports them. Untrusted hints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ToolAnnotations {
+    /// `readOnlyHint` (the specification's default is false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    /// `destructiveHint` (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// `idempotentHint` (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// `openWorldHint` (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world_hint: Option<bool>,
+}
 
 /// The method name of a tool listing.
 pub(crate) const TOOLS_LIST: &str = "tools/list";

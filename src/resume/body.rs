@@ -16,7 +16,7 @@ use super::{
     service::{GetFuture, Reconnect},
 };
 use crate::{
-    guard::BoxError,
+    BoxError,
     protocol::sse::{SseEvent, SseParser},
 };
 

@@ -12,7 +12,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{ResumeBody, layer::Config, service::GetTemplate};
-use crate::guard::BoxError;
+use crate::BoxError;
 
 pin_project_lite::pin_project! {
     /// The future of [`Resume`].

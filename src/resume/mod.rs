@@ -50,7 +50,7 @@ mod tests {
     use tower::{Layer, ServiceExt};
 
     use super::ResumeLayer;
-    use crate::guard::BoxError;
+    use crate::BoxError;
 
     type TestBody = UnsyncBoxBody<Bytes, std::io::Error>;
 

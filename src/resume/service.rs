@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use super::{ResponseFuture, ResumeBody, layer::Config};
 use crate::{
-    guard::BoxError,
+    BoxError,
     protocol::{LAST_EVENT_ID, MCP_METHOD, MCP_NAME, ProtocolVersion},
 };
 
