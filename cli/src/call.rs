@@ -179,6 +179,8 @@ struct Called {
     delivery: Option<Delivery>,
 }
 
+// Longer than most functions: the command's steps (options, ledger, stack, handshake, call,
+// print) in the order a reader follows them, each short.
 pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> {
     let arguments: Value = serde_json::from_str(&args.args).with_context(|| {
         "--args is not JSON: give the tool's arguments as an object, e.g. '{\"service\":\"api\"}'"
@@ -318,6 +320,8 @@ async fn finish(called: Called, json_output: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(outcome.exit_code()))
 }
 
+// Longer than most functions: the three attempts and what each outcome prints and exits with,
+// kept together so that every exit code is decided in one place.
 async fn call_tool<S, RB>(
     client: &mut S,
     endpoint: &Endpoint,

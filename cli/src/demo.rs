@@ -115,6 +115,8 @@ fn first_text(answer: &Value) -> &str {
         .unwrap_or("(no text)")
 }
 
+// Longer than most functions: the demo is a script (server, the generic run, the guarded run,
+// the ledger, the verdict), read top to bottom as it prints.
 pub async fn run(args: DemoArgs, json_output: bool) -> anyhow::Result<ExitCode> {
     // 1. A generic retry stack straight over the HTTP client.
     let generic_server = DeployServer::start().await?;

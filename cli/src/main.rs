@@ -235,6 +235,7 @@ fn existing(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+// Longer than most functions: one `match` arm per subcommand, each a few lines.
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => demo::run(args, cli.json).await,

@@ -523,6 +523,9 @@ impl ExecutionRecord {
 
     /// Applies one event: the state machine. An event the state does not allow is refused and
     /// the record is left as it was.
+    ///
+    /// Longer than most functions: one `match` over (state, event) with an arm per allowed
+    /// transition, kept whole so that the machine reads in one place.
     pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
         use ExecutionState as S;
         let refuse = || InvalidTransition {

@@ -26,6 +26,9 @@ use super::{
 /// before it are followed the same way.
 ///
 /// An error means a file could not be read; everything wrong with the chain is in the report.
+//
+// Longer than most functions: it walks archives, the live file and the anchor in one pass, and
+// each step's findings feed the next (a checkpoint is checked against the line before it).
 pub fn verify_file_anchored(
     path: &Path,
     anchor: Option<ChainHead>,

@@ -28,6 +28,9 @@ use super::{
 };
 
 /// Reads the answer to a `POST` the way rmcp's reqwest backend does.
+//
+// Longer than most functions: one `match` over the status and content type with an arm per
+// answer rmcp's backend distinguishes, kept in its order so the two can be compared.
 pub(super) async fn read_post_response<RB>(
     response: Response<RB>,
     message: &ClientJsonRpcMessage,
