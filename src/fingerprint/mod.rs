@@ -414,6 +414,24 @@ impl<'a> ActionRecord<'a> {
         self.arguments = Cow::Borrowed(arguments);
         self
     }
+
+    /// The record of a parsed `tools/call` to an MCP endpoint, as both halves build it: the
+    /// arguments borrowed, and a multi-round-trip continuation made a new intent (not a
+    /// re-issue of the call it continues). The credential reference, if any, is the caller's
+    /// to add.
+    pub(crate) fn of_tool_call(
+        actor: Actor,
+        intent_scope: IntentScope,
+        call: &'a crate::protocol::ToolCall,
+        target: Target,
+    ) -> Self {
+        let record = Self::new(actor, intent_scope, call.name.clone(), Channel::mcp(target))
+            .borrowed_arguments(&call.arguments);
+        match call.continuation() {
+            Some(continuation) => record.continuation(continuation),
+            None => record,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use super::{BoxError, GuardRequestBody, answer, call::Call};
 use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::{RetryClass, StatusProbe},
-    fingerprint::{ActionRecord, Channel, Fingerprint},
+    fingerprint::{ActionRecord, Fingerprint},
     ledger::ClientInfo,
     protocol::{self, Era, ToolCall},
 };
@@ -98,19 +98,8 @@ where
                 ))
             })?;
         let contract = resolved.contract;
-        let record = ActionRecord::new(
-            actor.clone(),
-            intent_scope.clone(),
-            call.name.clone(),
-            Channel::mcp(target.clone()),
-        )
-        .borrowed_arguments(&call.arguments);
-        // A multi-round-trip continuation is a new intent, not a re-issue of the call it
-        // continues.
-        let record = match call.continuation() {
-            Some(continuation) => record.continuation(continuation),
-            None => record,
-        };
+        let record =
+            ActionRecord::of_tool_call(actor.clone(), intent_scope.clone(), &call, target.clone());
         let record = match &credential_ref {
             Some(c) => record.credential_ref(c.clone()),
             None => record,

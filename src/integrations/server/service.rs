@@ -442,18 +442,8 @@ impl Config {
             ),
             &rules,
         );
-        let record = ActionRecord::new(
-            actor.clone(),
-            scope.clone(),
-            call.name.clone(),
-            Channel::mcp(target.clone()),
-        )
-        .borrowed_arguments(&call.arguments);
-        // A multi-round-trip continuation makes another call; no other extra param does.
-        let record = match call.continuation() {
-            Some(continuation) => record.continuation(continuation),
-            None => record,
-        };
+        let record =
+            ActionRecord::of_tool_call(actor.clone(), scope.clone(), &call, target.clone());
         let fingerprint = self.key.fingerprint(record, &rules);
         Keyed {
             call,
