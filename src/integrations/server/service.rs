@@ -505,9 +505,10 @@ fn replay(headers: &HeaderMap, id: &RequestId, era: Era, result: &[u8]) -> Respo
         sse.push(b'\n');
     }
     sse.push(b'\n');
-    parts
-        .headers
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    parts.headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(protocol::EVENT_STREAM),
+    );
     Response::from_parts(parts, Bytes::from(sse))
 }
 

@@ -298,22 +298,14 @@ impl Writer {
         if bodies.is_empty() {
             return Ok(());
         }
-        let mut text = String::new();
-        let (mut seq, mut prev) = self.head;
-        for body in bodies {
-            seq += 1;
-            let line = ChainedLine::seal(seq, prev, body);
-            prev = line.hash;
-            text.push_str(&line.to_json_line());
-            text.push('\n');
-        }
+        let (text, head) = seal_lines(self.head, bodies);
         self.file
             .write_all(text.as_bytes())
             .and_then(|()| self.file.sync_data())
             .map_err(|e| failed("cannot write the ledger", e))?;
         self.offset += text.len() as u64;
         let before = self.head.0;
-        self.head = (seq, prev);
+        self.head = head;
         chain::log_head(&self.path.display(), Some(before), self.head.into());
         Ok(())
     }
@@ -583,15 +575,8 @@ impl Writer {
         }
         let archived_to = sibling(&self.path, &format!("{}.archive", self.head.0));
         let next = sibling(&self.path, "compacting");
-        let mut text = String::new();
-        let (mut seq, mut prev) = self.head;
-        for body in bodies {
-            seq += 1;
-            let line = ChainedLine::seal(seq, prev, body);
-            prev = line.hash;
-            text.push_str(&line.to_json_line());
-            text.push('\n');
-        }
+        // The compacted file's head is read back when it is reopened below.
+        let (text, _) = seal_lines(self.head, bodies);
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -618,6 +603,20 @@ impl Writer {
             dropped_executions: before - kept,
         })
     }
+}
+
+/// The chained lines of `bodies` after `head`, one per line, and the new head.
+fn seal_lines(head: (u64, ChainHash), bodies: Vec<LineBody>) -> (String, (u64, ChainHash)) {
+    let mut text = String::new();
+    let (mut seq, mut prev) = head;
+    for body in bodies {
+        seq += 1;
+        let line = ChainedLine::seal(seq, prev, body);
+        prev = line.hash;
+        text.push_str(&line.to_json_line());
+        text.push('\n');
+    }
+    (text, (seq, prev))
 }
 
 /// Links the live file as its archive. A compaction killed between this link and its rename
