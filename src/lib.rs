@@ -100,6 +100,7 @@
 //! | `reqwest` | [`integrations::reqwest`]: `Idempotency-Key` propagation and a retry middleware for reqwest-middleware |
 //! | `postgres` | `ledger::PostgresLedger`: a ledger shared by replicas through PostgreSQL |
 //! | `server` | `integrations::server`: a server-side layer that honours `Idempotency-Key` on `tools/call` |
+//! | `simulation` | `simulation`: hooks for the crate's deterministic simulator (a simulated clock, a `FileLedger` on a crashable disk); not for production |
 //!
 //! None is on by default.
 #![forbid(unsafe_code)]
@@ -165,6 +166,8 @@ mod observe;
 pub mod protocol;
 pub mod replay_policy;
 pub mod resume;
+#[cfg(feature = "simulation")]
+pub mod simulation;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
 pub use execution_id::{

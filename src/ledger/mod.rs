@@ -28,6 +28,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+#[cfg(feature = "simulation")]
+pub use file::Disk;
 pub use file::{CompactReport, FileLedger, verify_file};
 pub(crate) use index::IntentKey;
 pub use memory::MemoryLedger;

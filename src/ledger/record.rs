@@ -18,8 +18,12 @@ use crate::{
 pub struct Timestamp(u64);
 
 impl Timestamp {
-    /// Now.
+    /// Now (with feature `simulation`, the simulated clock where one is installed).
     pub fn now() -> Self {
+        #[cfg(feature = "simulation")]
+        if let Some(now) = crate::simulation::now() {
+            return now;
+        }
         Self::from(SystemTime::now())
     }
 

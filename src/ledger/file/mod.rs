@@ -26,6 +26,7 @@ use super::{
 };
 use crate::{ExecutionId, fingerprint::FingerprintKey};
 
+mod disk;
 mod key;
 mod lines;
 mod owners;
@@ -33,6 +34,11 @@ mod writer;
 
 use key::{check_key, create_key, key_id, read_key, short_id};
 use lines::fits_in_a_line;
+#[cfg(feature = "simulation")]
+pub use disk::Disk;
+#[cfg(not(feature = "simulation"))]
+use disk::Disk;
+use disk::OsDisk;
 use owners::Owners;
 use writer::{Mode, Writer};
 
@@ -83,10 +89,23 @@ use writer::{Mode, Writer};
 pub struct FileLedger {
     path: Arc<PathBuf>,
     read_only: bool,
-    ops: mpsc::Sender<Op>,
+    serve: Serve,
     owners: Arc<Owners>,
-    // Declared last: dropped after `ops`, so the writer has no sender left and stops.
-    _writer: Arc<WriterThread>,
+}
+
+/// How operations reach the writer.
+#[derive(Clone)]
+enum Serve {
+    /// The writer thread, which commits concurrent appends as one group.
+    Thread {
+        ops: mpsc::Sender<Op>,
+        // Declared last: dropped after `ops`, so the writer has no sender left and stops.
+        _writer: Arc<WriterThread>,
+    },
+    /// On the caller's thread, one operation at a time: no thread, no linger, so a
+    /// simulation that drives the ledger is the same schedule every time it runs.
+    #[cfg(feature = "simulation")]
+    Inline(Arc<Mutex<Writer>>),
 }
 
 /// Joins the writer thread when the last clone of the ledger is dropped, so that its owner
@@ -178,7 +197,26 @@ impl FileLedger {
             Mode {
                 read_only: false,
                 lock_timeout,
+                disk: Arc::new(OsDisk),
             },
+            Self::threaded,
+        )
+    }
+
+    /// Opens (or creates) the ledger at `path` as [`open`](Self::open) does, writing through
+    /// `disk`, with every operation served on the caller's thread instead of a writer
+    /// thread (feature `simulation`: for the deterministic simulator, whose disk can crash
+    /// between any two writes and whose schedule must not depend on a thread).
+    #[cfg(feature = "simulation")]
+    pub fn open_on(path: impl AsRef<Path>, disk: Arc<dyn Disk>) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: false,
+                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
+                disk,
+            },
+            |writer| Ok(Serve::Inline(Arc::new(Mutex::new(writer)))),
         )
     }
 
@@ -192,31 +230,62 @@ impl FileLedger {
             Mode {
                 read_only: true,
                 lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
+                disk: Arc::new(OsDisk),
             },
+            Self::threaded,
         )
     }
 
-    fn start(path: &Path, mode: Mode) -> Result<Self, LedgerError> {
+    fn start(
+        path: &Path,
+        mode: Mode,
+        serve: impl FnOnce(Writer) -> Result<Serve, LedgerError>,
+    ) -> Result<Self, LedgerError> {
         let path = path.to_path_buf();
         let owners = Arc::new(Owners::new(&path));
+        let read_only = mode.read_only;
         let mut writer = Writer::open(&path, owners.clone(), mode)?;
-        if mode.read_only {
+        if read_only {
             writer.catch_up(false)?;
         } else {
             writer.recover()?;
         }
+        Ok(Self {
+            path: Arc::new(path),
+            read_only,
+            serve: serve(writer)?,
+            owners,
+        })
+    }
+
+    /// The writer on a thread of its own.
+    fn threaded(writer: Writer) -> Result<Serve, LedgerError> {
         let (ops, receiver) = mpsc::channel();
         let handle = thread::Builder::new()
             .name("mcp-replay-guard-file-ledger".into())
             .spawn(move || writer.run(receiver))
             .map_err(|e| failed("cannot start the ledger writer thread", e))?;
-        Ok(Self {
-            path: Arc::new(path),
-            read_only: mode.read_only,
+        Ok(Serve::Thread {
             ops,
-            owners,
             _writer: Arc::new(WriterThread(Some(handle))),
         })
+    }
+
+    /// Hands `op` to the writer (which answers through the reply inside it).
+    fn submit(&self, op: Op) -> Result<(), LedgerError> {
+        match &self.serve {
+            Serve::Thread { ops, .. } => ops
+                .send(op)
+                .map_err(|_| storage("the ledger writer stopped", "reopen the ledger")),
+            #[cfg(feature = "simulation")]
+            Serve::Inline(writer) => {
+                writer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .serve(vec![op]);
+                Ok(())
+            }
+        }
     }
 
     /// Whether the ledger was opened with [`open_read_only`](Self::open_read_only).
@@ -316,9 +385,7 @@ impl FileLedger {
 
     fn ask_blocking<T>(&self, op: impl FnOnce(SyncReply<T>) -> Op) -> Result<T, LedgerError> {
         let (reply, answer) = mpsc::channel();
-        self.ops
-            .send(op(reply))
-            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?;
+        self.submit(op(reply))?;
         answer
             .recv()
             .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?
@@ -338,9 +405,7 @@ impl FileLedger {
 
     async fn ask<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
-        self.ops
-            .send(op(reply))
-            .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?;
+        self.submit(op(reply))?;
         answer
             .await
             .map_err(|_| storage("the ledger writer stopped", "reopen the ledger"))?

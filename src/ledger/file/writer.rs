@@ -21,11 +21,13 @@ pub(super) fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
     }
 }
 
-/// How a ledger was opened; the writer thread keeps it across reopens.
-#[derive(Debug, Clone, Copy)]
+/// How a ledger was opened; the writer keeps it across reopens.
+#[derive(Clone)]
 pub(super) struct Mode {
     pub(super) read_only: bool,
     pub(super) lock_timeout: Duration,
+    /// Where appends, syncs and cuts go.
+    pub(super) disk: Arc<dyn Disk>,
 }
 
 /// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
@@ -156,7 +158,7 @@ impl Writer {
     fn reopen_if_replaced(&mut self) -> Result<(), LedgerError> {
         if self.is_replaced()? {
             let owners = self.owners.clone();
-            *self = Self::open(&self.path.clone(), owners, self.mode)?;
+            *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
         }
         Ok(())
     }
@@ -259,9 +261,9 @@ impl Writer {
     }
 
     fn truncate_at(&mut self, offset: u64) -> Result<(), LedgerError> {
-        self.file
-            .set_len(offset)
-            .and_then(|()| self.file.sync_all())
+        self.mode
+            .disk
+            .truncate(&self.file, offset)
             .map_err(|e| failed("cannot cut the torn ledger tail", e))?;
         self.offset = offset;
         Ok(())
@@ -299,9 +301,9 @@ impl Writer {
             return Ok(());
         }
         let (text, head) = seal_lines(self.head, bodies);
-        self.file
-            .write_all(text.as_bytes())
-            .and_then(|()| self.file.sync_data())
+        let disk = &self.mode.disk;
+        disk.write(&self.file, text.as_bytes())
+            .and_then(|()| disk.sync(&self.file))
             .map_err(|e| failed("cannot write the ledger", e))?;
         self.offset += text.len() as u64;
         let before = self.head.0;
@@ -327,6 +329,7 @@ impl Writer {
         })
     }
 
+    /// The writer thread's loop.
     pub(super) fn run(mut self, ops: mpsc::Receiver<Op>) {
         chain::log_head(&self.path.display(), None, self.head.into());
         let mut last_batch = 0;
@@ -348,7 +351,7 @@ impl Writer {
     /// Serves one batch: reads without the lock, writes under it, every reply held until the
     /// batch is on disk. A match over the batch's operations, one arm each: longer than
     /// most functions, because each arm is where its operation's lines are made.
-    fn serve(&mut self, batch: Vec<Op>) {
+    pub(super) fn serve(&mut self, batch: Vec<Op>) {
         let writes = batch.iter().any(|op| {
             matches!(
                 op,
@@ -451,7 +454,7 @@ impl Writer {
         if outcome.is_err() && !std::mem::take(&mut self.lock_failed) {
             // The index may hold what was not written: rebuild it from the file.
             let owners = self.owners.clone();
-            match Self::open(&self.path.clone(), owners, self.mode) {
+            match Self::open(&self.path.clone(), owners, self.mode.clone()) {
                 Ok(fresh) => *self = fresh,
                 Err(error) => {
                     tracing::error!(%error, "cannot reopen the ledger after a failed write")
@@ -594,7 +597,7 @@ impl Writer {
             .map_err(|e| failed("cannot swap in the compacted ledger", e))?;
         let owners = self.owners.clone();
         let _ = self.file.unlock();
-        *self = Self::open(&self.path.clone(), owners, self.mode)?;
+        *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
         lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
         self.catch_up(true)?;
         Ok(CompactReport {
