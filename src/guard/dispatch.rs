@@ -13,7 +13,7 @@ use super::{
 use crate::{
     IDEMPOTENCY_KEY, IdempotencyKey,
     decide::classify::{ErrorClass, classify_error, refused_before_running},
-    ledger::{EventKind, ExecutionRecord},
+    ledger::{EventKind, ExecutionRecord, ExecutionState},
     observe::{Polled, Settlement},
     protocol::{self, response::ResponseScanner},
 };
@@ -103,28 +103,26 @@ pub(super) async fn send_failed<RB>(
             polled.was_polled(),
             protocol::transport::nothing_was_sent(&*error),
         ) == ErrorClass::Unknown;
-        let (kind, error) = if sent {
-            (
-                EventKind::Unknown {
-                    target_status: None,
-                    attempt: Some(record.attempts),
-                    reason: format!(
-                        "transport error after the request may have been sent: {error}"
-                    ),
-                },
-                GuardError::unknown(id, error),
-            )
+        let kind = if sent {
+            EventKind::Unknown {
+                target_status: None,
+                attempt: Some(record.attempts),
+                reason: format!("transport error after the request may have been sent: {error}"),
+            }
         } else {
-            (
-                EventKind::NotSent {
-                    reason: format!("transport error before the request was sent: {error}"),
-                },
-                GuardError::not_sent(id, error),
-            )
+            EventKind::NotSent {
+                reason: format!("transport error before the request was sent: {error}"),
+            }
         };
         tracing::warn!(outcome = kind.name(), "send failed");
-        config.append(id, kind).await?;
+        let now = config.append(id, kind).await?;
         owner.settle(Settlement::Other);
-        Err(error)
+        // This attempt never left, but an earlier one may have: the execution is unknown,
+        // and the caller is never told that nothing was sent.
+        if now.state == ExecutionState::NotSent {
+            Err(GuardError::not_sent(id, error))
+        } else {
+            Err(GuardError::unknown(id, error))
+        }
     }
 }

@@ -463,6 +463,10 @@ pub struct ExecutionRecord {
     /// The guard that owns it: the one that accepted it, then the one that dispatched its
     /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
+    /// The latest attempt was sent while an earlier one's outcome was unknown. If the latest
+    /// then turns out `not_sent` or refused (`failed`), the execution is still `unknown`:
+    /// that attempt never ran, the earlier one may have.
+    pub earlier_attempt_unknown: bool,
 }
 
 /// An event that the record's state does not allow.
@@ -522,6 +526,7 @@ impl ExecutionRecord {
             link_until: *link_until,
             retain_until: *retain_until,
             owner: owner.clone(),
+            earlier_attempt_unknown: false,
         })
     }
 
@@ -582,6 +587,9 @@ impl ExecutionRecord {
                 {
                     return Err(refuse());
                 }
+                // Re-sent over an unknown outcome (a settled one, not applied, is no longer a
+                // doubt; a never-sent one never was).
+                self.earlier_attempt_unknown = self.state == S::Unknown;
                 self.state = S::Dispatched;
                 // Ownership moves with every dispatch: the dispatching guard owns the attempt
                 // in flight, and its liveness is what a repeat asks about.
@@ -625,10 +633,19 @@ impl ExecutionRecord {
                 if self.state != S::Dispatched {
                     return Err(refuse());
                 }
-                self.state = S::Failed;
-                self.completed_at = Some(at);
                 self.target_status = *target_status;
-                self.reason = Some(reason.clone());
+                if self.earlier_attempt_unknown {
+                    // The refusal is of this attempt; an earlier one may have run.
+                    self.state = S::Unknown;
+                    self.reason = Some(format!(
+                        "attempt {} was refused ({reason}); the outcome of an earlier attempt is still unknown",
+                        self.attempts
+                    ));
+                } else {
+                    self.state = S::Failed;
+                    self.completed_at = Some(at);
+                    self.reason = Some(reason.clone());
+                }
             }
             EventKind::Unknown {
                 target_status,
@@ -646,8 +663,16 @@ impl ExecutionRecord {
                 if self.state != S::Dispatched {
                     return Err(refuse());
                 }
-                self.state = S::NotSent;
-                self.reason = Some(reason.clone());
+                if self.earlier_attempt_unknown {
+                    self.state = S::Unknown;
+                    self.reason = Some(format!(
+                        "attempt {} was not sent ({reason}); the outcome of an earlier attempt is still unknown",
+                        self.attempts
+                    ));
+                } else {
+                    self.state = S::NotSent;
+                    self.reason = Some(reason.clone());
+                }
             }
             EventKind::Delivered { .. } => {
                 if !matches!(
@@ -899,6 +924,108 @@ mod tests {
         }
         apply(&mut r, anonymous).unwrap();
         assert_eq!(r.owner, "guard:two");
+    }
+
+    /// Found by the simulator (seed 1592590567): a re-send of an execution whose first
+    /// attempt's outcome is unknown fails before a byte leaves. That attempt was not sent, but
+    /// the first may have run: the execution stays `unknown` (a `not_sent` would be continued,
+    /// or past its link window replaced by a new execution: a second effect).
+    #[test]
+    fn a_resend_that_was_not_sent_leaves_an_unknown_execution_unknown() {
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut r, unknown(Some(1))).unwrap();
+        apply(&mut r, dispatched(id, 2, "guard:two")).unwrap();
+        apply(
+            &mut r,
+            EventKind::NotSent {
+                reason: "refused".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(r.state, ExecutionState::Unknown);
+        assert!(r.is_linkable(Timestamp::from_millis(59_000)));
+        // A third attempt that is not sent either: still unknown.
+        apply(&mut r, dispatched(id, 3, "guard:two")).unwrap();
+        apply(
+            &mut r,
+            EventKind::NotSent {
+                reason: "refused".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(r.state, ExecutionState::Unknown);
+        // Once a probe settled the first attempt as not applied, a re-send that was not
+        // sent is what it says.
+        let mut settled = accepted("guard:one");
+        let id = settled.execution_id;
+        apply(&mut settled, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut settled, unknown(Some(1))).unwrap();
+        let verdict = EventKind::Resolved {
+            applied: false,
+            by: "probe".into(),
+            note: "not applied".into(),
+            result_reference: None,
+            attempt: Some(1),
+        };
+        apply(&mut settled, verdict).unwrap();
+        apply(&mut settled, dispatched(id, 2, "guard:one")).unwrap();
+        apply(
+            &mut settled,
+            EventKind::NotSent {
+                reason: "refused".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(settled.state, ExecutionState::NotSent);
+        // An execution that never left, continued and not sent again, is not sent.
+        let mut never = accepted("guard:one");
+        let id = never.execution_id;
+        apply(&mut never, dispatched(id, 1, "guard:one")).unwrap();
+        apply(
+            &mut never,
+            EventKind::NotSent {
+                reason: "refused".into(),
+            },
+        )
+        .unwrap();
+        apply(&mut never, dispatched(id, 2, "guard:one")).unwrap();
+        apply(
+            &mut never,
+            EventKind::NotSent {
+                reason: "refused".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(never.state, ExecutionState::NotSent);
+    }
+
+    /// Found by the simulator (seed 1592590620): the re-send of an unknown execution is
+    /// refused (429). The refusal proves that attempt did not run, not the first: the
+    /// execution stays `unknown` (a `failed` is never linked, so the next repeat ran as a new
+    /// execution: a second effect).
+    #[test]
+    fn a_resend_that_was_refused_leaves_an_unknown_execution_unknown() {
+        let refused = || EventKind::Failed {
+            target_status: Some(429),
+            reason: "refused before running".into(),
+        };
+        let mut r = accepted("guard:one");
+        let id = r.execution_id;
+        apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut r, unknown(Some(1))).unwrap();
+        apply(&mut r, dispatched(id, 2, "guard:one")).unwrap();
+        apply(&mut r, refused()).unwrap();
+        assert_eq!(r.state, ExecutionState::Unknown);
+        assert_eq!(r.target_status, Some(429));
+        assert!(r.is_linkable(Timestamp::from_millis(59_000)));
+        // Refused on its first attempt: failed, as before.
+        let mut first = accepted("guard:one");
+        let id = first.execution_id;
+        apply(&mut first, dispatched(id, 1, "guard:one")).unwrap();
+        apply(&mut first, refused()).unwrap();
+        assert_eq!(first.state, ExecutionState::Failed);
     }
 
     /// Two processes that both saw attempt 1 end with a dead owner: the first to record

@@ -32,13 +32,13 @@ mod lines;
 mod owners;
 mod writer;
 
-use key::{check_key, create_key, key_id, read_key, short_id};
-use lines::fits_in_a_line;
 #[cfg(feature = "simulation")]
 pub use disk::Disk;
 #[cfg(not(feature = "simulation"))]
 use disk::Disk;
 use disk::OsDisk;
+use key::{check_key, create_key, key_id, read_key, short_id};
+use lines::fits_in_a_line;
 use owners::Owners;
 use writer::{Mode, Writer};
 

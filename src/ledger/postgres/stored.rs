@@ -34,6 +34,10 @@ pub(super) struct StoredRecord {
     pub(super) link_until: Timestamp,
     pub(super) retain_until: Timestamp,
     pub(super) owner: String,
+    // Added when the simulator found a re-send over an unknown outcome read as `not_sent`:
+    // rows written before it have none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) earlier_attempt_unknown: bool,
 }
 
 pub(super) fn record_to_json(record: &ExecutionRecord) -> Result<String, LedgerError> {

@@ -1,0 +1,340 @@
+//! A schedule: everything one simulation run does, drawn from one seed before it starts.
+//!
+//! A plan is data (calls, target faults, crashes, partitions, operator visits), so a failing
+//! plan can be shrunk by dropping entries and run again: every entry is named by a stable id
+//! (a call's faults name the call, not its position), so removing one entry leaves the others
+//! meaning what they meant.
+
+use std::fmt;
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+/// The four retry classes, one tool each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tool {
+    /// `read_only`: re-sent freely.
+    Read,
+    /// `idempotent`, against a target that honours `Idempotency-Key`.
+    SetFlag,
+    /// `recoverable`, with a status probe that asks the target.
+    Charge,
+    /// `irreversible`: never re-sent.
+    Deploy,
+}
+
+impl Tool {
+    pub const ALL: [Tool; 4] = [Tool::Read, Tool::SetFlag, Tool::Charge, Tool::Deploy];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::Read => "read_status",
+            Tool::SetFlag => "set_flag",
+            Tool::Charge => "charge",
+            Tool::Deploy => "deploy",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Tool> {
+        Tool::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerKind {
+    Memory,
+    File,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    Sessions,  // 2025-11-25
+    Stateless, // 2026-07-28
+}
+
+impl Era {
+    pub fn version(self) -> &'static str {
+        match self {
+            Era::Sessions => "2025-11-25",
+            Era::Stateless => "2026-07-28",
+        }
+    }
+}
+
+/// What the target does with one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Reads the request, then closes the connection without running the tool.
+    DropBeforeEffect,
+    /// Runs the tool, then closes the connection without an answer.
+    LostAfterEffect,
+    /// Runs the tool, answers as SSE and cuts the stream after `frames` frames (0: after
+    /// the headers; 1: after the priming event; 2: after the result event).
+    CutAfter { frames: u8 },
+    /// Takes `ms` to run the tool.
+    Slow { ms: u64 },
+    /// Answers this status without running the tool.
+    Status { code: u16 },
+}
+
+/// What crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Victim {
+    /// One agent process (SIGKILL: the kernel keeps what it wrote).
+    Process(usize),
+    /// The machine of the agent processes (power loss: what was not synced is lost).
+    Machine,
+    /// The MCP target's process.
+    Target,
+}
+
+/// Where, inside one disk operation, a crash falls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    BeforeWrite,
+    AfterWrite,
+    AfterSync,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    /// One caller's logical call: it asks up to `attempts` times until it gets an answer it
+    /// can act on.
+    Call {
+        id: u32,
+        process: usize,
+        actor: u8,
+        tool: Tool,
+        args: u8,
+        at_ms: u64,
+        attempts: u8,
+        timeout_ms: u64,
+        backoff_ms: u64,
+    },
+    /// The target's behaviour for attempt `attempt` of call `call`.
+    TargetFault {
+        call: u32,
+        attempt: u8,
+        fault: Fault,
+    },
+    /// A crash at `at_ms`; the victim restarts `down_ms` later.
+    Crash {
+        at_ms: u64,
+        victim: Victim,
+        down_ms: u64,
+    },
+    /// Process `process` crashes inside its `op`-th disk operation (counted over its
+    /// lives); with `machine`, the whole machine does, the disk loses what was not synced
+    /// and keeps `tear` bytes of it; with `corrupt`, the last synced line is damaged too.
+    DiskCrash {
+        process: usize,
+        op: u32,
+        phase: Phase,
+        machine: bool,
+        tear: u16,
+        corrupt: bool,
+        down_ms: u64,
+    },
+    /// No packet between `process` and the target from `at_ms` for `for_ms`.
+    Partition {
+        process: usize,
+        at_ms: u64,
+        for_ms: u64,
+    },
+    /// Packets between `process` and the target are held from `at_ms` for `for_ms`, then
+    /// delivered (a delay that reorders connections).
+    Hold {
+        process: usize,
+        at_ms: u64,
+        for_ms: u64,
+    },
+    /// An operator resolves every held execution from what the target really did.
+    Operator { at_ms: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    pub ledger: LedgerKind,
+    pub processes: usize,
+    pub era: Era,
+    /// Answers as SSE (else JSON) when the target has no fault for the request.
+    pub sse: bool,
+    pub link_window_ms: u64,
+    pub attach_ms: u64,
+    /// Per tool (in [`Tool::ALL`] order): whether results are kept.
+    pub keep_results: [bool; 4],
+    pub entries: Vec<Entry>,
+}
+
+impl Plan {
+    /// The plan of `seed`.
+    pub fn generate(seed: u64) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let ledger = if rng.random_bool(0.3) {
+            LedgerKind::Memory
+        } else {
+            LedgerKind::File
+        };
+        let processes = match ledger {
+            LedgerKind::Memory => 1,
+            LedgerKind::File => rng.random_range(1..=2),
+        };
+        let era = if rng.random_bool(0.5) {
+            Era::Sessions
+        } else {
+            Era::Stateless
+        };
+        let mut entries = Vec::new();
+        let calls = rng.random_range(2..=8);
+        for id in 0..calls {
+            // A small intent space, so that repeats and concurrent twins are common.
+            let tool = Tool::ALL[rng.random_range(0..4)];
+            let attempts = rng.random_range(1..=4);
+            entries.push(Entry::Call {
+                id,
+                process: rng.random_range(0..processes),
+                actor: u8::from(rng.random_bool(0.2)),
+                tool,
+                args: rng.random_range(0..2),
+                at_ms: rng.random_range(0..6_000),
+                attempts,
+                timeout_ms: rng.random_range(200..4_000),
+                backoff_ms: rng.random_range(50..3_000),
+            });
+            for attempt in 0..attempts {
+                if rng.random_bool(0.35) {
+                    let fault = match rng.random_range(0..6) {
+                        0 => Fault::DropBeforeEffect,
+                        1 => Fault::LostAfterEffect,
+                        2 => Fault::CutAfter {
+                            frames: rng.random_range(0..3),
+                        },
+                        3 | 4 => Fault::Slow {
+                            ms: rng.random_range(300..6_000),
+                        },
+                        _ => Fault::Status {
+                            code: [500, 503, 429, 409][rng.random_range(0..4)],
+                        },
+                    };
+                    entries.push(Entry::TargetFault {
+                        call: id,
+                        attempt,
+                        fault,
+                    });
+                }
+            }
+        }
+        for _ in 0..rng.random_range(0..=2) {
+            let victim = match (ledger, rng.random_range(0..3)) {
+                (LedgerKind::File, 0) => Victim::Machine,
+                (LedgerKind::File, 1) => Victim::Process(rng.random_range(0..processes)),
+                _ => Victim::Target,
+            };
+            entries.push(Entry::Crash {
+                at_ms: rng.random_range(0..10_000),
+                victim,
+                down_ms: rng.random_range(50..3_000),
+            });
+        }
+        if ledger == LedgerKind::File && rng.random_bool(0.4) {
+            let machine = rng.random_bool(0.5);
+            entries.push(Entry::DiskCrash {
+                process: rng.random_range(0..processes),
+                op: rng.random_range(1..30),
+                phase: [Phase::BeforeWrite, Phase::AfterWrite, Phase::AfterSync]
+                    [rng.random_range(0..3)],
+                machine,
+                tear: rng.random_range(0..400),
+                corrupt: machine && rng.random_bool(0.15),
+                down_ms: rng.random_range(50..3_000),
+            });
+        }
+        if rng.random_bool(0.25) {
+            entries.push(Entry::Partition {
+                process: rng.random_range(0..processes),
+                at_ms: rng.random_range(0..10_000),
+                for_ms: rng.random_range(100..4_000),
+            });
+        }
+        if rng.random_bool(0.25) {
+            entries.push(Entry::Hold {
+                process: rng.random_range(0..processes),
+                at_ms: rng.random_range(0..10_000),
+                for_ms: rng.random_range(100..3_000),
+            });
+        }
+        for _ in 0..rng.random_range(0..=1) {
+            entries.push(Entry::Operator {
+                at_ms: rng.random_range(2_000..20_000),
+            });
+        }
+        Plan {
+            seed,
+            ledger,
+            processes,
+            era,
+            sse: rng.random_bool(0.5),
+            link_window_ms: rng.random_range(500..8_000),
+            attach_ms: rng.random_range(300..4_000),
+            keep_results: [(); 4].map(|()| rng.random_bool(0.8)),
+            entries,
+        }
+    }
+
+    pub fn calls(&self) -> impl Iterator<Item = &Entry> {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Call { .. }))
+    }
+
+    pub fn fault(&self, call: u32, attempt: u8) -> Option<Fault> {
+        self.entries.iter().find_map(|e| match e {
+            Entry::TargetFault {
+                call: c,
+                attempt: a,
+                fault,
+            } if *c == call && *a == attempt => Some(*fault),
+            _ => None,
+        })
+    }
+
+    pub fn keeps_results(&self, tool: Tool) -> bool {
+        self.keep_results[Tool::ALL.iter().position(|t| *t == tool).unwrap_or(0)]
+    }
+
+    /// The plan without entry `index` (and, for a call, without its faults).
+    pub fn without(&self, index: usize) -> Plan {
+        let mut plan = self.clone();
+        let removed = plan.entries.remove(index);
+        if let Entry::Call { id, .. } = removed {
+            plan.entries
+                .retain(|e| !matches!(e, Entry::TargetFault { call, .. } if *call == id));
+        }
+        plan
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}",
+            self.seed,
+            self.ledger,
+            self.processes,
+            self.era.version(),
+            if self.sse {
+                "SSE answers"
+            } else {
+                "JSON answers"
+            },
+            self.link_window_ms,
+            self.attach_ms,
+            self.keep_results
+        )?;
+        for entry in &self.entries {
+            writeln!(f, "  {entry:?}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The simulated MCP target: a hyper HTTP/1 server on simulated TCP whose tools count their
+//! side effects (the ground truth of every check), with the faults of the plan.
+//!
+//! Each tool's work runs in a task of its own, so a client that hangs up does not cancel it
+//! (disconnection is not cancellation); a crash of the target's host ends it. `set_flag`
+//! honours `Idempotency-Key` as the IETF draft says (a repeat gets the first answer, a repeat
+//! while the first runs gets 409); the other tools run once per request that reaches them.
+
+use std::{
+    convert::Infallible,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, combinators::BoxBody};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+use crate::{
+    plan::{Fault, Plan, Tool},
+    world::Shared,
+};
+
+pub const PORT: u16 = 80;
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// The target's software (restarted after a crash by the simulation).
+pub async fn serve(shared: Arc<Mutex<Shared>>, plan: Arc<Plan>) -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (shared, plan) = (shared.clone(), plan.clone());
+        tokio::task::spawn_local(async move {
+            let service = hyper::service::service_fn(move |request| {
+                handle(shared.clone(), plan.clone(), request)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn header(request: &Request<hyper::body::Incoming>, name: &str) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The JSON-RPC response for `id`.
+pub fn tool_result(id: &Value, key: &str, n: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": {
+        "content": [{"type": "text", "text": format!("sim-effect:{key} n={n}")}],
+        "isError": false,
+    }})
+}
+
+async fn handle(
+    shared: Arc<Mutex<Shared>>,
+    plan: Arc<Plan>,
+    request: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, std::io::Error> {
+    let tag = header(&request, "x-sim-tag");
+    let actor = header(&request, "x-sim-actor");
+    // A guarded call carries its execution ID; a read-only one is named by its attempt.
+    let key = Some(header(&request, "idempotency-key"))
+        .filter(|k| !k.is_empty())
+        .unwrap_or_else(|| tag.clone());
+    let bytes = request
+        .into_body()
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    let message: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let Some(tool) = message
+        .pointer("/params/name")
+        .and_then(Value::as_str)
+        .and_then(Tool::from_name)
+    else {
+        return Ok(json_response(
+            StatusCode::OK,
+            &json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+        ));
+    };
+    let (call, attempt) = parse_tag(&tag);
+    let fault = call.and_then(|c| plan.fault(c, attempt));
+    let intent = intent_of(&actor, tool, &message);
+    shared.lock().unwrap().note(format!(
+        "target: {} {tag} key {key} fault {fault:?}",
+        tool.name()
+    ));
+    match fault {
+        Some(Fault::Status { code }) => {
+            return Ok(json_response(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "sim"}}),
+            ));
+        }
+        Some(Fault::DropBeforeEffect) => return Err(std::io::Error::other("dropped")),
+        _ => {}
+    }
+    let work_ms = match fault {
+        Some(Fault::Slow { ms }) => ms,
+        _ => 20,
+    };
+    // The tool runs in a task of its own: a client that hangs up does not stop it.
+    let (done, answer) = tokio::sync::oneshot::channel();
+    {
+        let shared = shared.clone();
+        let key = key.clone();
+        tokio::task::spawn_local(async move {
+            let started = shared
+                .lock()
+                .unwrap()
+                .start_work(tool, &intent, &key, &actor, &tag);
+            let n = match started {
+                Started::Conflict => {
+                    let _ = done.send(None);
+                    return;
+                }
+                Started::Replay(n) => n,
+                Started::Run => {
+                    tokio::time::sleep(Duration::from_millis(work_ms)).await;
+                    shared.lock().unwrap().finish_work(tool, &intent, &key)
+                }
+            };
+            let _ = done.send(Some(n));
+        });
+    }
+    let Ok(outcome) = answer.await else {
+        return Err(std::io::Error::other("the target's work ended"));
+    };
+    let Some(n) = outcome else {
+        return Ok(json_response(
+            StatusCode::CONFLICT,
+            &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "in flight"}}),
+        ));
+    };
+    let result = tool_result(&id, &key, n);
+    match fault {
+        Some(Fault::LostAfterEffect) => Err(std::io::Error::other("lost after the effect")),
+        Some(Fault::CutAfter { frames }) => Ok(sse(&result, Some(frames))),
+        _ if plan.sse => Ok(sse(&result, None)),
+        _ => Ok(json_response(StatusCode::OK, &result)),
+    }
+}
+
+/// `c<call>t<attempt>`.
+pub fn parse_tag(tag: &str) -> (Option<u32>, u8) {
+    let Some(rest) = tag.strip_prefix('c') else {
+        return (None, 0);
+    };
+    let mut parts = rest.split('t');
+    let call = parts.next().and_then(|c| c.parse().ok());
+    let attempt = parts.next().and_then(|a| a.parse().ok()).unwrap_or(0);
+    (call, attempt)
+}
+
+/// The intent as the simulation names it: actor, tool and arguments (the scope is one).
+pub fn intent_of(actor: &str, tool: Tool, message: &Value) -> String {
+    let args = message
+        .pointer("/params/arguments")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    format!("{actor}/{}/{args}", tool.name())
+}
+
+pub enum Started {
+    Run,
+    Replay(u64),
+    Conflict,
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            http_body_util::Full::new(Bytes::from(body.to_string()))
+                .map_err(|never: Infallible| match never {})
+                .boxed(),
+        )
+        .expect("a valid response")
+}
+
+/// An SSE answer: a priming event, the result event, the end; cut after `cut` frames.
+fn sse(result: &Value, cut: Option<u8>) -> Response<Body> {
+    let frames = vec![
+        Bytes::from_static(b": priming\n\n"),
+        Bytes::from(format!("event: message\ndata: {result}\n\n")),
+    ];
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(BoxBody::new(Frames {
+            frames,
+            next: 0,
+            cut: cut.map(usize::from),
+        }))
+        .expect("a valid response")
+}
+
+struct Frames {
+    frames: Vec<Bytes>,
+    next: usize,
+    cut: Option<usize>,
+}
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if self.cut == Some(self.next) {
+            return Poll::Ready(Some(Err(std::io::Error::other("stream cut"))));
+        }
+        let Some(frame) = self.frames.get(self.next).cloned() else {
+            return Poll::Ready(None);
+        };
+        self.next += 1;
+        Poll::Ready(Some(Ok(Frame::data(frame))))
+    }
+}
