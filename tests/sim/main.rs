@@ -22,7 +22,7 @@ use std::{
 };
 
 use plan::Plan;
-use world::Outcome;
+use world::{Outcome, Stack};
 
 fn scratch(seed: u64) -> PathBuf {
     // tmpfs where there is one: the simulated disk decides durability, not the real one.
@@ -35,7 +35,7 @@ fn scratch(seed: u64) -> PathBuf {
 }
 
 fn run(plan: &Plan) -> Outcome {
-    world::run(plan, &scratch(plan.seed))
+    world::run(plan, &scratch(plan.seed), Stack::Guard)
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -179,4 +179,23 @@ fn schedules_that_once_failed_keep_the_promise() {
         let outcome = run(&plan);
         assert!(outcome.violations.is_empty(), "{}", report(&plan));
     }
+}
+
+/// The checks can fail: the same kind of schedules through a generic retry (the hyper client
+/// alone, every attempt re-sent as it is) break the promise, and the simulator says so.
+#[test]
+fn a_generic_retry_breaks_the_promise_and_the_simulator_says_so() {
+    let broken = (0..100)
+        .filter(|i| {
+            let plan = Plan::generate(0xB11D_0000 + i);
+            !world::run(&plan, &scratch(plan.seed), Stack::BlindRetry)
+                .violations
+                .is_empty()
+        })
+        .count();
+    println!("{broken} of 100 schedules break the promise without the guard");
+    assert!(
+        broken >= 20,
+        "only {broken} of 100 schedules broke the promise without the guard"
+    );
 }

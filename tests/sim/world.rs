@@ -357,7 +357,18 @@ struct Life {
     ledger: Arc<dyn Ledger>,
 }
 
+/// What the agents call through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// `GuardLayer` over a hyper client: the system under test.
+    Guard,
+    /// The hyper client alone: every attempt re-sent as it is (what a generic retry does), to
+    /// show that the checks fail when the promise is not kept.
+    BlindRetry,
+}
+
 struct Env {
+    stack: Stack,
     plan: Arc<Plan>,
     shared: Arc<Mutex<Shared>>,
     machine: Arc<Machine>,
@@ -400,38 +411,38 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                 ledger.bind_fingerprint_key(&env.key)?;
                 Ok(ledger)
             });
-            let mut shared = env.shared.lock().unwrap();
-            match opened {
-                Err(error) if corrupted || disk.dead.load(Ordering::SeqCst) => {
-                    shared.note(format!("p{p}: the ledger refuses to open: {error}"));
-                    drop(shared);
-                    std::future::pending::<()>().await;
-                    unreachable!()
-                }
+            let ledger = match opened {
+                Ok(ledger) => ledger,
                 Err(error) => {
-                    shared.violation(format!("p{p}: the ledger did not open: {error}"));
-                    drop(shared);
+                    // A damaged acknowledged line must be refused; a crash during the open
+                    // (its recovery write) ends this life anyway. Anything else is a bug.
+                    let refused = corrupted || disk.dead.load(Ordering::SeqCst);
+                    let text = format!("p{p}: the ledger refuses to open: {error}");
+                    if refused {
+                        env.shared.lock().unwrap().note(text);
+                    } else {
+                        env.shared.lock().unwrap().violation(text);
+                    }
                     std::future::pending::<()>().await;
                     unreachable!()
                 }
-                Ok(ledger) => {
-                    if corrupted {
-                        shared.violation(format!(
-                            "p{p}: the ledger opened over a damaged acknowledged line"
-                        ));
-                    }
-                    let _ = env.machine.track(env.path.clone());
-                    if let Some(problem) = env.machine.check_acked(&env.path) {
-                        shared.violation(format!("p{p}: {problem}"));
-                    }
-                    if let Err(error) = mcp_replay_guard::ledger::verify_file(&env.path) {
-                        shared.violation(format!("p{p}: the chain does not verify: {error}"));
-                    }
-                    shared.note(format!("p{p}: up"));
-                    Life {
-                        ledger: Arc::new(ledger),
-                    }
-                }
+            };
+            let mut shared = env.shared.lock().unwrap();
+            if corrupted {
+                shared.violation(format!(
+                    "p{p}: the ledger opened over a damaged acknowledged line"
+                ));
+            }
+            let _ = env.machine.track(env.path.clone());
+            if let Some(problem) = env.machine.check_acked(&env.path) {
+                shared.violation(format!("p{p}: {problem}"));
+            }
+            if let Err(error) = mcp_replay_guard::ledger::verify_file(&env.path) {
+                shared.violation(format!("p{p}: the chain does not verify: {error}"));
+            }
+            shared.note(format!("p{p}: up"));
+            Life {
+                ledger: Arc::new(ledger),
             }
         }
     };
@@ -443,23 +454,21 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     .intent_scope(IntentScope::new("run:sim"))
     .attach_timeout(Duration::from_millis(env.plan.attach_ms))
     .drain_timeout(Duration::from_secs(5));
-    let client = Client::builder(TokioExecutor::new()).build::<_, GuardRequestBody>(connector());
-    let service = ServiceBuilder::new().layer(layer.clone()).service(client);
-    for entry in env.plan.calls() {
-        if let Entry::Call { id, process, .. } = entry
-            && *process == p
-            && !env
-                .shared
-                .lock()
-                .unwrap()
-                .progress
-                .entry(*id)
-                .or_default()
-                .done
-        {
-            let (env, entry, service) = (env.clone(), entry.clone(), service.clone());
-            tokio::task::spawn_local(async move { call(env, entry, service).await });
+    match env.stack {
+        Stack::Guard => {
+            let client =
+                Client::builder(TokioExecutor::new()).build::<_, GuardRequestBody>(connector());
+            spawn_calls(
+                &env,
+                p,
+                ServiceBuilder::new().layer(layer.clone()).service(client),
+            );
         }
+        Stack::BlindRetry => spawn_calls(
+            &env,
+            p,
+            Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector()),
+        ),
     }
     if p == 0 {
         for entry in &env.plan.entries {
@@ -525,11 +534,43 @@ impl Ledger for ArcLedger {
     }
 }
 
-type Guarded = mcp_replay_guard::guard::Guard<Client<Connector, GuardRequestBody>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Starts the calls of process `p` that are not finished.
+fn spawn_calls<S, B>(env: &Arc<Env>, p: usize, service: S)
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = http::Response<B>> + Clone + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    for entry in env.plan.calls() {
+        if let Entry::Call { id, process, .. } = entry
+            && *process == p
+            && !env
+                .shared
+                .lock()
+                .unwrap()
+                .progress
+                .entry(*id)
+                .or_default()
+                .done
+        {
+            let (env, entry, service) = (env.clone(), entry.clone(), service.clone());
+            tokio::task::spawn_local(async move { call(env, entry, service).await });
+        }
+    }
+}
 
 /// One caller's logical call: asks until it gets an answer it can act on, or runs out of
 /// attempts. The last attempt waits as long as it takes: the guard must answer it.
-async fn call(env: Arc<Env>, entry: Entry, service: Guarded) {
+async fn call<S, B>(env: Arc<Env>, entry: Entry, service: S)
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = http::Response<B>> + Clone,
+    S::Error: Into<BoxError>,
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
     let Entry::Call {
         id,
         actor,
@@ -581,10 +622,15 @@ async fn call(env: Arc<Env>, entry: Entry, service: Guarded) {
             .expect("a valid request");
         request.extensions_mut().insert(Actor::new(actor.clone()));
         let exchange = async {
-            let response = service.clone().oneshot(request).await?;
+            let response = service.clone().oneshot(request).await.map_err(Into::into)?;
             let status = response.status();
-            let bytes = response.into_body().collect().await?.to_bytes();
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, bytes))
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(Into::into)?
+                .to_bytes();
+            Ok::<_, BoxError>((status, bytes))
         };
         let answer = if last {
             Some(exchange.await)
@@ -727,8 +773,8 @@ fn host_name(victim: Victim) -> Vec<String> {
     }
 }
 
-/// Runs `plan` to its end and checks it.
-pub fn run(plan: &Plan, dir: &std::path::Path) -> Outcome {
+/// Runs `plan` to its end through `stack` and checks it.
+pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     let plan = Arc::new(plan.clone());
     let shared = Arc::new(Mutex::new(Shared {
         disks: vec![None; plan.processes],
@@ -741,6 +787,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path) -> Outcome {
     let mut seed_key = [0u8; 32];
     seed_key[..8].copy_from_slice(&plan.seed.to_le_bytes());
     let env = Arc::new(Env {
+        stack,
         plan: plan.clone(),
         shared: shared.clone(),
         machine: Arc::new(Machine::default()),
@@ -1029,7 +1076,7 @@ fn crash(
         down.insert(host, true);
         crashed = true;
     }
-    if crashed && victim == Victim::Machine || power.is_some() && victim == Victim::Machine {
+    if victim == Victim::Machine && (crashed || power.is_some()) {
         let (tear, corrupt) = power.unwrap_or((0, false));
         let told = env
             .machine
