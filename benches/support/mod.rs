@@ -27,6 +27,7 @@ pub fn claim(n: u64, retention: Duration) -> Claim {
         retention,
         owner: "guard:bench".into(),
         at: Timestamp::now(),
+        asked_at: None,
     }
 }
 

@@ -851,6 +851,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
                 retention: Duration::from_secs(3600),
                 owner: "guard:gone".into(),
                 at: Timestamp::now(),
+                asked_at: None,
             })
             .await
             .unwrap();

@@ -315,6 +315,7 @@ pub fn valid_chain() -> Vec<String> {
         retention: std::time::Duration::from_secs(86_400),
         owner: "guard:fuzz".into(),
         at: Timestamp::from_millis(1_780_000_000_000),
+        asked_at: None,
     };
     let event = |millis: u64, kind| LedgerEvent {
         execution_id: id,

@@ -4,7 +4,8 @@
 
 use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp};
 
-/// Whether a repeat of the same intent at `now` links to `record`.
+/// Whether a repeat of the same intent, asked at `asked_at` and claiming at `now`, links to
+/// `record`.
 ///
 /// - Nothing links once the record's retention ended.
 /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
@@ -14,8 +15,10 @@ use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Tim
 ///   resolved as applied and not yet delivered, a repeated denial) and how long a never-sent
 ///   (`not_sent`) execution is continued.
 /// - Never linkable: failed (the target refused it), settled as not applied, and a result
-///   that reached the caller (a repeat after that is a new intent).
-pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp) -> bool {
+///   that reached a caller before this call was asked (a repeat after that is a new intent).
+///   A result delivered after it was asked (to a twin that asked at the same time, while this
+///   call waited) is handed back to this call too: otherwise the wait would end in a second run.
+pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp, asked_at: Timestamp) -> bool {
     use ExecutionState as S;
     if now > record.retain_until {
         return false;
@@ -23,7 +26,9 @@ pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp) -> bool {
     let inside_window = now <= record.link_until;
     match record.state {
         state if state.is_unsettled() => true,
-        S::Completed | S::ResolvedApplied => record.delivered_at.is_none() && inside_window,
+        S::Completed | S::ResolvedApplied => {
+            record.delivered_at.is_none_or(|at| at >= asked_at) && inside_window
+        }
         S::Denied | S::NotSent => inside_window,
         _ => false,
     }
@@ -104,9 +109,34 @@ mod tests {
             let mut r = record_in(state, delivered);
             r.retain_until = Timestamp::from_millis(200_000);
             let row = format!("{state} delivered={delivered}");
-            assert_eq!(is_linkable(&r, inside), in_window, "{row}");
-            assert_eq!(is_linkable(&r, past_window), after_window, "{row}");
-            assert!(!is_linkable(&r, past_retention), "{row}");
+            assert_eq!(is_linkable(&r, inside, inside), in_window, "{row}");
+            assert_eq!(
+                is_linkable(&r, past_window, past_window),
+                after_window,
+                "{row}"
+            );
+            assert!(!is_linkable(&r, past_retention, past_retention), "{row}");
+        }
+    }
+
+    /// Found by the simulator (seed 7044674): a call that waited while its twin's result was
+    /// delivered (to the twin) links to that execution, however its claim comes later; a call
+    /// asked after the delivery is a new intent.
+    #[test]
+    fn a_result_delivered_after_a_call_was_asked_is_still_linked_for_it() {
+        for state in [ExecutionState::Completed, ExecutionState::ResolvedApplied] {
+            let mut r = record_in(state, true); // delivered at 1 ms
+            r.retain_until = Timestamp::from_millis(200_000);
+            let now = Timestamp::from_millis(30_000);
+            assert!(is_linkable(&r, now, Timestamp::from_millis(0)), "{state}");
+            assert!(is_linkable(&r, now, Timestamp::from_millis(1)), "{state}");
+            assert!(!is_linkable(&r, now, Timestamp::from_millis(2)), "{state}");
+            // Past the window, even the twin starts over: the window bounds every hand-back.
+            let past_window = Timestamp::from_millis(90_000);
+            assert!(
+                !is_linkable(&r, past_window, Timestamp::from_millis(0)),
+                "{state}"
+            );
         }
     }
 

@@ -97,6 +97,7 @@ mod tests {
             retention: Duration::from_secs(60),
             owner: "server:a".into(),
             at: Timestamp::from_millis(0),
+            asked_at: None,
         };
         let id = ExecutionId::new();
         let mut r = ExecutionRecord::from_accepted(&claim.accepted_event(id)).unwrap();

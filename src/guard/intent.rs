@@ -13,7 +13,7 @@ use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::{RetryClass, StatusProbe},
     fingerprint::{ActionRecord, Fingerprint},
-    ledger::ClientInfo,
+    ledger::{ClientInfo, Timestamp},
     protocol::{self, Era, ToolCall},
 };
 
@@ -37,6 +37,9 @@ pub(super) struct Intent {
     pub(super) caller_key: Option<IdempotencyKey>,
     /// The caller's era: the shape of every answer the guard writes for this call.
     pub(super) era: Era,
+    /// When the call reached the guard: a twin's result delivered after it is still this
+    /// call's ([`Claim::asked_at`](crate::ledger::Claim::asked_at)).
+    pub(super) asked_at: Timestamp,
 }
 
 impl<S, RB> Call<S>
@@ -130,6 +133,7 @@ where
             client_info,
             caller_key,
             era,
+            asked_at: Timestamp::now(),
         })
     }
 }

@@ -165,6 +165,7 @@ impl Config {
                 retention: intent.retention,
                 owner: self.owner.clone(),
                 at: Timestamp::now(),
+                asked_at: Some(intent.asked_at),
             })
             .await
             .map_err(GuardError::ledger)

@@ -107,7 +107,9 @@ impl Index {
             .intents
             .get(&key)
             .and_then(|id| self.executions.get(id))
-            .filter(|stored| decide::is_linkable(&stored.record, claim.at));
+            .filter(|stored| {
+                decide::is_linkable(&stored.record, claim.at, claim.asked_at.unwrap_or(claim.at))
+            });
         if let Some(stored) = linked {
             return Ok((Claimed::Existing(stored.record.clone()), None));
         }

@@ -130,6 +130,7 @@ mod tests {
             retention: Duration::from_secs(3600),
             owner: "test".into(),
             at: Timestamp::from_millis(at),
+            asked_at: None,
         }
     }
 

@@ -73,6 +73,11 @@ pub struct Claim {
     pub owner: String,
     /// When.
     pub at: Timestamp,
+    /// When the call this claim is for was asked, if earlier than `at` (a call that waited
+    /// for a twin claims again later): a result delivered to another caller after this call
+    /// was asked is still this call's to be handed back, never a reason to run the action
+    /// again. `None`: asked at `at`.
+    pub asked_at: Option<Timestamp>,
 }
 
 impl Claim {

@@ -732,7 +732,7 @@ impl ExecutionRecord {
     ///
     /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        crate::decide::is_linkable(self, now)
+        crate::decide::is_linkable(self, now, now)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -823,6 +823,7 @@ pub(crate) mod fixtures {
             retention: Duration::from_secs(60),
             owner: owner.into(),
             at: Timestamp::from_millis(0),
+            asked_at: None,
         }
     }
 

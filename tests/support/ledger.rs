@@ -53,6 +53,7 @@ pub fn deploy_claim(fingerprint: Fingerprint, intent_scope: &str, owner: &str) -
         retention: Duration::from_secs(3600),
         owner: owner.into(),
         at: Timestamp::now(),
+        asked_at: None,
     }
 }
 

@@ -470,6 +470,7 @@ impl Config {
             retention: self.retention,
             owner: self.owner.clone(),
             at: Timestamp::now(),
+            asked_at: None,
         }
     }
 
