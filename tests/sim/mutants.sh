@@ -9,7 +9,10 @@ budget=${MRG_SIM_SCHEDULES:-10000}
 status=0
 for patch in tests/sim/mutants/*.patch; do
     name=$(basename "$patch" .patch)
-    git apply "$patch"
+    if ! git apply "$patch"; then
+        echo "$name: the patch no longer applies to the code; write it again against it"
+        exit 1
+    fi
     trap 'git apply -R "$patch"' EXIT
     out=$(MRG_SIM_SCHEDULES=$budget cargo test --all-features --test sim -- --exact schedules_keep_the_promise 2>&1 || true)
     git apply -R "$patch"
