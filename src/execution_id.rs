@@ -42,6 +42,10 @@ pub struct ExecutionId(Ulid);
 impl ExecutionId {
     /// A new execution ID, greater than every ID made before it in this process.
     pub fn new() -> Self {
+        #[cfg(feature = "simulation")]
+        if let Some(ulid) = crate::simulation::next_id() {
+            return Self(ulid);
+        }
         static GENERATOR: Mutex<Generator> = Mutex::new(Generator::new());
         let mut generator = GENERATOR.lock().unwrap_or_else(PoisonError::into_inner);
         let ulid = match generator.generate() {

@@ -14,6 +14,7 @@ use crate::ledger::Timestamp;
 
 thread_local! {
     static CLOCK: Cell<Option<fn() -> Timestamp>> = const { Cell::new(None) };
+    static IDS: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 /// Makes [`Timestamp::now`] on this thread read `clock` (until [`clear_clock`]).
@@ -21,9 +22,31 @@ pub fn set_clock(clock: fn() -> Timestamp) {
     CLOCK.with(|c| c.set(Some(clock)));
 }
 
-/// Makes [`Timestamp::now`] on this thread read the system clock again.
+/// Makes [`Timestamp::now`] on this thread read the system clock again, and
+/// [`ExecutionId::new`](crate::ExecutionId::new) use the process's generator again.
 pub fn clear_clock() {
     CLOCK.with(|c| c.set(None));
+    IDS.with(|c| c.set(None));
+}
+
+/// Makes [`ExecutionId::new`](crate::ExecutionId::new) on this thread draw from a sequence
+/// that starts at `seed` (its time part from the installed clock), instead of the process's
+/// generator, which every thread shares and whose values follow the wall clock: a simulation
+/// then makes the same IDs every time it runs, whatever other threads do.
+pub fn seed_ids(seed: u64) {
+    IDS.with(|c| c.set(Some(seed)));
+}
+
+/// The next ID of this thread's seeded sequence, if [`seed_ids`] installed one.
+pub(crate) fn next_id() -> Option<ulid::Ulid> {
+    IDS.with(|c| {
+        let next = c.get()?;
+        c.set(Some(next.wrapping_add(1)));
+        Some(ulid::Ulid::from_parts(
+            Timestamp::now().as_millis(),
+            u128::from(next),
+        ))
+    })
 }
 
 /// The installed clock's time, if one is installed on this thread.

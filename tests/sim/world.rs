@@ -798,6 +798,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     });
     NOW_MS.with(|n| n.set(0));
     mcp_replay_guard::simulation::set_clock(sim_clock);
+    mcp_replay_guard::simulation::seed_ids(plan.seed);
 
     let mut sim = turmoil::Builder::new()
         .tick_duration(TICK)
