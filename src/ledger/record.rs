@@ -634,18 +634,7 @@ impl ExecutionRecord {
                     return Err(refuse());
                 }
                 self.target_status = *target_status;
-                if self.earlier_attempt_unknown {
-                    // The refusal is of this attempt; an earlier one may have run.
-                    self.state = S::Unknown;
-                    self.reason = Some(format!(
-                        "attempt {} was refused ({reason}); the outcome of an earlier attempt is still unknown",
-                        self.attempts
-                    ));
-                } else {
-                    self.state = S::Failed;
-                    self.completed_at = Some(at);
-                    self.reason = Some(reason.clone());
-                }
+                self.attempt_did_not_run("was refused", reason, S::Failed, at);
             }
             EventKind::Unknown {
                 target_status,
@@ -663,16 +652,7 @@ impl ExecutionRecord {
                 if self.state != S::Dispatched {
                     return Err(refuse());
                 }
-                if self.earlier_attempt_unknown {
-                    self.state = S::Unknown;
-                    self.reason = Some(format!(
-                        "attempt {} was not sent ({reason}); the outcome of an earlier attempt is still unknown",
-                        self.attempts
-                    ));
-                } else {
-                    self.state = S::NotSent;
-                    self.reason = Some(reason.clone());
-                }
+                self.attempt_did_not_run("was not sent", reason, S::NotSent, at);
             }
             EventKind::Delivered { .. } => {
                 if !matches!(
@@ -715,6 +695,31 @@ impl ExecutionRecord {
             }
         }
         Ok(())
+    }
+
+    /// The latest attempt did not run (`what`: "was not sent", "was refused"): the execution
+    /// is `settled`, unless an earlier attempt's outcome is unknown, which it then still is
+    /// (that one may have run).
+    fn attempt_did_not_run(
+        &mut self,
+        what: &str,
+        reason: &str,
+        settled: ExecutionState,
+        at: Timestamp,
+    ) {
+        if self.earlier_attempt_unknown {
+            self.state = ExecutionState::Unknown;
+            self.reason = Some(format!(
+                "attempt {} {what} ({reason}); the outcome of an earlier attempt is still unknown",
+                self.attempts
+            ));
+        } else {
+            self.state = settled;
+            if settled == ExecutionState::Failed {
+                self.completed_at = Some(at);
+            }
+            self.reason = Some(reason.to_owned());
+        }
     }
 
     /// Whether a repeat of the same intent at `now` links to this execution (DESIGN §4, two
@@ -927,6 +932,12 @@ mod tests {
         assert_eq!(r.owner, "guard:two");
     }
 
+    fn not_sent() -> EventKind {
+        EventKind::NotSent {
+            reason: "refused".into(),
+        }
+    }
+
     /// Found by the simulator (seed 1592590567): a re-send of an execution whose first
     /// attempt's outcome is unknown fails before a byte leaves. That attempt was not sent, but
     /// the first may have run: the execution stays `unknown` (a `not_sent` would be continued,
@@ -938,24 +949,12 @@ mod tests {
         apply(&mut r, dispatched(id, 1, "guard:one")).unwrap();
         apply(&mut r, unknown(Some(1))).unwrap();
         apply(&mut r, dispatched(id, 2, "guard:two")).unwrap();
-        apply(
-            &mut r,
-            EventKind::NotSent {
-                reason: "refused".into(),
-            },
-        )
-        .unwrap();
+        apply(&mut r, not_sent()).unwrap();
         assert_eq!(r.state, ExecutionState::Unknown);
         assert!(r.is_linkable(Timestamp::from_millis(59_000)));
         // A third attempt that is not sent either: still unknown.
         apply(&mut r, dispatched(id, 3, "guard:two")).unwrap();
-        apply(
-            &mut r,
-            EventKind::NotSent {
-                reason: "refused".into(),
-            },
-        )
-        .unwrap();
+        apply(&mut r, not_sent()).unwrap();
         assert_eq!(r.state, ExecutionState::Unknown);
         // Once a probe settled the first attempt as not applied, a re-send that was not
         // sent is what it says.
@@ -972,33 +971,15 @@ mod tests {
         };
         apply(&mut settled, verdict).unwrap();
         apply(&mut settled, dispatched(id, 2, "guard:one")).unwrap();
-        apply(
-            &mut settled,
-            EventKind::NotSent {
-                reason: "refused".into(),
-            },
-        )
-        .unwrap();
+        apply(&mut settled, not_sent()).unwrap();
         assert_eq!(settled.state, ExecutionState::NotSent);
         // An execution that never left, continued and not sent again, is not sent.
         let mut never = accepted("guard:one");
         let id = never.execution_id;
         apply(&mut never, dispatched(id, 1, "guard:one")).unwrap();
-        apply(
-            &mut never,
-            EventKind::NotSent {
-                reason: "refused".into(),
-            },
-        )
-        .unwrap();
+        apply(&mut never, not_sent()).unwrap();
         apply(&mut never, dispatched(id, 2, "guard:one")).unwrap();
-        apply(
-            &mut never,
-            EventKind::NotSent {
-                reason: "refused".into(),
-            },
-        )
-        .unwrap();
+        apply(&mut never, not_sent()).unwrap();
         assert_eq!(never.state, ExecutionState::NotSent);
     }
 

@@ -242,8 +242,20 @@ impl Io {
             .reset(tokio::time::Instant::now() + TCP_TIMEOUT);
     }
 
-    fn timed_out(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        self.idle.as_mut().poll(cx).is_ready()
+    /// `polled`, with progress restarting the timeout and a pending one past it failing.
+    fn timed<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Ready(result) => {
+                self.progressed();
+                Poll::Ready(result)
+            }
+            Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => Poll::Ready(Err(timeout())),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -266,14 +278,8 @@ impl hyper::rt::Read for Io {
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                this.progressed();
-                Poll::Ready(result)
-            }
-            Poll::Pending if this.timed_out(cx) => Poll::Ready(Err(timeout())),
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        this.timed(cx, polled)
     }
 }
 
@@ -284,14 +290,8 @@ impl hyper::rt::Write for Io {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_write(cx, buf) {
-            Poll::Ready(result) => {
-                this.progressed();
-                Poll::Ready(result)
-            }
-            Poll::Pending if this.timed_out(cx) => Poll::Ready(Err(timeout())),
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.timed(cx, polled)
     }
     fn poll_flush(
         self: Pin<&mut Self>,
@@ -817,50 +817,43 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     }
 
     let mut actions: BTreeMap<u64, Vec<Action>> = BTreeMap::new();
+    // An action at `at` and its undoing `lasting` later.
+    let mut span = |at: u64, lasting: u64, on: Action, off: Action| {
+        actions.entry(at).or_default().push(on);
+        actions.entry(at + lasting).or_default().push(off);
+    };
     for entry in &plan.entries {
         match *entry {
             Entry::Crash {
                 at_ms,
                 victim,
                 down_ms,
-            } => {
-                actions
-                    .entry(at_ms)
-                    .or_default()
-                    .push(Action::Crash(victim));
-                actions
-                    .entry(at_ms + down_ms)
-                    .or_default()
-                    .push(Action::Restart(victim));
-            }
+            } => span(
+                at_ms,
+                down_ms,
+                Action::Crash(victim),
+                Action::Restart(victim),
+            ),
             Entry::Partition {
                 process,
                 at_ms,
                 for_ms,
-            } => {
-                actions
-                    .entry(at_ms)
-                    .or_default()
-                    .push(Action::Partition(process, true));
-                actions
-                    .entry(at_ms + for_ms)
-                    .or_default()
-                    .push(Action::Partition(process, false));
-            }
+            } => span(
+                at_ms,
+                for_ms,
+                Action::Partition(process, true),
+                Action::Partition(process, false),
+            ),
             Entry::Hold {
                 process,
                 at_ms,
                 for_ms,
-            } => {
-                actions
-                    .entry(at_ms)
-                    .or_default()
-                    .push(Action::Hold(process, true));
-                actions
-                    .entry(at_ms + for_ms)
-                    .or_default()
-                    .push(Action::Hold(process, false));
-            }
+            } => span(
+                at_ms,
+                for_ms,
+                Action::Hold(process, true),
+                Action::Hold(process, false),
+            ),
             _ => {}
         }
     }
