@@ -14,7 +14,7 @@ for patch in tests/sim/mutants/*.patch; do
         exit 1
     fi
     trap 'git apply -R "$patch"' EXIT
-    out=$(MRG_SIM_SCHEDULES=$budget cargo test --all-features --test sim -- --exact schedules_keep_the_promise 2>&1 || true)
+    out=$(MRG_SIM_NO_SHRINK=1 MRG_SIM_SCHEDULES=$budget cargo test --all-features --test sim -- --exact schedules_keep_the_promise 2>&1 || true)
     git apply -R "$patch"
     trap - EXIT
     if found=$(grep -oE "after [0-9]+ schedules, schedule [0-9]+" <<<"$out"); then

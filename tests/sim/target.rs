@@ -120,10 +120,7 @@ async fn handle(
         let shared = shared.clone();
         let key = key.clone();
         tokio::task::spawn_local(async move {
-            let started = shared
-                .lock()
-                .unwrap()
-                .start_work(tool, &intent, &key, &actor, &tag);
+            let started = shared.lock().unwrap().start_work(tool, &key, &actor, &tag);
             let n = match started {
                 Started::Conflict => {
                     let _ = done.send(None);

@@ -111,14 +111,7 @@ impl Shared {
         self.violations.push(text);
     }
 
-    pub fn start_work(
-        &mut self,
-        tool: Tool,
-        _intent: &str,
-        key: &str,
-        actor: &str,
-        tag: &str,
-    ) -> Started {
+    pub fn start_work(&mut self, tool: Tool, key: &str, actor: &str, tag: &str) -> Started {
         if !key.is_empty() {
             self.key_actor
                 .entry(key.to_owned())
@@ -352,11 +345,6 @@ fn actor_name(actor: u8) -> String {
     format!("agent-{}", (b'a' + actor) as char)
 }
 
-/// The ledger of one life of one process.
-struct Life {
-    ledger: Arc<dyn Ledger>,
-}
-
 /// What the agents call through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stack {
@@ -401,10 +389,8 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         planned,
     ));
     env.shared.lock().unwrap().disks[p] = Some(disk.clone());
-    let life = match env.plan.ledger {
-        LedgerKind::Memory => Life {
-            ledger: Arc::new(env.memory.clone()),
-        },
+    let ledger: Arc<dyn Ledger> = match env.plan.ledger {
+        LedgerKind::Memory => Arc::new(env.memory.clone()),
         LedgerKind::File => {
             let corrupted = env.machine.corrupted.load(Ordering::SeqCst);
             let opened = FileLedger::open_on(&env.path, disk.clone()).and_then(|ledger| {
@@ -441,13 +427,11 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                 shared.violation(format!("p{p}: the chain does not verify: {error}"));
             }
             shared.note(format!("p{p}: up"));
-            Life {
-                ledger: Arc::new(ledger),
-            }
+            Arc::new(ledger)
         }
     };
     let layer = GuardLayer::new(
-        ArcLedger(life.ledger.clone()),
+        ArcLedger(ledger.clone()),
         contracts(&env.plan, &env.shared),
         env.key.clone(),
     )
@@ -474,7 +458,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         for entry in &env.plan.entries {
             if let Entry::Operator { at_ms } = entry {
                 let (env, layer, at_ms) = (env.clone(), layer.clone(), *at_ms);
-                let ledger = life.ledger.clone();
+                let ledger = ledger.clone();
                 tokio::task::spawn_local(async move { operator(env, layer, ledger, at_ms).await });
             }
         }
@@ -867,7 +851,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         let due: Vec<u64> = actions.range(..=now).map(|(at, _)| *at).collect();
         for at in due {
             for action in actions.remove(&at).unwrap_or_default() {
-                apply(&mut sim, &env, &mut down, action, &mut actions, now);
+                apply(&mut sim, &env, &mut down, action, now);
             }
         }
         // A crash planned inside a disk operation fired: carry it out.
@@ -961,7 +945,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         shared.violation(problem);
     }
     let records = end_records(&plan, &env);
-    check_effects(&mut shared, &plan, &records);
+    check_effects(&mut shared, &records);
     if plan.ledger == LedgerKind::Memory {
         env.memory
             .purge_expired(ts(now).saturating_add(RETENTION + Duration::from_secs(1)));
@@ -992,10 +976,8 @@ fn apply(
     env: &Arc<Env>,
     down: &mut HashMap<String, bool>,
     action: Action,
-    actions: &mut BTreeMap<u64, Vec<Action>>,
     now: u64,
 ) {
-    let _ = actions;
     match action {
         Action::Crash(victim) => crash(sim, env, down, victim, None),
         Action::Restart(victim) => {
@@ -1112,7 +1094,6 @@ fn end_records(plan: &Plan, env: &Env) -> HashMap<String, (ExecutionRecord, Vec<
 /// settled and past its link window), and never twice under one key.
 fn check_effects(
     shared: &mut Shared,
-    _plan: &Plan,
     records: &HashMap<String, (ExecutionRecord, Vec<LedgerEvent>)>,
 ) {
     let effects = shared.effects.clone();
