@@ -27,7 +27,9 @@ pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp, asked_at: Ti
     match record.state {
         state if state.is_unsettled() => true,
         S::Completed | S::ResolvedApplied => {
-            record.delivered_at.is_none_or(|at| at >= asked_at) && inside_window
+            // Strictly after: a delivery in the same millisecond as the call counts as
+            // before it (a deliberate repeat right after its answer is a new execution).
+            record.delivered_at.is_none_or(|at| at > asked_at) && inside_window
         }
         S::Denied | S::NotSent => inside_window,
         _ => false,
@@ -129,7 +131,8 @@ mod tests {
             r.retain_until = Timestamp::from_millis(200_000);
             let now = Timestamp::from_millis(30_000);
             assert!(is_linkable(&r, now, Timestamp::from_millis(0)), "{state}");
-            assert!(is_linkable(&r, now, Timestamp::from_millis(1)), "{state}");
+            // Asked in the millisecond of the delivery: after it.
+            assert!(!is_linkable(&r, now, Timestamp::from_millis(1)), "{state}");
             assert!(!is_linkable(&r, now, Timestamp::from_millis(2)), "{state}");
             // Past the window, even the twin starts over: the window bounds every hand-back.
             let past_window = Timestamp::from_millis(90_000);
