@@ -2,9 +2,9 @@
 //! the same size on the same disk.
 //!
 //! - `append/1_caller`: one ledger append (one event, durable) vs one raw append + fdatasync.
-//! - `executions/{16,64}_callers`: full executions (claim, authorized, dispatched, completed,
-//!   delivered: five durable appends each) from concurrent callers sharing fsyncs (group
-//!   commit), reported as executions per second.
+//! - `executions/{1,16,64}_callers`: full executions as the guard writes them (the claim with
+//!   its `dispatched`, `completed`, `delivered`: three appends, two of them synced) from
+//!   concurrent callers sharing fsyncs (group commit), reported as executions per second.
 //!
 //! `cargo bench --bench file_ledger`
 

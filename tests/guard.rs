@@ -812,17 +812,9 @@ async fn a_key_the_caller_set_is_kept_and_recorded() {
     );
     let events = ledger.events(record.execution_id).await.unwrap();
     let names: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
-    assert_eq!(
-        names,
-        [
-            "accepted",
-            "authorized",
-            "dispatched",
-            "completed",
-            "delivered"
-        ]
-    );
-    let dispatched = serde_json::to_value(&events[2]).unwrap();
+    // No authorization hook: no `authorized` (issue 15: three appends per execution).
+    assert_eq!(names, ["accepted", "dispatched", "completed", "delivered"]);
+    let dispatched = serde_json::to_value(&events[1]).unwrap();
     assert_eq!(dispatched["key_from_caller"], true);
 }
 

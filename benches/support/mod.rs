@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use mcp_replay_guard::{
-    IdempotencyKey,
     contract::RetryClass,
-    ledger::{Claim, EventKind, Ledger, LedgerEvent, Timestamp},
+    ledger::{Claim, Dispatch, EventKind, Ledger, LedgerEvent, Timestamp},
 };
 
 /// The claim of the `n`th intent (a fingerprint of its own), kept for `retention` (a record
@@ -31,44 +30,37 @@ pub fn claim(n: u64, retention: Duration) -> Claim {
     }
 }
 
-/// The four events after the claim of a call that completes and is delivered.
-pub fn lifecycle(id: mcp_replay_guard::ExecutionId) -> [LedgerEvent; 4] {
-    let kinds = [
-        EventKind::Authorized,
-        EventKind::Dispatched {
-            attempt: 1,
-            idempotency_key: IdempotencyKey::from(id),
-            key_from_caller: false,
-            jsonrpc_id: Some(7.into()),
-            session_id: None,
-            client_info: None,
-            owner: Some("guard:bench".into()),
-        },
-        EventKind::Completed {
-            target_status: 200,
-            is_error: false,
-            result_reference: None,
-        },
-        EventKind::Delivered {
-            jsonrpc_id: Some(7.into()),
-        },
-    ];
-    kinds.map(|kind| LedgerEvent {
-        execution_id: id,
-        at: Timestamp::now(),
-        kind,
-    })
-}
-
-/// One execution of the `n`th intent: claim (`accepted`) + `authorized`, `dispatched`,
-/// `completed`, `delivered`, each awaited in turn as the guard does.
+/// One execution of the `n`th intent as the guard writes it with no authorization hook: the
+/// claim with its first `dispatched` (one write), `completed` (one write; no result kept, so
+/// that the footprint bench counts records alone), `delivered` (written, synced with the next
+/// write), each awaited in turn.
 pub async fn execution<L: Ledger + ?Sized>(ledger: &L, n: u64, retention: Duration) {
-    let claimed = ledger.claim(claim(n, retention)).await.unwrap();
+    let dispatch = Dispatch {
+        jsonrpc_id: Some(7.into()),
+        ..Dispatch::default()
+    };
+    let claimed = ledger
+        .claim_dispatched(claim(n, retention), dispatch)
+        .await
+        .unwrap();
     assert!(
         matches!(claimed, mcp_replay_guard::ledger::Claimed::New(_)),
         "every intent of a bench is new"
     );
-    for event in lifecycle(claimed.record().execution_id) {
-        std::hint::black_box(ledger.append(event).await.unwrap());
-    }
+    let id = claimed.record().execution_id;
+    let event = |kind| LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind,
+    };
+    let completed = event(EventKind::Completed {
+        target_status: 200,
+        is_error: false,
+        result_reference: None,
+    });
+    std::hint::black_box(ledger.complete(completed, None).await.unwrap());
+    let delivered = event(EventKind::Delivered {
+        jsonrpc_id: Some(7.into()),
+    });
+    std::hint::black_box(ledger.append_unsynced(delivered).await.unwrap());
 }

@@ -221,7 +221,7 @@ impl Delivery {
             return Ok(false);
         }
         self.ledger
-            .append(LedgerEvent {
+            .append_unsynced(LedgerEvent {
                 execution_id: self.execution_id,
                 at: Timestamp::now(),
                 kind: EventKind::Delivered {

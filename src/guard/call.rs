@@ -384,6 +384,13 @@ where
                 }
             }
             let to_send = match decision {
+                // Created with its first dispatch recorded ([`Config::claim_to_start`]).
+                Decision::Start if record.state == ExecutionState::Dispatched => {
+                    let key = intent.dispatch().key(&record);
+                    return self
+                        .send_dispatched(parts, bytes, intent, record, key, owner)
+                        .await;
+                }
                 Decision::Start | Decision::Continue => {
                     if matches!(record.state, ExecutionState::Accepted) {
                         match self.config.authorize(&record, &intent).await {
@@ -468,7 +475,7 @@ where
         intent: &Intent,
         has_probe: bool,
     ) -> Result<Decided, GuardError> {
-        let mut claimed = self.config.claim(intent).await?;
+        let mut claimed = self.config.claim_to_start(intent).await?;
         loop {
             let task_known = claimed.record().correlation.task_id.is_some();
             let attempt_alive = self.config.attempt_elsewhere(&claimed).await;
@@ -495,7 +502,7 @@ where
             };
             match after_wait(waited) {
                 AfterWait::HandBack(current) => return Ok(Decided::Completed(current)),
-                AfterWait::DecideAgain => claimed = self.config.claim(intent).await?,
+                AfterWait::DecideAgain => claimed = self.config.claim_to_start(intent).await?,
                 AfterWait::InProgress => {
                     return Ok(Decided::InProgress(claimed.record().clone()));
                 }

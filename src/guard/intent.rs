@@ -13,7 +13,7 @@ use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::{RetryClass, StatusProbe},
     fingerprint::{ActionRecord, Fingerprint},
-    ledger::{ClientInfo, Timestamp},
+    ledger::{ClientInfo, Dispatch, Timestamp},
     protocol::{self, Era, ToolCall},
 };
 
@@ -40,6 +40,18 @@ pub(super) struct Intent {
     /// When the call reached the guard: a twin's result delivered after it is still this
     /// call's ([`Claim::asked_at`](crate::ledger::Claim::asked_at)).
     pub(super) asked_at: Timestamp,
+}
+
+impl Intent {
+    /// What each attempt's `dispatched` records of this call.
+    pub(super) fn dispatch(&self) -> Dispatch {
+        Dispatch {
+            caller_key: self.caller_key.clone(),
+            jsonrpc_id: Some(self.call.id.clone()),
+            session_id: self.session_id.clone(),
+            client_info: self.client_info.clone(),
+        }
+    }
 }
 
 impl<S, RB> Call<S>

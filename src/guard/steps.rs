@@ -132,43 +132,49 @@ impl Config {
         intent: &Intent,
         record: &ExecutionRecord,
     ) -> Result<Option<(ExecutionRecord, IdempotencyKey)>, GuardError> {
-        let key = intent
-            .caller_key
-            .clone()
-            .unwrap_or_else(|| IdempotencyKey::from(record.execution_id));
-        let dispatched = EventKind::Dispatched {
-            attempt: record.attempts + 1,
-            idempotency_key: key.clone(),
-            key_from_caller: intent.caller_key.is_some(),
-            jsonrpc_id: Some(intent.call.id.clone()),
-            session_id: intent.session_id.clone(),
-            client_info: intent.client_info.clone(),
-            owner: Some(self.owner.clone()),
-        };
+        let dispatch = intent.dispatch();
+        let event = dispatch.event(record, &self.owner, Timestamp::now());
+        let key = dispatch.key(record);
         Ok(self
-            .append_moved(record.execution_id, dispatched)
+            .append_moved(record.execution_id, event.kind)
             .await?
             .map(|record| (record, key)))
     }
 
-    pub(super) async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
+    /// Claims as a call about to start: with no authorization hook to ask first, a new
+    /// execution is created already `dispatched` (one write before the request leaves).
+    pub(super) async fn claim_to_start(&self, intent: &Intent) -> Result<Claimed, GuardError> {
+        if self.authorizer.is_some() {
+            return self.claim(intent).await;
+        }
         self.ledger
-            .claim(Claim {
-                fingerprint: intent.fingerprint,
-                tool: intent.call.name.clone(),
-                actor: intent.actor.clone(),
-                intent_scope: intent.intent_scope.clone(),
-                target: intent.target.clone(),
-                credential_ref: intent.credential_ref.clone(),
-                retry_class: intent.class,
-                link_window: intent.link_window,
-                retention: intent.retention,
-                owner: self.owner.clone(),
-                at: Timestamp::now(),
-                asked_at: Some(intent.asked_at),
-            })
+            .claim_dispatched(self.claim_of(intent), intent.dispatch())
             .await
             .map_err(GuardError::ledger)
+    }
+
+    pub(super) async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
+        self.ledger
+            .claim(self.claim_of(intent))
+            .await
+            .map_err(GuardError::ledger)
+    }
+
+    fn claim_of(&self, intent: &Intent) -> Claim {
+        Claim {
+            fingerprint: intent.fingerprint,
+            tool: intent.call.name.clone(),
+            actor: intent.actor.clone(),
+            intent_scope: intent.intent_scope.clone(),
+            target: intent.target.clone(),
+            credential_ref: intent.credential_ref.clone(),
+            retry_class: intent.class,
+            link_window: intent.link_window,
+            retention: intent.retention,
+            owner: self.owner.clone(),
+            at: Timestamp::now(),
+            asked_at: Some(intent.asked_at),
+        }
     }
 
     pub(super) async fn append(

@@ -4,8 +4,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    Claim, Claimed, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp, index::Index,
-    result_reference,
+    Claim, Claimed, Dispatch, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp,
+    index::Index, result_reference,
 };
 use crate::ExecutionId;
 
@@ -58,8 +58,40 @@ impl Ledger for MemoryLedger {
         Ok(index.claim(&claim, || Ok(()))?.0)
     }
 
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        let mut index = self.index();
+        index.count_claim(claim.at);
+        match index.claim(&claim, || Ok(()))?.0 {
+            Claimed::New(record) => index
+                .append(&dispatch.event(&record, &claim.owner, claim.at))
+                .map(Claimed::New),
+            existing => Ok(existing),
+        }
+    }
+
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
         self.index().append(&event)
+    }
+
+    async fn complete(
+        &self,
+        mut event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        let mut index = self.index();
+        let reference = result_reference(event.execution_id);
+        if result.is_some() {
+            event.set_result_reference(reference.clone());
+        }
+        let record = index.append(&event)?;
+        if let Some(result) = result {
+            index.results.insert(reference, result);
+        }
+        Ok(record)
     }
 
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {

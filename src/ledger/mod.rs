@@ -44,8 +44,8 @@ pub use record::{
 pub use verify::verify_file_anchored;
 
 use crate::{
-    Actor, CredentialRef, ExecutionId, IntentScope, Target, contract::RetryClass,
-    fingerprint::Fingerprint,
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, contract::RetryClass,
+    fingerprint::Fingerprint, protocol::RequestId,
 };
 
 /// A request to find or create the execution of an intent.
@@ -97,6 +97,48 @@ impl Claim {
                 link_until: self.at.saturating_add(self.link_window),
                 retain_until: self.at.saturating_add(self.retention.max(self.link_window)),
                 owner: self.owner.clone(),
+            },
+        }
+    }
+}
+
+/// What the dispatch of an attempt records besides its number and owner: the key sent and the
+/// request it went in. [`Ledger::claim_dispatched`] records the first attempt's with the
+/// execution it creates; the guard records a later attempt's from the same value.
+#[derive(Debug, Clone, Default)]
+pub struct Dispatch {
+    /// The caller's `Idempotency-Key`, kept and sent as it is; `None`: the key is the
+    /// execution ID.
+    pub caller_key: Option<IdempotencyKey>,
+    /// JSON-RPC id of the request.
+    pub jsonrpc_id: Option<RequestId>,
+    /// Session of the request.
+    pub session_id: Option<String>,
+    /// The client that sent the request, as it named itself.
+    pub client_info: Option<ClientInfo>,
+}
+
+impl Dispatch {
+    /// The key the next attempt of `record` is sent under.
+    pub fn key(&self, record: &ExecutionRecord) -> IdempotencyKey {
+        self.caller_key
+            .clone()
+            .unwrap_or_else(|| IdempotencyKey::from(record.execution_id))
+    }
+
+    /// The `dispatched` of the next attempt of `record`, by `owner`, at `at`.
+    pub fn event(&self, record: &ExecutionRecord, owner: &str, at: Timestamp) -> LedgerEvent {
+        LedgerEvent {
+            execution_id: record.execution_id,
+            at,
+            kind: EventKind::Dispatched {
+                attempt: record.attempts + 1,
+                idempotency_key: self.key(record),
+                key_from_caller: self.caller_key.is_some(),
+                jsonrpc_id: self.jsonrpc_id.clone(),
+                session_id: self.session_id.clone(),
+                client_info: self.client_info.clone(),
+                owner: Some(owner.to_owned()),
             },
         }
     }
@@ -260,9 +302,59 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// concurrent claims of one intent exactly one gets [`Claimed::New`].
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError>;
 
+    /// [`claim`](Ledger::claim), and when it creates the execution, its first attempt's
+    /// `dispatched` (by the claim's owner) with it: the claim is then
+    /// [`Claimed::New`] in state `dispatched`. The bundled ledgers write both events at once
+    /// (one sync of the file ledger before the request leaves); the default claims, then
+    /// appends.
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        let owner = claim.owner.clone();
+        match self.claim(claim).await? {
+            Claimed::New(record) => {
+                let event = dispatch.event(&record, &owner, record.accepted_at);
+                self.append(event).await.map(Claimed::New)
+            }
+            existing => Ok(existing),
+        }
+    }
+
     /// Appends an event and returns the updated record. Refused (and nothing written) when the
     /// state machine does not allow it.
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError>;
+
+    /// Appends an event whose loss in a crash can only make later decisions more careful
+    /// (`delivered`: without it a repeat is handed the kept result instead of starting a new
+    /// execution). A durable ledger may acknowledge it once written and make it durable with
+    /// its next sync; the default appends it like any other.
+    async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.append(event).await
+    }
+
+    /// Appends `completed` together with the result it keeps: never a kept result without its
+    /// `completed`, never a `completed` naming a result that is not there. `result: None`
+    /// keeps none; with a result, the event's `result_reference` is set to its reference. A
+    /// result the ledger cannot keep (not JSON, too large for its storage) is left out, with
+    /// a warning, and `completed` is still recorded. The bundled ledgers write both at once;
+    /// the default keeps the result, then appends.
+    async fn complete(
+        &self,
+        mut event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        if let Some(result) = result {
+            match self.store_result(event.execution_id, result).await {
+                Ok(reference) => event.set_result_reference(reference),
+                Err(error) => {
+                    tracing::warn!(execution_id = %event.execution_id, %error, "could not keep the result")
+                }
+            }
+        }
+        self.append(event).await
+    }
 
     /// The record of an execution.
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError>;

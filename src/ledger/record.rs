@@ -408,6 +408,18 @@ pub struct LedgerEvent {
     pub kind: EventKind,
 }
 
+impl LedgerEvent {
+    /// Names where a `completed` event's result is kept (nothing for another event).
+    pub(crate) fn set_result_reference(&mut self, reference: String) {
+        if let EventKind::Completed {
+            result_reference, ..
+        } = &mut self.kind
+        {
+            *result_reference = Some(reference);
+        }
+    }
+}
+
 /// An execution as its events describe it.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

@@ -205,7 +205,15 @@ impl Recorder {
             let id = self.execution_id;
             let jsonrpc_id = Some(self.request_id.clone());
             return Box::pin(async move {
-                append_logged(&*ledger, id, EventKind::Delivered { jsonrpc_id }).await;
+                let delivered = LedgerEvent {
+                    execution_id: id,
+                    at: Timestamp::now(),
+                    kind: EventKind::Delivered { jsonrpc_id },
+                };
+                // Losing it in a crash only makes a repeat more careful: no sync of its own.
+                if let Err(error) = ledger.append_unsynced(delivered).await {
+                    tracing::warn!(execution_id = %id, event = "delivered", %error, "could not record");
+                }
             });
         }
         let reason = if self.oversize {
@@ -422,25 +430,26 @@ pub(crate) async fn record_outcome(
             return Settlement::Other;
         }
     };
-    let kept = if keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw) {
-        match ledger.store_result(id, raw.clone()).await {
-            Ok(reference) => Some((reference, raw)),
-            Err(error) => {
-                tracing::warn!(execution_id = %id, %error, "could not keep the result");
-                None
-            }
+    let keep = keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw);
+    let completed = LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind: EventKind::Completed {
+            target_status: status,
+            is_error,
+            result_reference: None,
+        },
+    };
+    // One write: the result is kept with its `completed`, or not at all.
+    let kept = match ledger.complete(completed, keep.then(|| raw.clone())).await {
+        Ok(record) => record.result_reference.is_some(),
+        Err(error) => {
+            tracing::warn!(execution_id = %id, event = "completed", %error, "could not record");
+            false
         }
-    } else {
-        None
     };
-    let completed = EventKind::Completed {
-        target_status: status,
-        is_error,
-        result_reference: kept.as_ref().map(|(r, _)| r.clone()),
-    };
-    append_logged(ledger, id, completed).await;
     Settlement::Completed {
         execution_id: id,
-        result: kept.map(|(_, b)| b),
+        result: kept.then_some(raw),
     }
 }

@@ -16,7 +16,8 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::{
-    Claim, Claimed, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp,
+    Claim, Claimed, Dispatch, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent,
+    Timestamp,
     chain::{
         self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
         VerifyReport,
@@ -137,8 +138,11 @@ type SyncReply<T> = mpsc::Sender<Result<T, LedgerError>>;
 type PendingReply = Box<dyn FnOnce(Option<&LedgerError>) + Send>;
 
 enum Op {
-    Claim(Box<Claim>, Reply<Claimed>),
-    Append(LedgerEvent, Reply<ExecutionRecord>),
+    /// A claim, with the first attempt's dispatch to record if it creates the execution.
+    Claim(Box<(Claim, Option<Dispatch>)>, Reply<Claimed>),
+    Append(LedgerEvent, Flush, Reply<ExecutionRecord>),
+    /// `completed` and the result it keeps, as one write.
+    Complete(LedgerEvent, Option<Bytes>, Reply<ExecutionRecord>),
     StoreResult(ExecutionId, Bytes, Reply<String>),
     Get(ExecutionId, Reply<Option<ExecutionRecord>>),
     Events(ExecutionId, Reply<Vec<LedgerEvent>>),
@@ -149,6 +153,32 @@ enum Op {
     KeyState(SyncReply<(Option<String>, bool)>),
     /// Binds the ledger to a key id (records it if it names none), or refuses another one.
     BindKey(String, SyncReply<()>),
+}
+
+impl Op {
+    /// Whether the operation writes to the file (else it only reads).
+    fn writes(&self) -> bool {
+        matches!(
+            self,
+            Op::Claim(..)
+                | Op::Append(..)
+                | Op::Complete(..)
+                | Op::StoreResult(..)
+                | Op::Compact(..)
+                | Op::BindKey(..)
+        )
+    }
+}
+
+/// When an append's line must be on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// Before the append is acknowledged.
+    Now,
+    /// With the next sync: the next write that syncs (whichever process makes it: they
+    /// share the file), or when the ledger is dropped. Until then the kernel holds it, so
+    /// only a power loss can lose it.
+    WithNext,
 }
 
 /// What [`FileLedger::compact`] did.
@@ -433,12 +463,38 @@ pub(super) fn sibling(path: &Path, suffix: &str) -> PathBuf {
 impl Ledger for FileLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
         self.writable()?;
-        self.ask(|reply| Op::Claim(Box::new(claim), reply)).await
+        self.ask(|reply| Op::Claim(Box::new((claim, None)), reply))
+            .await
+    }
+
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Claim(Box::new((claim, Some(dispatch))), reply))
+            .await
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
         self.writable()?;
-        self.ask(|reply| Op::Append(event, reply)).await
+        self.ask(|reply| Op::Append(event, Flush::Now, reply)).await
+    }
+
+    async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Append(event, Flush::WithNext, reply))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Complete(event, result, reply)).await
     }
 
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {

@@ -30,6 +30,17 @@ pub(super) struct Mode {
     pub(super) disk: Arc<dyn Disk>,
 }
 
+impl Drop for Writer {
+    /// Syncs lines written without one: the ledger was dropped (or is being reopened).
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.unsynced)
+            && let Err(error) = self.mode.disk.sync(&self.file)
+        {
+            tracing::warn!(%error, "cannot sync the ledger's last lines; a power loss may lose them");
+        }
+    }
+}
+
 /// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
 /// release it. `flock(2)` has no timed wait, so this polls with a short backoff.
 pub(super) fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), LedgerError> {
@@ -98,6 +109,8 @@ pub(super) struct Writer {
     /// The last [`locked`](Self::locked) failed to take the lock (so `f` never ran and the
     /// index holds nothing unwritten).
     lock_failed: bool,
+    /// Lines were written and acknowledged without a sync ([`Flush::WithNext`]).
+    unsynced: bool,
 }
 
 impl Writer {
@@ -124,6 +137,7 @@ impl Writer {
             owners,
             mode,
             lock_failed: false,
+            unsynced: false,
         })
     }
 
@@ -297,14 +311,24 @@ impl Writer {
 
     /// Writes lines (already applied to the index) and syncs them.
     fn write(&mut self, bodies: Vec<LineBody>) -> Result<(), LedgerError> {
+        self.write_flushed(bodies, Flush::Now)
+    }
+
+    /// Writes lines (already applied to the index), and syncs them with everything written
+    /// before unless `flush` lets them wait for the next sync.
+    fn write_flushed(&mut self, bodies: Vec<LineBody>, flush: Flush) -> Result<(), LedgerError> {
         if bodies.is_empty() {
             return Ok(());
         }
         let (text, head) = seal_lines(self.head, bodies);
         let disk = &self.mode.disk;
         disk.write(&self.file, text.as_bytes())
-            .and_then(|()| disk.sync(&self.file))
+            .and_then(|()| match flush {
+                Flush::Now => disk.sync(&self.file),
+                Flush::WithNext => Ok(()),
+            })
             .map_err(|e| failed("cannot write the ledger", e))?;
+        self.unsynced = flush == Flush::WithNext;
         self.offset += text.len() as u64;
         let before = self.head.0;
         self.head = head;
@@ -352,16 +376,7 @@ impl Writer {
     /// batch is on disk. A match over the batch's operations, one arm each: longer than
     /// most functions, because each arm is where its operation's lines are made.
     pub(super) fn serve(&mut self, batch: Vec<Op>) {
-        let writes = batch.iter().any(|op| {
-            matches!(
-                op,
-                Op::Claim(..)
-                    | Op::Append(..)
-                    | Op::StoreResult(..)
-                    | Op::Compact(..)
-                    | Op::BindKey(..)
-            )
-        });
+        let writes = batch.iter().any(Op::writes);
         if !writes {
             // Reads only: catch up without the lock (an incomplete tail is simply not read).
             let caught_up = self
@@ -372,25 +387,78 @@ impl Writer {
             }
             return;
         }
+        // One sync for the batch unless every write in it may wait for the next one.
+        let flush = if batch
+            .iter()
+            .all(|op| !op.writes() || matches!(op, Op::Append(_, Flush::WithNext, _)))
+        {
+            Flush::WithNext
+        } else {
+            Flush::Now
+        };
         let mut replies: Vec<PendingReply> = Vec::new();
         let outcome = self.locked(|w| {
             let mut bodies = Vec::new();
             for op in batch {
                 match op {
                     Op::Claim(claim, reply) => {
+                        let (claim, dispatch) = *claim;
                         // Expired executions leave the index; their lines stay until
                         // compaction.
                         w.index.count_claim(claim.at);
                         let owners = &w.owners;
-                        let claimed = w.index.claim(&claim, || owners.hold(&claim.owner)).map(
-                            |(claimed, accepted)| {
+                        let claimed = w
+                            .index
+                            .claim(&claim, || owners.hold(&claim.owner))
+                            .and_then(|(claimed, accepted)| {
                                 bodies.extend(accepted.map(LineBody::Event));
-                                claimed
-                            },
-                        );
+                                match (claimed, dispatch) {
+                                    // The first dispatch goes in the same write as the
+                                    // `accepted`: one sync before the request leaves.
+                                    (Claimed::New(record), Some(dispatch)) => {
+                                        let event = dispatch.event(&record, &claim.owner, claim.at);
+                                        let record = w.index.apply(&event)?;
+                                        bodies.push(LineBody::Event(event));
+                                        Ok(Claimed::New(record))
+                                    }
+                                    (claimed, _) => Ok(claimed),
+                                }
+                            });
                         replies.push(Box::new(move |failed| send(reply, claimed, failed)));
                     }
-                    Op::Append(event, reply) => {
+                    Op::Complete(mut event, result, reply) => {
+                        let id = event.execution_id;
+                        let kept = result.and_then(|bytes| {
+                            match serde_json::from_slice(&bytes)
+                                .map_err(|e| failed("a result to keep is not JSON", e))
+                                .and_then(fits_in_a_line)
+                            {
+                                Ok(result) => Some((bytes, result)),
+                                Err(error) => {
+                                    tracing::warn!(execution_id = %id, %error, "could not keep the result");
+                                    None
+                                }
+                            }
+                        });
+                        let reference = result_reference(id);
+                        if kept.is_some() {
+                            event.set_result_reference(reference.clone());
+                        }
+                        let applied = w.index.apply(&event);
+                        if applied.is_ok() {
+                            if let Some((bytes, result)) = kept {
+                                w.index.results.insert(reference.clone(), bytes);
+                                bodies.push(LineBody::Result(StoredResult {
+                                    result_of: id,
+                                    reference,
+                                    result,
+                                }));
+                            }
+                            bodies.push(LineBody::Event(event));
+                        }
+                        replies.push(Box::new(move |failed| send(reply, applied, failed)));
+                    }
+                    Op::Append(event, _, reply) => {
                         // Ownership moves with a dispatch: this process holds the dispatching
                         // owner's lock before the `dispatched` line is written, so no process
                         // that reads the line can take its owner for gone.
@@ -448,7 +516,7 @@ impl Writer {
                     read => w.answer_read(read, None),
                 }
             }
-            w.write(bodies)
+            w.write_flushed(bodies, flush)
         });
         // A lock that was not had: nothing ran, nothing to rebuild (and no second wait).
         if outcome.is_err() && !std::mem::take(&mut self.lock_failed) {
@@ -514,7 +582,7 @@ impl Writer {
                 Err(storage("internal", "a claim was answered as a read")),
                 None,
             ),
-            Op::Append(_, reply) => send(
+            Op::Append(_, _, reply) | Op::Complete(_, _, reply) => send(
                 reply,
                 Err(storage("internal", "an append was answered as a read")),
                 None,
