@@ -6,6 +6,7 @@
 use std::{
     borrow::Cow,
     collections::{BTreeSet, HashMap},
+    hash::{BuildHasher, RandomState},
 };
 
 use bytes::Bytes;
@@ -70,6 +71,9 @@ pub(crate) trait Entry: Sized {
     /// The record of execution `id` (this entry's).
     fn record(&self, id: ExecutionId) -> Cow<'_, ExecutionRecord>;
 
+    /// The intent it belongs to.
+    fn intent_key(&self) -> IntentKey;
+
     /// Applies `event` through the state machine ([`ExecutionRecord::apply`]) and keeps it;
     /// returns the record's `retain_until` before and the record after. A refused event
     /// leaves the entry as it was.
@@ -103,11 +107,93 @@ impl Entry for Stored {
         Cow::Borrowed(&self.record)
     }
 
+    fn intent_key(&self) -> IntentKey {
+        IntentKey::of_record(&self.record)
+    }
+
     fn apply(&mut self, event: &LedgerEvent) -> Result<(Timestamp, ExecutionRecord), LedgerError> {
         let before = self.record.retain_until;
         self.record.apply(event)?;
         self.events.push(event.clone());
         Ok((before, self.record.clone()))
+    }
+}
+
+/// The latest execution of each intent, found by a keyed 64-bit hash of the intent: a slot
+/// a third the size of one keyed by the intent itself (issue 15: the memory ledger's bytes
+/// per record). Two intents whose hashes meet (the hasher's keys are random per index, so
+/// only by chance: about one pair in 2^64 / n) are told apart by their executions; the one
+/// that finds the slot taken by another intent is kept in `collided`, by the whole intent.
+#[derive(Debug, Default)]
+struct Intents {
+    by_hash: HashMap<u64, ExecutionId>,
+    collided: HashMap<IntentKey, ExecutionId>,
+    hasher: RandomState,
+    /// Every intent hashes alike (for the tests of `collided`).
+    #[cfg(test)]
+    collide_all: bool,
+}
+
+impl Intents {
+    fn hash(&self, key: &IntentKey) -> u64 {
+        #[cfg(test)]
+        if self.collide_all {
+            return 0;
+        }
+        self.hasher.hash_one(key)
+    }
+
+    /// The latest execution of `key`'s intent.
+    fn get<E: Entry>(
+        &self,
+        key: &IntentKey,
+        executions: &HashMap<ExecutionId, E>,
+    ) -> Option<ExecutionId> {
+        match self.by_hash.get(&self.hash(key)) {
+            Some(id) if executions.get(id).is_some_and(|e| e.intent_key() == *key) => Some(*id),
+            _ => self.collided.get(key).copied(),
+        }
+    }
+
+    /// Makes `id` the latest execution of `key`'s intent.
+    fn set<E: Entry>(
+        &mut self,
+        key: IntentKey,
+        id: ExecutionId,
+        executions: &HashMap<ExecutionId, E>,
+    ) {
+        let slot = self.by_hash.entry(self.hash(&key));
+        if let std::collections::hash_map::Entry::Occupied(taken) = &slot
+            && *taken.get() != id
+            && executions
+                .get(taken.get())
+                .is_some_and(|e| e.intent_key() != key)
+        {
+            self.collided.insert(key, id);
+            return;
+        }
+        slot.insert_entry(id);
+        self.collided.remove(&key);
+    }
+
+    /// Forgets `id` as the latest execution of `key`'s intent, if it is.
+    fn remove(&mut self, key: &IntentKey, id: ExecutionId) {
+        let hash = self.hash(key);
+        if self.by_hash.get(&hash) == Some(&id) {
+            self.by_hash.remove(&hash);
+        } else if self.collided.get(key) == Some(&id) {
+            self.collided.remove(key);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_hash.len() + self.collided.len()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -123,7 +209,7 @@ pub(crate) type Index = IndexOf<Stored>;
 pub(crate) struct IndexOf<E: Entry> {
     pub(crate) executions: HashMap<ExecutionId, E>,
     /// The latest execution of each intent.
-    intents: HashMap<IntentKey, ExecutionId>,
+    intents: Intents,
     /// Every execution by `retain_until`, earliest first: a sweep takes from the front what
     /// expired and never visits the rest.
     expiry: BTreeSet<(Timestamp, ExecutionId)>,
@@ -140,7 +226,7 @@ impl<E: Entry> Default for IndexOf<E> {
     fn default() -> Self {
         Self {
             executions: HashMap::new(),
-            intents: HashMap::new(),
+            intents: Intents::default(),
             expiry: BTreeSet::new(),
             results: HashMap::new(),
             shared: E::Shared::default(),
@@ -157,8 +243,8 @@ impl Index {
     #[cfg(feature = "postgres")]
     pub(crate) fn load(&mut self, record: ExecutionRecord, latest: bool) {
         if latest {
-            self.intents
-                .insert(IntentKey::of_record(&record), record.execution_id);
+            let key = IntentKey::of_record(&record);
+            self.intents.set(key, record.execution_id, &self.executions);
         }
         if let std::collections::hash_map::Entry::Vacant(vacant) =
             self.executions.entry(record.execution_id)
@@ -192,8 +278,8 @@ impl<E: Entry> IndexOf<E> {
         let key = IntentKey::of_claim(claim);
         let linked = self
             .intents
-            .get(&key)
-            .and_then(|id| Some(self.executions.get(id)?.record(*id)))
+            .get(&key, &self.executions)
+            .and_then(|id| Some(self.executions.get(&id)?.record(id)))
             .filter(|record| {
                 decide::is_linkable(record, claim.at, claim.asked_at.unwrap_or(claim.at))
             });
@@ -223,7 +309,8 @@ impl<E: Entry> IndexOf<E> {
     pub(crate) fn apply(&mut self, event: &LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
         if let Some(record) = ExecutionRecord::from_accepted(event) {
             let id = record.execution_id;
-            self.intents.insert(IntentKey::of_record(&record), id);
+            self.intents
+                .set(IntentKey::of_record(&record), id, &self.executions);
             let entry = E::accepted(event, &record, &mut self.shared);
             if let Some(old) = self.executions.insert(id, entry) {
                 // The same `accepted` twice (a file read again): the first one's place goes.
@@ -316,15 +403,12 @@ impl<E: Entry> IndexOf<E> {
             purged += 1;
             // A result is kept under its execution's reference, referenced yet or not.
             self.results.remove(&result_reference(id));
-            let record = entry.record(id);
-            if let Some(reference) = &record.result_reference {
-                self.results.remove(reference);
+            if !self.results.is_empty()
+                && let Some(reference) = entry.record(id).result_reference.clone()
+            {
+                self.results.remove(&reference);
             }
-            let key = IntentKey::of_record(&record);
-            if self.intents.get(&key) == Some(&id) {
-                self.intents.remove(&key);
-            }
-            drop(record);
+            self.intents.remove(&entry.intent_key(), id);
             entry.removed(&mut self.shared);
         }
         purged
@@ -410,6 +494,43 @@ mod tests {
             index.claim(&claim_n(n, 3_600, 2_000), || Ok(())).unwrap();
         }
         assert_eq!(index.visited, 10);
+    }
+
+    /// Intents whose hashes meet each link their own execution, before and after one of
+    /// them leaves.
+    fn intents_whose_hashes_meet_are_told_apart<E: Entry>() {
+        let mut index = IndexOf::<E>::default();
+        index.intents.collide_all = true;
+        let claim_of = |index: &mut IndexOf<E>, n, retention, at| {
+            let (claimed, _) = index.claim(&claim_n(n, retention, at), || Ok(())).unwrap();
+            (
+                matches!(claimed, Claimed::New(_)),
+                claimed.record().execution_id,
+            )
+        };
+        let (_, short) = claim_of(&mut index, 0, 1, 0);
+        let ids: Vec<_> = (1..3).map(|n| claim_of(&mut index, n, 60, 0).1).collect();
+        assert_eq!(claim_of(&mut index, 0, 1, 1), (false, short));
+        for (n, id) in (1..3).zip(&ids) {
+            assert_eq!(claim_of(&mut index, n, 60, 1), (false, *id));
+        }
+        assert_eq!(index.intents.collided.len(), 2);
+        assert_eq!(index.purge_expired(Timestamp::from_millis(1_001)), 1);
+        for (n, id) in (1..3).zip(&ids) {
+            assert_eq!(claim_of(&mut index, n, 60, 1_002), (false, *id));
+        }
+        let (new, again) = claim_of(&mut index, 0, 600, 1_002);
+        assert!(new && again != short);
+        assert_eq!(claim_of(&mut index, 0, 600, 1_003), (false, again));
+        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001)), 2);
+        assert_eq!(claim_of(&mut index, 0, 600, 60_002), (false, again));
+        assert_eq!(index.intents.len(), 1);
+    }
+
+    #[test]
+    fn intents_whose_hashes_meet_are_told_apart_in_every_kind_of_index() {
+        intents_whose_hashes_meet_are_told_apart::<Stored>();
+        intents_whose_hashes_meet_are_told_apart::<super::super::memory::Compact>();
     }
 
     #[test]
