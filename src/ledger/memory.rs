@@ -32,10 +32,11 @@ pub(crate) use compact::Compact;
 pub struct MemoryLedger {
     // One lock over the index: every operation is short and never awaits under it, and a
     // claim holds it until the new execution is in place (one winner per intent). Measured
-    // against an index sharded by intent (benches/memory_ledger.rs, `concurrency` group):
-    // at 1 and at 64 concurrent callers the single lock was as fast or faster on the 2-core
-    // CI machine (BENCHMARKS.md); sharding would also need a second map from execution ID to
-    // shard for every append.
+    // against 16 such indexes with claims routed by intent and appends by a map from
+    // execution ID to shard (benches/memory_ledger.rs, group `concurrency`, BENCHMARKS.md):
+    // at 1 and at 64 concurrent callers on the 2-core CI machine neither won consistently
+    // (the lead changed sides between runs, within the machine's noise). The single lock
+    // stays: it needs no second map (bytes per record) and keeps a claim trivially atomic.
     inner: Arc<Mutex<IndexOf<Compact>>>,
 }
 
