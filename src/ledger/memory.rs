@@ -33,10 +33,12 @@ pub struct MemoryLedger {
     // One lock over the index: every operation is short and never awaits under it, and a
     // claim holds it until the new execution is in place (one winner per intent). Measured
     // against 16 such indexes with claims routed by intent and appends by a map from
-    // execution ID to shard (benches/memory_ledger.rs, group `concurrency`, BENCHMARKS.md):
-    // at 1 and at 64 concurrent callers on the 2-core CI machine neither won consistently
-    // (the lead changed sides between runs, within the machine's noise). The single lock
-    // stays: it needs no second map (bytes per record) and keeps a claim trivially atomic.
+    // execution ID to shard (benches/memory_ledger.rs, group `concurrency`, BENCHMARKS.md),
+    // on the 2-core CI machine: with 1 caller the lock was faster in 3 runs of 4 (by ~10%);
+    // with 64 callers the shards were faster in 3 of 4 (by 7% to 1.8x, the runs' noise is as
+    // large). The lock stays until a sharded ledger wins clearly: sharding needs that second
+    // map (about 60 more bytes per record), cleaned at every purge, and results found across
+    // shards.
     inner: Arc<Mutex<IndexOf<Compact>>>,
 }
 
