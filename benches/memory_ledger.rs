@@ -7,12 +7,12 @@
 //! - `memory_ledger/ledger_execution_1m_retained`: the same into a ledger prefilled once with
 //!   1,000,000 executions retained for an hour (and retaining the new ones too);
 //! - `memory_ledger/floor_dashmap_insert`: the floor, one `DashMap` insert of the same
-//!   `ExecutionRecord` under a new execution ID (cleared every 1,024 inserts).
+//!   `ExecutionRecord` under a new execution ID (cleared every 1,024 inserts);
 //! - `concurrency/{mutex,sharded}/{1,64}`: executions from 1 and from 64 concurrent tasks on a
 //!   two-thread runtime (retained an hour: with 64 callers a record that expired at once could
-//!   leave between a caller's claim and its appends), into the ledger (one lock over its index) and into 16 ledgers with
-//!   claims routed by intent and appends by a map from execution ID to shard (the sharded
-//!   alternative `MemoryLedger`'s lock is measured against).
+//!   leave between a caller's claim and its appends), into the ledger (one lock over its
+//!   index) and into 16 ledgers with claims routed by intent and appends by a map from
+//!   execution ID to shard (the sharded alternative `MemoryLedger`'s lock is measured against).
 //!
 //! Before criterion runs, the bench times both ledgers itself (median of 5 rounds of 20,000
 //! executions each) and prints the full/empty ratio: the target is ≥ 0.7.
