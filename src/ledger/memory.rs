@@ -35,9 +35,10 @@ pub struct MemoryLedger {
     // claim holds it until the new execution is in place (one winner per intent). Measured
     // against 16 such indexes with claims routed by intent and appends by a map from
     // execution ID to shard (benches/memory_ledger.rs, group `concurrency`, BENCHMARKS.md),
-    // on the 2-core CI machine: with 1 caller each won 2 runs of 4 (by about 10%); with 64
-    // callers the shards won 3 of 4 (by 7% to 1.8x) and lost one (by 1.5x): the runs' noise
-    // is as large. The lock stays until a sharded ledger wins clearly: sharding needs that second
+    // on the 2-core CI machine, five runs: with 64 callers the shards won 3 (by 1.07x to
+    // 1.8x) and lost 2 (by 1.01x and 1.5x); with 1 caller, where the shards do strictly more
+    // work, they still won 3 by up to 10%: the spread is the machine's noise, not a winner.
+    // The lock stays until a sharded ledger wins clearly: sharding needs that second
     // map (about 60 more bytes per record), cleaned at every purge, and results found across
     // shards.
     inner: Arc<Mutex<IndexOf<Compact>>>,
