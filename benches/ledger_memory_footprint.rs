@@ -131,7 +131,7 @@ fn main() {
         floor_bytes as f64 / (1024.0 * 1024.0)
     );
     println!(
-        "ratio: {:.2}x",
+        "ratio: {:.2}x (target: <= 400 bytes/record)",
         ledger_bytes as f64 / floor_bytes.max(1) as f64
     );
     // What a record is made of, for reading the figures.

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use mcp_replay_guard::{
+    ExecutionId,
     contract::RetryClass,
     ledger::{Claim, Dispatch, EventKind, Ledger, LedgerEvent, Timestamp},
 };
@@ -35,6 +36,17 @@ pub fn claim(n: u64, retention: Duration) -> Claim {
 /// that the footprint bench counts records alone), `delivered` (written, synced with the next
 /// write), each awaited in turn.
 pub async fn execution<L: Ledger + ?Sized>(ledger: &L, n: u64, retention: Duration) {
+    let id = claim_dispatched(ledger, n, retention).await;
+    std::hint::black_box(ledger.complete(completed(id), None).await.unwrap());
+    std::hint::black_box(ledger.append_unsynced(delivered(id)).await.unwrap());
+}
+
+/// The first step of [`execution`]: the claim of a new intent with its first `dispatched`.
+pub async fn claim_dispatched<L: Ledger + ?Sized>(
+    ledger: &L,
+    n: u64,
+    retention: Duration,
+) -> ExecutionId {
     let dispatch = Dispatch {
         jsonrpc_id: Some(7.into()),
         ..Dispatch::default()
@@ -47,20 +59,35 @@ pub async fn execution<L: Ledger + ?Sized>(ledger: &L, n: u64, retention: Durati
         matches!(claimed, mcp_replay_guard::ledger::Claimed::New(_)),
         "every intent of a bench is new"
     );
-    let id = claimed.record().execution_id;
-    let event = |kind| LedgerEvent {
+    claimed.record().execution_id
+}
+
+fn event(id: ExecutionId, kind: EventKind) -> LedgerEvent {
+    LedgerEvent {
         execution_id: id,
         at: Timestamp::now(),
         kind,
-    };
-    let completed = event(EventKind::Completed {
-        target_status: 200,
-        is_error: false,
-        result_reference: None,
-    });
-    std::hint::black_box(ledger.complete(completed, None).await.unwrap());
-    let delivered = event(EventKind::Delivered {
-        jsonrpc_id: Some(7.into()),
-    });
-    std::hint::black_box(ledger.append_unsynced(delivered).await.unwrap());
+    }
+}
+
+/// The `completed` of [`execution`] (its result, if any, goes with it to `Ledger::complete`).
+pub fn completed(id: ExecutionId) -> LedgerEvent {
+    event(
+        id,
+        EventKind::Completed {
+            target_status: 200,
+            is_error: false,
+            result_reference: None,
+        },
+    )
+}
+
+/// The `delivered` of [`execution`].
+pub fn delivered(id: ExecutionId) -> LedgerEvent {
+    event(
+        id,
+        EventKind::Delivered {
+            jsonrpc_id: Some(7.into()),
+        },
+    )
 }
