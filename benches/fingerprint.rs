@@ -8,36 +8,14 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use http::{HeaderMap, Method};
 use mcp_replay_guard::{
-    fingerprint::{ActionRecord, Channel, FingerprintKey, FingerprintRules},
+    fingerprint::FingerprintRules,
     protocol::{self, Message, RequestKind},
 };
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// A `tools/call` body whose arguments serialise to about 1 KiB.
-fn body() -> Vec<u8> {
-    let mut arguments = Map::new();
-    for i in 0..16 {
-        arguments.insert(format!("field_{i:02}"), json!({"name": format!("value-{i:04}"), "n": i * 1000 + 7, "flag": i % 2 == 0, "tags": ["a", "b"]}));
-    }
-    let arguments = Value::Object(arguments);
-    let size = serde_json::to_vec(&arguments).unwrap().len();
-    assert!((900..=1200).contains(&size), "arguments are {size} bytes");
-    serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "deploy_release", "arguments": arguments}}))
-    .unwrap()
-}
-
-fn record(arguments: Map<String, Value>) -> ActionRecord<'static> {
-    ActionRecord::new(
-        "signed-process:com.example.agent".into(),
-        "run:5f8097".into(),
-        "deploy_release",
-        Channel::mcp("deploy-api.internal.example/mcp".into()),
-    )
-    .credential_ref("deploy-service".into())
-    .argument_map(arguments)
-}
+mod support;
+use support::tools_call::{body, key, record};
 
 fn parsed_arguments(body: &[u8]) -> Map<String, Value> {
     match protocol::classify(&Method::POST, &HeaderMap::new(), body)
@@ -51,7 +29,7 @@ fn parsed_arguments(body: &[u8]) -> Map<String, Value> {
 
 fn bench(c: &mut Criterion) {
     let body = body();
-    let key = FingerprintKey::from_bytes(&[7; 32]).unwrap();
+    let key = key();
     let rules = FingerprintRules::new();
     let headers = HeaderMap::new();
     let arguments = parsed_arguments(&body);

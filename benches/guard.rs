@@ -11,109 +11,22 @@
 //!
 //! `cargo bench --bench guard`
 
-use std::{
-    convert::Infallible,
-    future::Future,
-    pin::Pin,
-    task::{Context, Poll},
-    time::Duration,
-};
-
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
-use http::{Request, Response, header::CONTENT_TYPE};
-use http_body::Body;
+use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::{
     client::legacy::Client,
     rt::{TokioExecutor, TokioIo},
 };
-use mcp_replay_guard::{
-    contract::{ContractRegistry, ToolContract},
-    fingerprint::FingerprintKey,
-    guard::{GuardLayer, GuardRequestBody},
-    ledger::MemoryLedger,
-};
-use serde_json::{Map, Value, json};
+use mcp_replay_guard::guard::GuardRequestBody;
 use tower::{
     Layer, Service, ServiceExt,
     retry::{Policy, Retry},
 };
 
-/// A `tools/call` body with 1 KiB of arguments.
-fn body() -> Bytes {
-    let mut arguments = Map::new();
-    for i in 0..16 {
-        arguments.insert(format!("field_{i:02}"), json!({"name": format!("value-{i:04}"), "n": i * 1000 + 7, "flag": i % 2 == 0, "tags": ["a", "b"]}));
-    }
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "deploy_release", "arguments": arguments}});
-    Bytes::from(serde_json::to_vec(&body).unwrap())
-}
-
-fn request<B>(body: B) -> Request<B> {
-    Request::post("http://127.0.0.1/mcp")
-        .header(CONTENT_TYPE, "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(body)
-        .unwrap()
-}
-
-/// Answers a `tools/call` with a JSON result for its id, as a server in JSON-response mode.
-async fn answer(body: Bytes) -> Response<Full<Bytes>> {
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let response = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"content": [{"type": "text", "text": "deployed"}]}});
-    let mut response = Response::new(Full::new(Bytes::from(response.to_string())));
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, "application/json".parse().unwrap());
-    response
-}
-
-/// The in-process MCP-like server: reads the body, answers it.
-#[derive(Clone, Copy)]
-struct InProcessServer;
-
-impl<B> Service<Request<B>> for InProcessServer
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: std::fmt::Debug,
-{
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        Box::pin(async move {
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            Ok(answer(body).await)
-        })
-    }
-}
-
-fn guard_layer() -> GuardLayer {
-    // Every call is a new execution that completes and is delivered: the full path
-    // (claim, authorized, dispatched, completed, delivered). Records expire at once so that
-    // the ledger stays small over millions of iterations.
-    let contract = ToolContract::irreversible()
-        .link_window(Duration::ZERO)
-        .retention(Duration::from_millis(1));
-    let registry = ContractRegistry::builder()
-        .tool("deploy_release", contract)
-        .build()
-        .unwrap();
-    GuardLayer::new(
-        MemoryLedger::new(),
-        registry,
-        FingerprintKey::from_bytes(&[7; 32]).unwrap(),
-    )
-}
+mod support;
+use support::tools_call::{InProcessServer, answer, body, call_and_read, guard_layer, request};
 
 /// The generic retry policy the guard replaces: re-send on any error, up to three times,
 /// whatever the error was and whether the request may have run.
@@ -139,24 +52,6 @@ impl<B: Clone, Res, E> Policy<Request<B>, Res, E> for RetryOnError {
 
 fn generic_retry<S>(service: S) -> Retry<RetryOnError, S> {
     Retry::new(RetryOnError { left: 3 }, service)
-}
-
-async fn call_and_read<S, B, RB>(service: &mut S, body: B)
-where
-    S: Service<Request<B>, Response = Response<RB>>,
-    S::Error: std::fmt::Debug,
-    RB: Body,
-    RB::Error: std::fmt::Debug,
-{
-    let response = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request(body))
-        .await
-        .unwrap();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    assert!(bytes.len() > 40);
 }
 
 fn in_process(c: &mut Criterion) {

@@ -1,8 +1,11 @@
-//! What the ledger benches share: one execution as the guard writes it.
+//! What the benches share: one execution as the guard writes it (the ledger benches), and the
+//! 1 KiB `tools/call` with the in-process service it is sent to ([`tools_call`]).
 //!
-//! Included by each ledger bench with `mod support;` (criterion benches are separate crates).
+//! Included by each bench with `mod support;` (criterion benches are separate crates).
 
 #![allow(dead_code)] // each bench uses the part it needs
+
+pub mod tools_call;
 
 use std::time::Duration;
 
