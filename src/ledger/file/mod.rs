@@ -176,8 +176,9 @@ enum Flush {
     /// Before the append is acknowledged.
     Now,
     /// With the next sync: the next write that syncs (whichever process makes it: they
-    /// share the file), or when the ledger is dropped. Until then the kernel holds it, so
-    /// only a power loss can lose it.
+    /// share the file), or when the kernel writes its pages back on its own. Until then only
+    /// a power loss can lose it; no sync of its own, not even when the ledger is dropped (a
+    /// process that makes one call and exits pays two `fdatasync`s, not three).
     WithNext,
 }
 

@@ -30,17 +30,6 @@ pub(super) struct Mode {
     pub(super) disk: Arc<dyn Disk>,
 }
 
-impl Drop for Writer {
-    /// Syncs lines written without one: the ledger was dropped (or is being reopened).
-    fn drop(&mut self) {
-        if std::mem::take(&mut self.unsynced)
-            && let Err(error) = self.mode.disk.sync(&self.file)
-        {
-            tracing::warn!(%error, "cannot sync the ledger's last lines; a power loss may lose them");
-        }
-    }
-}
-
 /// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
 /// release it. `flock(2)` has no timed wait, so this polls with a short backoff.
 pub(super) fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), LedgerError> {
@@ -109,8 +98,6 @@ pub(super) struct Writer {
     /// The last [`locked`](Self::locked) failed to take the lock (so `f` never ran and the
     /// index holds nothing unwritten).
     lock_failed: bool,
-    /// Lines were written and acknowledged without a sync ([`Flush::WithNext`]).
-    unsynced: bool,
 }
 
 impl Writer {
@@ -137,7 +124,6 @@ impl Writer {
             owners,
             mode,
             lock_failed: false,
-            unsynced: false,
         })
     }
 
@@ -328,7 +314,6 @@ impl Writer {
                 Flush::WithNext => Ok(()),
             })
             .map_err(|e| failed("cannot write the ledger", e))?;
-        self.unsynced = flush == Flush::WithNext;
         self.offset += text.len() as u64;
         let before = self.head.0;
         self.head = head;
