@@ -38,12 +38,14 @@ use crate::{
 };
 
 mod batch;
+mod chains;
 mod error;
 mod schema;
 mod stored;
 mod writer;
 
 use batch::*;
+use chains::*;
 use error::*;
 use schema::*;
 use stored::*;
@@ -157,7 +159,8 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct PostgresLedger {
     core: Arc<Core>,
-    writes: mpsc::Sender<Write>,
+    /// One queue per partition, each to its writer.
+    writes: Arc<[mpsc::Sender<Write>]>,
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -254,15 +257,22 @@ impl PostgresLedger {
         migrate(&pool, schema, &quoted).await?;
         let core = Arc::new(Core {
             sql: Sql::new(&quoted),
-            chain_lock: chain_lock_key(schema),
             schema: schema.to_owned(),
             pool,
             owners: Mutex::new(HashSet::new()),
             claims: AtomicU64::new(0),
+            partitions: Mutex::new(HashMap::new()),
         });
         core.log_head().await;
-        let (writes, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(run_writer(core.clone(), queue));
+        let mut writers = tokio::task::JoinSet::new();
+        let writes = (0..PARTITIONS)
+            .map(|chain| {
+                let (write, queue) = mpsc::channel(QUEUE);
+                writers.spawn(run_writer(core.clone(), chain, queue));
+                write
+            })
+            .collect();
+        tokio::spawn(run_leases(core.clone(), writers));
         let ledger = Self { core, writes };
         ledger.settle_orphans().await?;
         Ok(ledger)
@@ -310,53 +320,21 @@ impl PostgresLedger {
         &self.core.pool
     }
 
-    /// Verifies the whole chain: reads `mrg_events` in `seq` order and checks every stored
-    /// line against its hash and the line before it ([`chain::Verifier::from_genesis`]: this
-    /// ledger never compacts, so its chain starts at seq 1), then checks that the
-    /// `seq`, `prev`, `hash` and `execution_id` columns say what their line says. The report
-    /// names the first bad `seq` and why.
+    /// Verifies every chain: reads `mrg_events` in `seq` order and checks every stored line
+    /// against its hash, against the last line of the chain it follows (or that chain's
+    /// genesis: this ledger never compacts, so each chain starts at its genesis), and against
+    /// its `seq`, `prev`, `hash` and `execution_id` columns (see
+    /// [Partitions](PostgresLedger#partitions)). The report counts the lines of every chain,
+    /// names the first bad `seq` and why, and its head is the newest line that verified.
     ///
-    /// The chain is read into memory at once.
+    /// The chains are read into memory at once.
     pub async fn verify(&self) -> Result<VerifyReport, LedgerError> {
         let client = self.core.client().await?;
         let rows = client
             .query(self.core.sql.chain.as_str(), &[])
             .await
-            .map_err(|e| read_failed("reading the chain", e))?;
-        let lines: Vec<String> = rows.iter().map(|row| row.get(4)).collect();
-        // This ledger never compacts: its chain starts at seq 1, a leading checkpoint is forged.
-        let mut verifier = chain::Verifier::from_genesis();
-        verifier.segment(lines.iter().map(String::as_str));
-        let mut report = verifier.finish();
-        // The columns are a copy of what the line says, for queries: a copy that disagrees
-        // with its line was edited.
-        let mut head = chain::ChainHead::GENESIS;
-        let mut checked = 0;
-        for (row, text) in rows.iter().zip(&lines) {
-            if checked == report.verified {
-                break;
-            }
-            if text.trim().is_empty() {
-                continue;
-            }
-            let Ok(line) = serde_json::from_str::<LineColumns>(text) else {
-                break;
-            };
-            let agrees = u64::try_from(row.get::<_, i64>(0)).ok() == Some(line.seq)
-                && row.get::<_, String>(1) == line.prev
-                && row.get::<_, String>(2) == line.hash
-                && row.get::<_, Option<String>>(3) == line.execution_id;
-            if !agrees {
-                report.first_bad = Some((line.seq, ChainProblem::Edited));
-                report.verified = checked;
-                report.head = head.hash;
-                report.head_seq = head.seq;
-                break;
-            }
-            head = (line.seq, line.hash.parse().unwrap_or(ChainHash::GENESIS)).into();
-            checked += 1;
-        }
-        Ok(report)
+            .map_err(|e| read_failed("reading the chains", e))?;
+        Ok(verify_rows(&rows))
     }
 
     /// Removes from the index every execution whose retention ended before `now`, with its
@@ -366,12 +344,15 @@ impl PostgresLedger {
         self.core.purge(now).await
     }
 
+    /// Sends a write to the writer of partition `chain`.
     async fn submit<T>(
         &self,
+        chain: u16,
         write: impl FnOnce(oneshot::Sender<Result<T, LedgerError>>) -> Write,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
-        self.writes
+        let queue = self.writes.get(usize::from(chain)).ok_or_else(mismatch)?;
+        queue
             .send(write(reply))
             .await
             .map_err(|_| writer_gone())?;
@@ -382,11 +363,17 @@ impl PostgresLedger {
 #[async_trait]
 impl Ledger for PostgresLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
-        self.submit(|reply| Write::Claim(claim, reply)).await
+        let chain = partition_of_key(&IntentKey::of_claim(&claim));
+        self.submit(chain, |reply| Write::Claim(claim, reply)).await
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        self.submit(|reply| Write::Append(event, reply)).await
+        let id = event.execution_id;
+        let Some(chain) = self.core.partition_of_execution(id).await? else {
+            return Err(LedgerError::NotFound(id));
+        };
+        self.submit(chain, |reply| Write::Append(event, reply))
+            .await
     }
 
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
@@ -495,16 +482,6 @@ impl Ledger for PostgresLedger {
             }
         }
     }
-}
-
-/// The fields of a chain line that its columns copy.
-#[derive(Deserialize)]
-struct LineColumns {
-    seq: u64,
-    prev: String,
-    hash: String,
-    #[serde(default)]
-    execution_id: Option<String>,
 }
 
 /// The password of a connection URL or key=value string, to keep it out of messages.
