@@ -4,8 +4,7 @@
 
 use super::*;
 
-/// How many partitions (and chains) a ledger's intents are spread over.
-pub(super) const PARTITIONS: u16 = 16;
+const PARTITIONS: u16 = PostgresLedger::PARTITIONS;
 
 /// The partition of an intent, from its key's text (as its columns hold it): FNV-1a, so that
 /// every build and replica puts an intent in the same partition.
@@ -37,7 +36,8 @@ pub(super) fn genesis(chain: u16) -> ChainHash {
     if chain == 0 {
         return ChainHash::GENESIS;
     }
-    let digest = <sha2::Sha256 as sha2::Digest>::digest(format!("mcp-replay-guard:postgres:chain:{chain}"));
+    let digest =
+        <sha2::Sha256 as sha2::Digest>::digest(format!("mcp-replay-guard:postgres:chain:{chain}"));
     format!("sha256:{}", hex::encode(digest))
         .parse()
         .unwrap_or(ChainHash::GENESIS)

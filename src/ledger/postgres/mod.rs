@@ -174,6 +174,11 @@ impl fmt::Debug for PostgresLedger {
 }
 
 impl PostgresLedger {
+    /// How many partitions (and chains) a ledger spreads its intents over (see
+    /// [Partitions](Self#partitions)). Every replica of a ledger must use the same number: a
+    /// ledger refuses to connect to tables made with another.
+    pub const PARTITIONS: u16 = 16;
+
     /// How long an owner's lease lasts without renewal.
     pub const OWNER_LEASE: Duration = Duration::from_secs(30);
 
@@ -265,7 +270,7 @@ impl PostgresLedger {
         });
         core.log_head().await;
         let mut writers = tokio::task::JoinSet::new();
-        let writes = (0..PARTITIONS)
+        let writes = (0..Self::PARTITIONS)
             .map(|chain| {
                 let (write, queue) = mpsc::channel(QUEUE);
                 writers.spawn(run_writer(core.clone(), chain, queue));
@@ -352,10 +357,7 @@ impl PostgresLedger {
     ) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
         let queue = self.writes.get(usize::from(chain)).ok_or_else(mismatch)?;
-        queue
-            .send(write(reply))
-            .await
-            .map_err(|_| writer_gone())?;
+        queue.send(write(reply)).await.map_err(|_| writer_gone())?;
         answer.await.map_err(|_| writer_gone())?
     }
 }

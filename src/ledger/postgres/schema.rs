@@ -188,9 +188,7 @@ impl Sql {
                 "SELECT seq, prev, hash, execution_id, line FROM {s}.mrg_events ORDER BY seq"
             ),
             heads: format!("SELECT chain, seq, hash FROM {s}.mrg_chains ORDER BY chain"),
-            lock_all_chains: format!(
-                "SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"
-            ),
+            lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
             purge_executions: format!(
                 "DELETE FROM {s}.mrg_executions WHERE retain_until_ms < $1::int8"
             ),
@@ -289,7 +287,7 @@ pub(super) async fn migrate(pool: &Pool, schema: &str, quoted: &str) -> Result<(
             .await
             .map_err(failed)?;
     }
-    let (chains, geneses): (Vec<i32>, Vec<String>) = (1..PARTITIONS)
+    let (chains, geneses): (Vec<i32>, Vec<String>) = (1..PostgresLedger::PARTITIONS)
         .map(|chain| (i32::from(chain), genesis(chain).to_string()))
         .unzip();
     tx.execute(
@@ -310,12 +308,13 @@ pub(super) async fn migrate(pool: &Pool, schema: &str, quoted: &str) -> Result<(
         .await
         .map_err(failed)?
         .get(0);
-    if most != i32::from(PARTITIONS) {
+    if most != i32::from(PostgresLedger::PARTITIONS) {
         // Another partition count puts intents in other partitions: two builds would take
         // different locks for one intent.
         return Err(LedgerError::storage(format!(
             "the ledger in schema {schema} has {most} partitions, this build uses \
-             {PARTITIONS}: run one build on every replica"
+             {}: run one build on every replica",
+            PostgresLedger::PARTITIONS
         )));
     }
     tx.commit().await.map_err(failed)
@@ -373,6 +372,9 @@ mod tests {
         }
         assert_ne!(single_chain_lock_key("a"), single_chain_lock_key("b"));
         // The key builds from before partitions take: it must not change.
-        assert_eq!(single_chain_lock_key("public"), single_chain_lock_key("public"));
+        assert_eq!(
+            single_chain_lock_key("public"),
+            single_chain_lock_key("public")
+        );
     }
 }

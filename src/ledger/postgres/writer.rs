@@ -143,7 +143,9 @@ impl Core {
     }
 
     fn known_partitions(&self) -> std::sync::MutexGuard<'_, HashMap<ExecutionId, u16>> {
-        self.partitions.lock().unwrap_or_else(PoisonError::into_inner)
+        self.partitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn remember_partition(&self, id: ExecutionId, chain: u16) {
@@ -427,11 +429,7 @@ impl Core {
         let mut write_params: Vec<&(dyn ToSql + Sync)> =
             vec![&seqs, &prevs, &hashes, &line_ids, &lines];
         write_params.extend(rows.params());
-        write_params.extend([
-            &seq as &(dyn ToSql + Sync),
-            &head_hash,
-            &chain_param,
-        ]);
+        write_params.extend([&seq as &(dyn ToSql + Sync), &head_hash, &chain_param]);
         let owner_params: [&(dyn ToSql + Sync); 2] = [&new_owners, &lease];
         let mut writes: Vec<PgFuture<'_>> = Vec::new();
         if !seqs.is_empty() {
