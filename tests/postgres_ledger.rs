@@ -1102,3 +1102,44 @@ async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
     drop(client);
     schema.drop(&ledger).await;
 }
+
+/// Cutting the tail of one chain leaves every chain linked: the chain's head row, which its
+/// writers move in the same transaction as its lines, no longer matches its last line.
+#[tokio::test]
+async fn a_chain_whose_last_line_was_cut_does_not_verify() {
+    let Some(schema) = TestSchema::new("cut_chain") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    for n in 0..40 {
+        new_execution(&ledger, n, 0).await;
+    }
+    assert!(verified(&ledger).await.is_ok());
+    // The last line of a chain that is not the newest line of all.
+    let [seq, chain] = schema
+        .query_i64s(
+            &ledger,
+            "SELECT seq, chain::int8 FROM {s}.mrg_chains \
+             WHERE seq > 0 AND seq < (SELECT max(seq) FROM {s}.mrg_events) \
+             ORDER BY seq LIMIT 1",
+        )
+        .await[..]
+    else {
+        panic!("no chain to cut");
+    };
+    schema
+        .sql(
+            &ledger,
+            &format!("DELETE FROM {{s}}.mrg_events WHERE seq = {seq}"),
+        )
+        .await;
+    let report = verified(&ledger).await;
+    assert!(
+        matches!(
+            report.first_bad,
+            Some((bad, ChainProblem::AnchorNotFound { .. })) if bad == seq as u64
+        ),
+        "chain {chain}: {report}"
+    );
+    schema.drop(&ledger).await;
+}

@@ -80,14 +80,15 @@ ALTER TABLE {s}.mrg_executions ALTER COLUMN chain DROP DEFAULT;
 
 /// The ledger's statements, with the schema in place.
 pub(super) struct Sql {
-    /// Locks a chain's head row and reads it: the lock of a write transaction.
-    pub(super) lock_chain: String,
+    /// Locks the head rows of some chains, in `chain` order, and reads them: the locks of a
+    /// write transaction.
+    pub(super) lock_chains: String,
     /// Under the lock: the records a batch appends to, the latest execution of each intent
     /// it claims.
     pub(super) read: String,
     /// The next `seq`s, one per line a batch seals.
     pub(super) next_seqs: String,
-    /// The sealed lines, the index rows and the chain's new head, in one statement.
+    /// The sealed lines, the index rows and the chains' new heads, in one statement.
     pub(super) write: String,
     /// The intent of an execution, to find its partition.
     pub(super) intent_of: String,
@@ -113,8 +114,9 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new(s: &str) -> Self {
         Self {
-            lock_chain: format!(
-                "SELECT seq, hash FROM {s}.mrg_chains WHERE chain = $1::int4 FOR UPDATE"
+            lock_chains: format!(
+                "SELECT chain, seq, hash FROM {s}.mrg_chains WHERE chain = ANY($1::int4[]) \
+                 ORDER BY chain FOR UPDATE"
             ),
             read: format!(
                 "SELECT 1, record::text FROM {s}.mrg_executions \
@@ -133,18 +135,20 @@ impl Sql {
             write: format!(
                 "WITH events AS (INSERT INTO {s}.mrg_events (seq, prev, hash, execution_id, line) \
                      SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])), \
-                 head AS (UPDATE {s}.mrg_chains SET seq = $18::int8, hash = $19::text \
-                     WHERE chain = $20::int4) \
+                 heads AS (UPDATE {s}.mrg_chains c SET seq = h.seq, hash = h.hash \
+                     FROM unnest($19::int4[], $20::int8[], $21::text[]) AS h(chain, seq, hash) \
+                     WHERE c.chain = h.chain) \
                  INSERT INTO {s}.mrg_executions (execution_id, actor, intent_scope, fingerprint, \
                      tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record, \
                      chain) \
                  SELECT u.execution_id, u.actor, u.intent_scope, u.fingerprint, u.tool, u.state, \
                      u.owner, u.accepted_seq, u.last_seq, u.link_until_ms, u.retain_until_ms, \
-                     u.record::json, $20::int4 \
+                     u.record::json, u.chain \
                  FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
                      $11::text[], $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], \
-                     $17::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
-                     owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
+                     $17::text[], $18::int4[]) AS u(execution_id, actor, intent_scope, fingerprint, \
+                     tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, \
+                     record, chain) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
                      owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
                      record = EXCLUDED.record, updated_at = now()"

@@ -1,8 +1,15 @@
-//! The writers: one task per partition, each taking its partition's queued writes in
-//! batches, one transaction each (the chain's head row locked, the index the batch is decided
-//! from, the sealed lines); and the task that keeps the owner leases.
+//! The writers: a few tasks per ledger, each taking the queued writes of its partitions in
+//! batches, one transaction each (the head rows of the batch's chains locked, the index the
+//! batch is decided from, the sealed lines); and the task that keeps the owner leases.
 
 use super::*;
+
+/// How many writers a ledger runs: writer `w` takes the writes of the partitions `p` with
+/// `p % WRITERS == w`. A few, not one per partition: each transaction costs the server about
+/// the same whatever it carries, so a writer's batch should carry many calls; and not one,
+/// so that a batch that waits for a chain another replica holds leaves the other writers
+/// going.
+pub(super) const WRITERS: u16 = 4;
 
 /// How many scheduler turns a writer gives answered callers to come back before it starts
 /// the next transaction.
@@ -67,9 +74,12 @@ pub(super) struct Sealed {
     pub(super) head: chain::ChainHead,
 }
 
-/// The writer of partition `chain`: takes its queued writes in batches, one transaction
-/// each. Ends when every ledger clone is gone.
-pub(super) async fn run_writer(core: Arc<Core>, chain: u16, mut queue: mpsc::Receiver<Write>) {
+/// A write for a writer, with its partition.
+pub(super) type Queued = (u16, Write);
+
+/// A writer: takes its queued writes in batches, one transaction each. Ends when every
+/// ledger clone is gone.
+pub(super) async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Queued>) {
     let mut answered = 0;
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
@@ -88,7 +98,7 @@ pub(super) async fn run_writer(core: Arc<Core>, chain: u16, mut queue: mpsc::Rec
             }
         }
         answered = batch.len();
-        core.write_batch(chain, batch).await;
+        core.write_batch(batch).await;
     }
 }
 
@@ -234,22 +244,22 @@ impl Core {
             .map_err(|e| read_failed("renewing owner leases", e))
     }
 
-    /// Runs one batch of partition `chain` and answers every caller in it.
-    pub(super) async fn write_batch(&self, chain: u16, batch: Vec<Write>) {
+    /// Runs one batch and answers every caller in it.
+    pub(super) async fn write_batch(&self, batch: Vec<Queued>) {
         let claims = batch
             .iter()
-            .filter(|w| matches!(w, Write::Claim(..)))
+            .filter(|(_, w)| matches!(w, Write::Claim(..)))
             .count() as u64;
         let latest_claim = batch
             .iter()
-            .filter_map(|w| match w {
+            .filter_map(|(_, w)| match w {
                 Write::Claim(claim, _) => Some(claim.at),
                 Write::Append(..) => None,
             })
             .max();
         let outcome = match self.client().await {
             Ok(client) => {
-                let outcome = self.transact(&client, chain, &batch).await;
+                let outcome = self.transact(&client, &batch).await;
                 if outcome.is_err() {
                     // Its transaction may still be open: close the connection rather than
                     // give it back to the pool (the server rolls back and frees the lock).
@@ -261,7 +271,7 @@ impl Core {
         };
         match outcome {
             Ok(done) => {
-                for (write, done) in batch.into_iter().zip(done) {
+                for ((chain, write), done) in batch.into_iter().zip(done) {
                     match (write, done) {
                         (Write::Claim(_, reply), Done::Claim(result)) => {
                             if let Ok(claimed) = &result {
@@ -282,7 +292,7 @@ impl Core {
                 }
             }
             Err(message) => {
-                for write in batch {
+                for (_, write) in batch {
                     let error = LedgerError::Storage(message.clone());
                     match write {
                         Write::Claim(_, reply) => {
@@ -304,8 +314,8 @@ impl Core {
         }
     }
 
-    /// One write transaction of partition `chain`: lock the chain's head row, read what the
-    /// batch needs, apply, take the `seq`s, write, commit.
+    /// One write transaction: lock the head rows of the batch's chains, read what the batch
+    /// needs, apply, take the `seq`s, write, commit.
     ///
     /// Longer than most functions here: its steps (read, decide, seal, write, commit) share
     /// one connection, its prepared statements and the borrowed parameters of one pipeline;
@@ -313,12 +323,11 @@ impl Core {
     pub(super) async fn transact(
         &self,
         client: &Object,
-        chain: u16,
-        batch: &[Write],
+        batch: &[Queued],
     ) -> Result<Vec<Done>, StorageError> {
         let sql = &self.sql;
         let lock_stmt = client
-            .prepare_cached(&sql.lock_chain)
+            .prepare_cached(&sql.lock_chains)
             .await
             .map_err(write_failed)?;
         let read_stmt = client
@@ -327,14 +336,17 @@ impl Core {
             .map_err(write_failed)?;
 
         let (append_ids, actors, scopes, fingerprints) = what_it_reads(batch);
-        let chain_param = i32::from(chain);
+        let mut chains: Vec<i32> = batch.iter().map(|(c, _)| i32::from(*c)).collect();
+        chains.sort_unstable();
+        chains.dedup();
 
-        // Pipelined: BEGIN, the chain's lock, then the reads, whose snapshot is taken once
-        // the lock is held (a statement that waited for the lock would see an old one).
+        // Pipelined: BEGIN, the chains' locks (in `chain` order, as every writer and purge
+        // takes them: no deadlock), then the reads, whose snapshot is taken once the locks
+        // are held (a statement that waited for a lock would see an old one).
         let begin = format!("BEGIN; {WRITE_SETTINGS}");
         let reads = pipeline(vec![
             Box::pin(async { client.batch_execute(&begin).await.map(|()| Vec::new()) }),
-            Box::pin(client.query(&lock_stmt, &[&chain_param])),
+            Box::pin(client.query(&lock_stmt, &[&chains])),
             Box::pin(client.query(&read_stmt, &[&append_ids, &actors, &scopes, &fingerprints])),
         ])
         .await;
@@ -343,15 +355,17 @@ impl Core {
         next()?;
         let head_rows = next()?;
         let rows = next()?;
-        let head = match head_rows.first() {
-            Some(row) => head_of(row.get(0), row.get(1), chain)?,
-            None => {
-                return Err(StorageError::from(format!(
-                    "chain {chain} has no head row in mrg_chains; nothing was recorded: run \
-                     `PostgresLedger::verify` and repair mrg_chains"
-                )));
-            }
-        };
+        let mut heads = HashMap::new();
+        for row in &head_rows {
+            let chain = u16::try_from(row.get::<_, i32>(0)).unwrap_or(u16::MAX);
+            heads.insert(chain, head_of(row.get(1), row.get(2), chain)?);
+        }
+        if heads.len() != chains.len() {
+            return Err(StorageError::from(format!(
+                "a chain of {chains:?} has no head row in mrg_chains; nothing was recorded: \
+                 run `PostgresLedger::verify` and repair mrg_chains"
+            )));
+        }
 
         let mut index = into_index(&rows)?;
         let Applied {
@@ -383,25 +397,26 @@ impl Core {
                 .collect();
             seqs.sort_unstable();
         }
+        let before = heads.clone();
         let Lines {
             sealed,
             touched,
             accepted_seq,
             last_seq,
-            head: (seq, prev),
-        } = seal(events, &seqs, head)?;
+        } = seal(events, &seqs, &mut heads)?;
 
-        // The rows: the sealed lines, and the final record of each execution touched.
+        // The rows: the sealed lines, the final record of each execution touched, and the
+        // chains' new heads.
         let (mut seqs, mut prevs, mut hashes, mut line_ids, mut lines) =
             (vec![], vec![], vec![], vec![], vec![]);
-        let mut heads = Vec::with_capacity(sealed.len());
+        let mut logged = Vec::with_capacity(sealed.len());
         for s in sealed {
             seqs.push(s.seq);
             prevs.push(s.prev);
             hashes.push(s.hash);
             line_ids.push(s.execution_id);
             lines.push(s.line);
-            heads.push(s.head);
+            logged.push(s.head);
         }
         let mut rows = ExecutionRows::default();
         for id in &touched {
@@ -415,6 +430,14 @@ impl Core {
             )
             .map_err(storage_of)?;
         }
+        let moved: Vec<(u16, (i64, ChainHash))> = heads
+            .iter()
+            .filter(|(chain, head)| before.get(chain) != Some(head))
+            .map(|(chain, head)| (*chain, *head))
+            .collect();
+        let head_chains: Vec<i32> = moved.iter().map(|(c, _)| i32::from(*c)).collect();
+        let head_seqs: Vec<i64> = moved.iter().map(|(_, (seq, _))| *seq).collect();
+        let head_hashes: Vec<String> = moved.iter().map(|(_, (_, h))| h.to_string()).collect();
         let write_stmt = client
             .prepare_cached(&sql.write)
             .await
@@ -424,12 +447,15 @@ impl Core {
             .await
             .map_err(write_failed)?;
         let lease = lease_seconds();
-        let head_hash = prev.to_string();
         // Pipelined: the writes, then COMMIT (which rolls back if a write failed).
         let mut write_params: Vec<&(dyn ToSql + Sync)> =
             vec![&seqs, &prevs, &hashes, &line_ids, &lines];
         write_params.extend(rows.params());
-        write_params.extend([&seq as &(dyn ToSql + Sync), &head_hash, &chain_param]);
+        write_params.extend([
+            &head_chains as &(dyn ToSql + Sync),
+            &head_seqs,
+            &head_hashes,
+        ]);
         let owner_params: [&(dyn ToSql + Sync); 2] = [&new_owners, &lease];
         let mut writes: Vec<PgFuture<'_>> = Vec::new();
         if !seqs.is_empty() {
@@ -461,16 +487,18 @@ impl Core {
             None => return Err(storage_of(mismatch())),
         }
         self.registered_owners().extend(new_owners);
-        // Anchors: the line at every HEAD_LOG_EVERY-th `seq` of the ledger, and this chain's
+        // Anchors: the line at every HEAD_LOG_EVERY-th `seq` of the ledger, and each chain's
         // head each time its `seq` passes one.
-        for line in heads {
+        for line in logged {
             chain::log_head(&self.schema_label(), Some(line.seq - 1), line);
         }
-        chain::log_head(
-            &self.chain_label(chain),
-            u64::try_from(head.0).ok(),
-            (u64::try_from(seq).unwrap_or(0), prev).into(),
-        );
+        for (chain, (seq, hash)) in moved {
+            let was = before
+                .get(&chain)
+                .map(|(seq, _)| u64::try_from(*seq).unwrap_or(0));
+            let head = (u64::try_from(seq).unwrap_or(0), hash).into();
+            chain::log_head(&self.chain_label(chain), was, head);
+        }
         Ok(done)
     }
 
@@ -517,12 +545,12 @@ fn head_of(seq: i64, hash: &str, chain: u16) -> Result<(i64, ChainHash), Storage
 
 /// What a batch reads under the lock: the records it appends to, and the intents it claims
 /// (actors, scopes, fingerprints, column by column).
-fn what_it_reads(batch: &[Write]) -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
+fn what_it_reads(batch: &[Queued]) -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
     let mut append_ids: Vec<String> = Vec::new();
     let mut seen_ids = HashSet::new();
     let (mut actors, mut scopes, mut fingerprints) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen_intents = HashSet::new();
-    for write in batch {
+    for (_, write) in batch {
         match write {
             Write::Append(event, _) => {
                 if seen_ids.insert(event.execution_id) {
@@ -558,24 +586,24 @@ fn into_index(rows: &[Row]) -> Result<Index, StorageError> {
 /// What a batch decided: each call's outcome, in arrival order, and what to write for it.
 struct Applied {
     done: Vec<Done>,
-    /// The events to seal, in order, each with whether it is an `accepted`.
-    events: Vec<(LedgerEvent, bool)>,
+    /// The events to seal, in order, each with its chain and whether it is an `accepted`.
+    events: Vec<(u16, LedgerEvent, bool)>,
     /// Owners whose lease the transaction takes (or renews).
     new_owners: Vec<String>,
 }
 
 /// Decides every call of a batch from the index ([`Index::claim`], [`Index::append`]), in
 /// arrival order. `registered` are the owners this ledger already renews.
-fn apply_batch(batch: &[Write], index: &mut Index, registered: &HashSet<String>) -> Applied {
+fn apply_batch(batch: &[Queued], index: &mut Index, registered: &HashSet<String>) -> Applied {
     let mut done = Vec::with_capacity(batch.len());
     let mut events = Vec::new();
     let mut new_owners: Vec<String> = Vec::new();
-    for write in batch {
+    for (chain, write) in batch {
         match write {
             Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
                 Ok((claimed, accepted)) => {
                     if let Some(event) = accepted {
-                        events.push((event, true));
+                        events.push((*chain, event, true));
                         if !registered.contains(&claim.owner) && !new_owners.contains(&claim.owner)
                         {
                             new_owners.push(claim.owner.clone());
@@ -604,7 +632,7 @@ fn apply_batch(batch: &[Write], index: &mut Index, registered: &HashSet<String>)
                 {
                     new_owners.push(owner.clone());
                 }
-                events.push((event.clone(), false));
+                events.push((*chain, event.clone(), false));
                 done.push(Done::Append(Ok(record)));
             }
         }
@@ -623,37 +651,35 @@ struct Lines {
     touched: Vec<ExecutionId>,
     accepted_seq: HashMap<ExecutionId, i64>,
     last_seq: HashMap<ExecutionId, i64>,
-    /// The chain's head after the batch's lines.
-    head: (i64, ChainHash),
 }
 
-/// Seals `events` in order after `head`, the chain's last line, one `seq` of `seqs` (in
-/// increasing order) each.
+/// Seals `events` in order, each after the last line of its chain in `heads` (which it
+/// moves), one `seq` of `seqs` (in increasing order) each.
 fn seal(
-    events: Vec<(LedgerEvent, bool)>,
+    events: Vec<(u16, LedgerEvent, bool)>,
     seqs: &[i64],
-    head: (i64, ChainHash),
+    heads: &mut HashMap<u16, (i64, ChainHash)>,
 ) -> Result<Lines, StorageError> {
     if seqs.len() != events.len() {
         return Err(storage_of(mismatch()));
     }
-    let (mut last, mut prev) = head;
     let mut lines = Lines {
         sealed: Vec::with_capacity(events.len()),
         touched: Vec::new(),
         accepted_seq: HashMap::new(),
         last_seq: HashMap::new(),
-        head,
     };
-    for ((event, accepted), &seq) in events.into_iter().zip(seqs) {
+    for ((chain, event, accepted), &seq) in events.into_iter().zip(seqs) {
+        let head = heads
+            .get_mut(&chain)
+            .ok_or_else(|| storage_of(mismatch()))?;
         let id = event.execution_id;
         let line = ChainedLine::seal(
             u64::try_from(seq).unwrap_or(0),
-            prev,
+            head.1,
             LineBody::Event(event),
         );
-        prev = line.hash;
-        last = seq;
+        *head = (seq, line.hash);
         lines.sealed.push(Sealed {
             seq,
             prev: line.prev.to_string(),
@@ -670,6 +696,5 @@ fn seal(
             lines.accepted_seq.insert(id, seq);
         }
     }
-    lines.head = (last, prev);
     Ok(lines)
 }
