@@ -762,13 +762,13 @@ async fn chain_of(schema: &TestSchema, ledger: &PostgresLedger, id: ExecutionId)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_every_partition() {
+async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_many_partitions() {
     let Some(schema) = TestSchema::new("race_each") else {
         return;
     };
     let replicas = [schema.replica().await, schema.replica().await];
-    // 64 intents, so that every partition is raced in; 8 callers per intent, half on each
-    // replica, all let go at once.
+    // 64 intents, in as many partitions nearly; 8 callers per intent, half on each replica,
+    // all let go at once.
     const INTENTS: u32 = 64;
     const CALLERS: u32 = 8;
     let start = Arc::new(tokio::sync::Barrier::new((INTENTS * CALLERS) as usize));
@@ -796,11 +796,8 @@ async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_every
         assert_eq!((*new, ids.len()), (1, 1), "intent {intent}");
         chains.insert(chain_of(&schema, &replicas[0], *ids.iter().next().unwrap()).await);
     }
-    assert_eq!(
-        chains.len(),
-        PostgresLedger::PARTITIONS as usize,
-        "{chains:?}"
-    );
+    // Spread over many partitions (64 intents over 256 fill about 57).
+    assert!(chains.len() > 32, "{chains:?}");
     assert_eq!(
         schema
             .query_i64s(
@@ -924,14 +921,15 @@ async fn a_line_sealed_after_a_line_that_already_has_a_successor_is_a_fork() {
 }
 
 /// The claim is atomic in its partition's row, not in a lock every claim waits for: with one
-/// chain's head row locked from outside, a claim in another partition goes through while a
-/// claim in the locked one waits.
+/// chain's head row locked from outside, a claim in that partition waits (in one replica),
+/// while a claim in another partition goes through (in another replica).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_locked_chain_holds_up_only_the_claims_of_its_own_partition() {
+async fn a_locked_chain_holds_up_a_claim_of_its_partition_not_one_of_another() {
     let Some(schema) = TestSchema::new("row_lock") else {
         return;
     };
     let ledger = schema.replica().await;
+    let other = schema.replica().await;
     let mut by_chain: std::collections::HashMap<i64, u32> = std::collections::HashMap::new();
     for n in 0..64 {
         let id = new_execution(&ledger, n, 0).await;
@@ -949,15 +947,15 @@ async fn a_locked_chain_holds_up_only_the_claims_of_its_own_partition() {
         ))
         .await
         .unwrap();
-    // A repeat of a settled-or-not intent still takes its chain's lock to decide.
-    let other = tokio::time::timeout(Duration::from_secs(10), ledger.claim(claim(free, 1)))
+    // A repeat of an intent still takes its chain's lock to decide.
+    let waiting = {
+        let other = other.clone();
+        tokio::spawn(async move { other.claim(claim(held_up, 1)).await })
+    };
+    let free = tokio::time::timeout(Duration::from_secs(10), ledger.claim(claim(free, 1)))
         .await
         .expect("a claim in another partition does not wait");
-    assert!(matches!(other.unwrap(), Claimed::Existing(_)));
-    let waiting = {
-        let ledger = ledger.clone();
-        tokio::spawn(async move { ledger.claim(claim(held_up, 1)).await })
-    };
+    assert!(matches!(free.unwrap(), Claimed::Existing(_)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !waiting.is_finished(),
@@ -971,6 +969,7 @@ async fn a_locked_chain_holds_up_only_the_claims_of_its_own_partition() {
         .unwrap();
     assert!(matches!(claimed, Claimed::Existing(_)));
     drop(client);
+    drop(other);
     schema.drop(&ledger).await;
 }
 

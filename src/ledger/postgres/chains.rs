@@ -174,8 +174,8 @@ mod tests {
     #[test]
     fn partitions_are_stable_and_spread() {
         // Fixed values: another build must put the same intent in the same partition.
-        assert_eq!(partition_of("a", "b", "c"), 12);
-        let used: HashSet<u16> = (0..200)
+        assert_eq!(partition_of("a", "b", "c"), 252);
+        let used: HashSet<u16> = (0..4000)
             .map(|n| partition_of("actor", "run:1", &format!("hmac-sha256:{n:064x}")))
             .collect();
         assert_eq!(used.len(), usize::from(PARTITIONS));

@@ -113,7 +113,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// # Partitions
 ///
 /// An intent (actor, intent scope, fingerprint) belongs to one of
-/// [`PARTITIONS`](Self::PARTITIONS) (16) partitions, a hash of its key, and every write of
+/// [`PARTITIONS`](Self::PARTITIONS) (256) partitions, a hash of its key, and every write of
 /// it (the claims of the intent, and every event of its executions) goes into that
 /// partition's chain. Each chain is linear on its own: a write is part of one transaction that
 /// first locks its chain's row in `mrg_chains` (`SELECT … FOR UPDATE`, which also reads the
@@ -123,9 +123,8 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// commits. Only one transaction holds a chain's row at a time, whichever replica runs it,
 /// so a chain never forks, and a claim that finds no linkable execution creates one before
 /// any other claim of that intent can look: exactly one [`Claimed::New`] per intent. Writes
-/// of intents in other partitions take other rows and do not wait for it, unless a batch
-/// carries both (a purge, once every 1024 claims, locks every row for the time of its
-/// `DELETE`).
+/// of intents in other partitions take other rows and do not wait for it (a purge, once
+/// every 1024 claims, locks every row for the time of its `DELETE`).
 ///
 /// `seq` is one sequence for the whole ledger (`mrg_events_seq`), so `seq` order is the
 /// order in which lines were written, and an execution's events read back in order. Each
@@ -141,7 +140,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// chain that ends before it lost its tail, one that goes past it gained lines its writers
 /// did not write (an attacker who rewrites that row too is caught only by an anchor). The head the ledger logs (on connect, and at every 1,000th
 /// `seq`, field `ledger=postgres:<schema>`) anchors the chain of the line it names; each
-/// chain's head is also logged on connect and each time it passes a 1,000th `seq`
+/// chain's head is also logged on connect and each time it passes a 16,000th `seq`
 /// (`ledger=postgres:<schema>/<chain>`), so that every chain has anchors of its own.
 ///
 /// A ledger made before partitions (one chain, under an advisory lock) is partitioned when
@@ -152,18 +151,20 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// still running then fails its writes (the index gained a column it does not fill) and
 /// records nothing: upgrade every replica.
 ///
-/// Writes from one ledger (and its clones) are batched by a few writers (4), each for a
-/// quarter of the partitions: while a transaction runs, the calls that arrive queue, and the
-/// next transaction takes all of them (up to 512), after giving the callers it just answered
-/// a few scheduler turns to come back (no timer: under load one commit serves many callers;
-/// a lone call never waits). A batch locks the head rows of the chains it writes, in `chain`
-/// order as every transaction does (so that two never wait for each other), and seals each
-/// event into its intent's chain. Each event is still checked on its own: a refused event
-/// writes nothing and fails only its own call. The batch commits as a whole; when the commit
-/// fails, every call in it fails and nothing was recorded. The writers run on tasks spawned
-/// on the tokio runtime that connected, so a caller that gives up never leaves a transaction
-/// half done. An append finds its execution's partition from the claims made through this
-/// ledger, or reads it from the execution's row.
+/// Writes from one ledger (and its clones) are batched by one writer: while a transaction
+/// runs, the calls that arrive queue, and the next transaction takes all of them (up to 512),
+/// after giving the callers it just answered a few scheduler turns to come back (no timer:
+/// under load one commit serves many callers; a lone call never waits). A batch locks the
+/// head rows of the chains it writes, skipping those another transaction holds (another
+/// replica's batch, or a purge): the writes of those chains go first into the next batch, so
+/// that two replicas' batches run side by side instead of in turns; a write left twice makes
+/// its batch wait for the lock (in `chain` order, as every transaction waits, so that no two
+/// wait for each other). Each event is still checked on its own: a refused event writes
+/// nothing and fails only its own call. The batch commits as a whole; when the commit fails,
+/// every call in it fails and nothing was recorded. The writer runs on a task spawned on the
+/// tokio runtime that connected, so a caller that gives up never leaves a transaction half
+/// done. An append finds its execution's partition from the claims made through this ledger,
+/// or reads it from the execution's row.
 ///
 /// # Owner liveness
 ///
@@ -173,7 +174,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// renewed) in the claim's or the dispatch's own transaction and renewed every
 /// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
 /// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
-/// leases are released once its writers have finished. [`Ledger::is_owner_alive`] answers from the lease, on the database's
+/// leases are released once its writer has finished. [`Ledger::is_owner_alive`] answers from the lease, on the database's
 /// clock; an owner that never claimed is not alive, and when the database cannot be read the
 /// answer is "alive", which makes a repeat wait (bounded) rather than continue someone else's
 /// attempt.
@@ -193,12 +194,11 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 ///
 /// # Clone
 ///
-/// Clones share the pool, the writers and the owner leases.
+/// Clones share the pool, the writer and the owner leases.
 #[derive(Clone)]
 pub struct PostgresLedger {
     core: Arc<Core>,
-    /// The writers' queues: partition `p`'s writes go to `p % WRITERS`.
-    writes: Arc<[mpsc::Sender<Queued>]>,
+    writes: mpsc::Sender<Queued>,
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -215,7 +215,7 @@ impl PostgresLedger {
     /// How many partitions (and chains) a ledger spreads its intents over (see
     /// [Partitions](Self#partitions)). Every replica of a ledger must use the same number: a
     /// ledger refuses to connect to tables made with another.
-    pub const PARTITIONS: u16 = 16;
+    pub const PARTITIONS: u16 = 256;
 
     /// How long an owner's lease lasts without renewal.
     pub const OWNER_LEASE: Duration = Duration::from_secs(30);
@@ -227,8 +227,7 @@ impl PostgresLedger {
     /// form; without TLS: use [`from_pool`](Self::from_pool) with your own pool for TLS), and
     /// creates or migrates the ledger's tables in the `public` schema.
     ///
-    /// The pool holds up to 16 connections (one per partition's writer at most, shared with
-    /// reads); a connect timeout of 10 s applies unless the URL
+    /// The pool holds up to 16 connections (the writer's, and the reads'); a connect timeout of 10 s applies unless the URL
     /// sets `connect_timeout`.
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
         Self::connect_with_schema(url, DEFAULT_SCHEMA).await
@@ -286,7 +285,7 @@ impl PostgresLedger {
 
     /// A ledger over an existing `deadpool_postgres::Pool` (deadpool-postgres 0.14: for TLS,
     /// another pool size or other timeouts), in the `public` schema; creates or migrates the
-    /// tables. Each of the ledger's writers holds one of the pool's connections while it writes.
+    /// tables. The ledger's writer holds one of the pool's connections while it writes.
     pub async fn from_pool(pool: Pool) -> Result<Self, LedgerError> {
         Self::from_pool_with_schema(pool, DEFAULT_SCHEMA).await
     }
@@ -308,15 +307,9 @@ impl PostgresLedger {
             partitions: Mutex::new(HashMap::new()),
         });
         core.log_head().await;
-        let mut writers = tokio::task::JoinSet::new();
-        let writes = (0..WRITERS)
-            .map(|_| {
-                let (write, queue) = mpsc::channel(QUEUE);
-                writers.spawn(run_writer(core.clone(), queue));
-                write
-            })
-            .collect();
-        tokio::spawn(run_leases(core.clone(), writers));
+        let (writes, queue) = mpsc::channel(QUEUE);
+        let writer = tokio::spawn(run_writer(core.clone(), queue));
+        tokio::spawn(run_leases(core.clone(), writer));
         let ledger = Self { core, writes };
         ledger.settle_orphans().await?;
         Ok(ledger)
@@ -411,11 +404,12 @@ impl PostgresLedger {
         write: impl FnOnce(oneshot::Sender<Result<T, LedgerError>>) -> Write,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
-        let queue = &self.writes[usize::from(chain % WRITERS)];
-        queue
-            .send((chain, write(reply)))
-            .await
-            .map_err(|_| writer_gone())?;
+        let write = Queued {
+            chain,
+            deferred: 0,
+            write: write(reply),
+        };
+        self.writes.send(write).await.map_err(|_| writer_gone())?;
         answer.await.map_err(|_| writer_gone())?
     }
 }

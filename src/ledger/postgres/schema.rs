@@ -83,6 +83,8 @@ pub(super) struct Sql {
     /// Locks the head rows of some chains, in `chain` order, and reads them: the locks of a
     /// write transaction.
     pub(super) lock_chains: String,
+    /// As `lock_chains`, skipping the rows another transaction holds.
+    pub(super) try_lock_chains: String,
     /// Under the lock: the records a batch appends to, the latest execution of each intent
     /// it claims.
     pub(super) read: String,
@@ -117,6 +119,10 @@ impl Sql {
             lock_chains: format!(
                 "SELECT chain, seq, hash FROM {s}.mrg_chains WHERE chain = ANY($1::int4[]) \
                  ORDER BY chain FOR UPDATE"
+            ),
+            try_lock_chains: format!(
+                "SELECT chain, seq, hash FROM {s}.mrg_chains WHERE chain = ANY($1::int4[]) \
+                 ORDER BY chain FOR UPDATE SKIP LOCKED"
             ),
             read: format!(
                 "SELECT 1, record::text FROM {s}.mrg_executions \

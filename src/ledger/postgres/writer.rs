@@ -1,15 +1,16 @@
-//! The writers: a few tasks per ledger, each taking the queued writes of its partitions in
-//! batches, one transaction each (the head rows of the batch's chains locked, the index the
-//! batch is decided from, the sealed lines); and the task that keeps the owner leases.
+//! The writer: the task that takes a ledger's queued writes in batches, one transaction each
+//! (the head rows of the batch's chains locked, the index the batch is decided from, the
+//! sealed lines); and the task that keeps the owner leases.
 
 use super::*;
 
-/// How many writers a ledger runs: writer `w` takes the writes of the partitions `p` with
-/// `p % WRITERS == w`. A few, not one per partition: each transaction costs the server about
-/// the same whatever it carries, so a writer's batch should carry many calls; and not one,
-/// so that a batch that waits for a chain another replica holds leaves the other writers
-/// going.
-pub(super) const WRITERS: u16 = 4;
+/// How many times a write may find its chain locked by another replica's transaction and
+/// wait for the next batch; after that, its batch waits for the lock.
+pub(super) const DEFER_LIMIT: u8 = 2;
+
+/// How many `seq`s of the ledger pass between two logs of a chain's head: each chain is
+/// anchored that often, in a log line per chain (256 lines per 16,000 of the ledger).
+pub(super) const CHAIN_LOG_EVERY: u64 = chain::HEAD_LOG_EVERY * 16;
 
 /// How many scheduler turns a writer gives answered callers to come back before it starts
 /// the next transaction.
@@ -74,15 +75,26 @@ pub(super) struct Sealed {
     pub(super) head: chain::ChainHead,
 }
 
-/// A write for a writer, with its partition.
-pub(super) type Queued = (u16, Write);
+/// A write for the writer, with its partition, and how many batches left it for later.
+pub(super) struct Queued {
+    pub(super) chain: u16,
+    pub(super) deferred: u8,
+    pub(super) write: Write,
+}
 
-/// A writer: takes its queued writes in batches, one transaction each. Ends when every
-/// ledger clone is gone.
+/// The writer: takes the queued writes in batches, one transaction each; the writes whose
+/// chain another replica holds go first into the next. Ends when every ledger clone is gone.
 pub(super) async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Queued>) {
     let mut answered = 0;
-    while let Some(first) = queue.recv().await {
-        let mut batch = vec![first];
+    let mut deferred: Vec<Queued> = Vec::new();
+    loop {
+        let mut batch = std::mem::take(&mut deferred);
+        if batch.is_empty() {
+            match queue.recv().await {
+                Some(first) => batch.push(first),
+                None => break,
+            }
+        }
         // The callers just answered usually come back at once: give them a few turns of the
         // scheduler to join this batch (one commit for all, not two).
         let target = (queue.len() + 1 + answered).min(MAX_BATCH);
@@ -98,18 +110,17 @@ pub(super) async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Queued
             }
         }
         answered = batch.len();
-        core.write_batch(batch).await;
+        deferred = core.write_batch(batch).await;
     }
 }
 
 /// Renews the leases of the owners that claimed through this ledger every
-/// [`OWNER_HEARTBEAT`](PostgresLedger::OWNER_HEARTBEAT); once every writer has ended (every
-/// ledger clone is gone), releases them.
-pub(super) async fn run_leases(core: Arc<Core>, mut writers: tokio::task::JoinSet<()>) {
+/// [`OWNER_HEARTBEAT`](PostgresLedger::OWNER_HEARTBEAT); once the writer has ended (every
+/// ledger clone is gone, and its last batch is done), releases them.
+pub(super) async fn run_leases(core: Arc<Core>, mut writer: tokio::task::JoinHandle<()>) {
     loop {
-        match tokio::time::timeout(PostgresLedger::OWNER_HEARTBEAT, writers.join_next()).await {
-            Ok(Some(_)) => continue,
-            Ok(None) => break,
+        match tokio::time::timeout(PostgresLedger::OWNER_HEARTBEAT, &mut writer).await {
+            Ok(_) => break,
             Err(_) => {
                 let owners: Vec<String> = core.registered_owners().iter().cloned().collect();
                 if !owners.is_empty()
@@ -244,15 +255,16 @@ impl Core {
             .map_err(|e| read_failed("renewing owner leases", e))
     }
 
-    /// Runs one batch and answers every caller in it.
-    pub(super) async fn write_batch(&self, batch: Vec<Queued>) {
+    /// Runs one batch and answers every caller in it but those whose chain another replica
+    /// held: those it returns, for the next batch.
+    pub(super) async fn write_batch(&self, batch: Vec<Queued>) -> Vec<Queued> {
         let claims = batch
             .iter()
-            .filter(|(_, w)| matches!(w, Write::Claim(..)))
+            .filter(|q| matches!(q.write, Write::Claim(..)))
             .count() as u64;
         let latest_claim = batch
             .iter()
-            .filter_map(|(_, w)| match w {
+            .filter_map(|q| match &q.write {
                 Write::Claim(claim, _) => Some(claim.at),
                 Write::Append(..) => None,
             })
@@ -269,10 +281,19 @@ impl Core {
             }
             Err(error) => Err(storage_of(error)),
         };
+        let mut deferred = Vec::new();
         match outcome {
             Ok(done) => {
-                for ((chain, write), done) in batch.into_iter().zip(done) {
-                    match (write, done) {
+                for (queued, done) in batch.into_iter().zip(done) {
+                    let Some(done) = done else {
+                        deferred.push(Queued {
+                            deferred: queued.deferred.saturating_add(1),
+                            ..queued
+                        });
+                        continue;
+                    };
+                    let chain = queued.chain;
+                    match (queued.write, done) {
                         (Write::Claim(_, reply), Done::Claim(result)) => {
                             if let Ok(claimed) = &result {
                                 self.remember_partition(claimed.record().execution_id, chain);
@@ -292,7 +313,7 @@ impl Core {
                 }
             }
             Err(message) => {
-                for (_, write) in batch {
+                for Queued { write, .. } in batch {
                     let error = LedgerError::Storage(message.clone());
                     match write {
                         Write::Claim(_, reply) => {
@@ -312,10 +333,13 @@ impl Core {
         {
             tracing::warn!(%error, "could not purge expired executions");
         }
+        deferred
     }
 
     /// One write transaction: lock the head rows of the batch's chains, read what the batch
-    /// needs, apply, take the `seq`s, write, commit.
+    /// needs, apply, take the `seq`s, write, commit. A write whose chain another transaction
+    /// holds is left for the next batch (`None`), rather than making the whole batch wait,
+    /// unless it was left [`DEFER_LIMIT`] times already.
     ///
     /// Longer than most functions here: its steps (read, decide, seal, write, commit) share
     /// one connection, its prepared statements and the borrowed parameters of one pipeline;
@@ -324,10 +348,14 @@ impl Core {
         &self,
         client: &Object,
         batch: &[Queued],
-    ) -> Result<Vec<Done>, StorageError> {
+    ) -> Result<Vec<Option<Done>>, StorageError> {
         let sql = &self.sql;
         let lock_stmt = client
             .prepare_cached(&sql.lock_chains)
+            .await
+            .map_err(write_failed)?;
+        let try_lock_stmt = client
+            .prepare_cached(&sql.try_lock_chains)
             .await
             .map_err(write_failed)?;
         let read_stmt = client
@@ -336,33 +364,45 @@ impl Core {
             .map_err(write_failed)?;
 
         let (append_ids, actors, scopes, fingerprints) = what_it_reads(batch);
-        let mut chains: Vec<i32> = batch.iter().map(|(c, _)| i32::from(*c)).collect();
-        chains.sort_unstable();
-        chains.dedup();
+        // The chains to wait for (of writes left too often), and those to take if free.
+        let chains = |waits: bool| {
+            let mut chains: Vec<i32> = batch
+                .iter()
+                .filter(|q| (q.deferred >= DEFER_LIMIT) == waits)
+                .map(|q| i32::from(q.chain))
+                .collect();
+            chains.sort_unstable();
+            chains.dedup();
+            chains
+        };
+        let (wait_for, take_free) = (chains(true), chains(false));
 
-        // Pipelined: BEGIN, the chains' locks (in `chain` order, as every writer and purge
-        // takes them: no deadlock), then the reads, whose snapshot is taken once the locks
-        // are held (a statement that waited for a lock would see an old one).
+        // Pipelined: BEGIN; the chains' locks, those waited for first, in `chain` order as
+        // every transaction waits (so that no two wait for each other), then the free ones,
+        // never waited for; then the reads, whose snapshot is taken once the locks are held
+        // (a statement that waited for a lock would see an old one).
         let begin = format!("BEGIN; {WRITE_SETTINGS}");
         let reads = pipeline(vec![
             Box::pin(async { client.batch_execute(&begin).await.map(|()| Vec::new()) }),
-            Box::pin(client.query(&lock_stmt, &[&chains])),
+            Box::pin(client.query(&lock_stmt, &[&wait_for])),
+            Box::pin(client.query(&try_lock_stmt, &[&take_free])),
             Box::pin(client.query(&read_stmt, &[&append_ids, &actors, &scopes, &fingerprints])),
         ])
         .await;
         let mut reads = reads.into_iter();
         let mut next = || reads.next().unwrap_or(Ok(Vec::new())).map_err(write_failed);
         next()?;
-        let head_rows = next()?;
+        let mut head_rows = next()?;
+        head_rows.extend(next()?);
         let rows = next()?;
         let mut heads = HashMap::new();
         for row in &head_rows {
             let chain = u16::try_from(row.get::<_, i32>(0)).unwrap_or(u16::MAX);
             heads.insert(chain, head_of(row.get(1), row.get(2), chain)?);
         }
-        if heads.len() != chains.len() {
+        if heads.len() < wait_for.len() {
             return Err(StorageError::from(format!(
-                "a chain of {chains:?} has no head row in mrg_chains; nothing was recorded: \
+                "a chain of {wait_for:?} has no head row in mrg_chains; nothing was recorded: \
                  run `PostgresLedger::verify` and repair mrg_chains"
             )));
         }
@@ -372,7 +412,7 @@ impl Core {
             done,
             events,
             new_owners,
-        } = apply_batch(batch, &mut index, &self.registered_owners());
+        } = apply_batch(batch, &heads, &mut index, &self.registered_owners());
 
         if events.is_empty() && new_owners.is_empty() {
             client.batch_execute("COMMIT").await.map_err(write_failed)?;
@@ -488,16 +528,16 @@ impl Core {
         }
         self.registered_owners().extend(new_owners);
         // Anchors: the line at every HEAD_LOG_EVERY-th `seq` of the ledger, and each chain's
-        // head each time its `seq` passes one.
+        // head each time its `seq` passes a CHAIN_LOG_EVERY-th.
         for line in logged {
             chain::log_head(&self.schema_label(), Some(line.seq - 1), line);
         }
         for (chain, (seq, hash)) in moved {
-            let was = before
-                .get(&chain)
-                .map(|(seq, _)| u64::try_from(*seq).unwrap_or(0));
-            let head = (u64::try_from(seq).unwrap_or(0), hash).into();
-            chain::log_head(&self.chain_label(chain), was, head);
+            let was = before.get(&chain).map_or(0, |(seq, _)| *seq) as u64;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            if was / CHAIN_LOG_EVERY != seq / CHAIN_LOG_EVERY {
+                chain::log_head(&self.chain_label(chain), None, (seq, hash).into());
+            }
         }
         Ok(done)
     }
@@ -550,7 +590,7 @@ fn what_it_reads(batch: &[Queued]) -> (Vec<String>, Vec<String>, Vec<String>, Ve
     let mut seen_ids = HashSet::new();
     let (mut actors, mut scopes, mut fingerprints) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen_intents = HashSet::new();
-    for (_, write) in batch {
+    for Queued { write, .. } in batch {
         match write {
             Write::Append(event, _) => {
                 if seen_ids.insert(event.execution_id) {
@@ -585,20 +625,31 @@ fn into_index(rows: &[Row]) -> Result<Index, StorageError> {
 
 /// What a batch decided: each call's outcome, in arrival order, and what to write for it.
 struct Applied {
-    done: Vec<Done>,
+    /// `None` for a write whose chain the transaction does not hold.
+    done: Vec<Option<Done>>,
     /// The events to seal, in order, each with its chain and whether it is an `accepted`.
     events: Vec<(u16, LedgerEvent, bool)>,
     /// Owners whose lease the transaction takes (or renews).
     new_owners: Vec<String>,
 }
 
-/// Decides every call of a batch from the index ([`Index::claim`], [`Index::append`]), in
-/// arrival order. `registered` are the owners this ledger already renews.
-fn apply_batch(batch: &[Queued], index: &mut Index, registered: &HashSet<String>) -> Applied {
+/// Decides every call of a batch whose chain is in `held` from the index ([`Index::claim`],
+/// [`Index::append`]), in arrival order. `registered` are the owners this ledger already
+/// renews.
+fn apply_batch(
+    batch: &[Queued],
+    held: &HashMap<u16, (i64, ChainHash)>,
+    index: &mut Index,
+    registered: &HashSet<String>,
+) -> Applied {
     let mut done = Vec::with_capacity(batch.len());
     let mut events = Vec::new();
     let mut new_owners: Vec<String> = Vec::new();
-    for (chain, write) in batch {
+    for Queued { chain, write, .. } in batch {
+        if !held.contains_key(chain) {
+            done.push(None);
+            continue;
+        }
         match write {
             Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
                 Ok((claimed, accepted)) => {
@@ -609,31 +660,34 @@ fn apply_batch(batch: &[Queued], index: &mut Index, registered: &HashSet<String>
                             new_owners.push(claim.owner.clone());
                         }
                     }
-                    done.push(Done::Claim(Ok(claimed)));
+                    done.push(Some(Done::Claim(Ok(claimed))));
                 }
-                Err(error) => done.push(Done::Claim(Err(error))),
+                Err(error) => done.push(Some(Done::Claim(Err(error)))),
             },
             Write::Append(event, _) => {
                 // Refused: nothing is written for it, the record stays as it was.
                 let record = match index.append(event) {
                     Ok(record) => record,
                     Err(error) => {
-                        done.push(Done::Append(Err(error)));
+                        done.push(Some(Done::Append(Err(error))));
                         continue;
                     }
                 };
-                // Ownership moves with a dispatch: the dispatching owner's lease is taken (or
-                // renewed) in this same transaction, so no replica that reads the record can
-                // take its owner for gone.
+                // Ownership moves with a dispatch: the dispatching owner's lease is taken in
+                // this same transaction unless this ledger already holds (and renews) it, so
+                // no replica that reads the record can take its owner for gone. Not renewed
+                // on every dispatch: one owner's row, written by every transaction, is a
+                // lock that every dispatch of every replica waits for.
                 if let EventKind::Dispatched {
                     owner: Some(owner), ..
                 } = &event.kind
+                    && !registered.contains(owner)
                     && !new_owners.contains(owner)
                 {
                     new_owners.push(owner.clone());
                 }
                 events.push((*chain, event.clone(), false));
-                done.push(Done::Append(Ok(record)));
+                done.push(Some(Done::Append(Ok(record))));
             }
         }
     }
