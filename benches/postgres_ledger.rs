@@ -1,14 +1,17 @@
-//! PostgreSQL ledger throughput at 32 concurrent callers, next to its floor in the same run.
+//! PostgreSQL ledger throughput at 32 concurrent callers, on one replica and two, next to its
+//! floor in the same run.
 //!
 //! One execution is what the guard writes for a call that completes and is delivered: a
 //! claim (the `accepted` event) and four appends (`authorized`, `dispatched`, `completed`,
-//! `delivered`), each caller running its executions one after the other. Every iteration
-//! runs a batch of 256 executions spread over 32 callers; criterion reports the time per
-//! batch and, as throughput, executions per second.
+//! `delivered`), each caller running its executions one after the other, 8 per iteration;
+//! criterion reports the time per iteration and, as throughput, executions per second.
 //!
-//! - `ledger/1 replica`: 32 callers on one `PostgresLedger`;
-//! - `ledger/2 replicas`: 16 callers on each of two `PostgresLedger`s (separate pools and
-//!   writers) sharing one chain, as two guard replicas would;
+//! - `ledger/1 replica`: 32 callers on one `PostgresLedger` (256 executions);
+//! - `ledger/2 replicas, 16 callers each`: the same 32 callers over two `PostgresLedger`s
+//!   (separate pools and writers) sharing one ledger's tables, as two guard replicas would
+//!   (256 executions);
+//! - `ledger/2 replicas, 32 callers each`: each replica as loaded as the one above, 64
+//!   callers in all (512 executions): what a second replica adds;
 //! - `floor/insert transaction`: the baseline, one trivial single-row INSERT transaction
 //!   (`BEGIN; INSERT; COMMIT`) per execution, at the same concurrency, over a pool of 32
 //!   connections.
@@ -35,7 +38,8 @@ mod support;
 
 const URL_VAR: &str = "MCP_REPLAY_GUARD_POSTGRES_URL";
 const CALLERS: usize = 32;
-const BATCH: usize = 256;
+/// Executions per caller per iteration.
+const EACH: usize = 8;
 
 static NEXT_INTENT: AtomicU64 = AtomicU64::new(1);
 
@@ -45,13 +49,13 @@ async fn execution(ledger: &PostgresLedger) {
     support::execution(ledger, n, Duration::from_secs(3600)).await;
 }
 
-/// A batch of executions over `CALLERS` callers, spread over the replicas.
-async fn ledger_batch(replicas: &[PostgresLedger]) {
-    let callers: Vec<_> = (0..CALLERS)
+/// `EACH` executions for each of `callers` callers, spread over the replicas.
+async fn ledger_batch(replicas: &[PostgresLedger], callers: usize) {
+    let callers: Vec<_> = (0..callers)
         .map(|caller| {
             let ledger = replicas[caller % replicas.len()].clone();
             tokio::spawn(async move {
-                for _ in 0..BATCH / CALLERS {
+                for _ in 0..EACH {
                     execution(&ledger).await;
                 }
             })
@@ -69,7 +73,7 @@ async fn floor_batch(pool: &Pool, table: &str) {
             let pool = pool.clone();
             let insert = format!("INSERT INTO {table} (execution_id) VALUES ($1)");
             tokio::spawn(async move {
-                for _ in 0..BATCH / CALLERS {
+                for _ in 0..EACH {
                     let mut client = pool.get().await.unwrap();
                     let statement = client.prepare_cached(&insert).await.unwrap();
                     let tx = client.transaction().await.unwrap();
@@ -126,19 +130,28 @@ fn postgres_ledger(c: &mut Criterion) {
     });
     let floor_table = format!("\"{schema}\".bench_floor");
 
-    let mut group = c.benchmark_group(format!("postgres {BATCH} executions, {CALLERS} callers"));
-    group.throughput(Throughput::Elements(BATCH as u64));
+    let mut group = c.benchmark_group("postgres executions");
+    let executions = |callers: usize| Throughput::Elements((callers * EACH) as u64);
+    group.throughput(executions(CALLERS));
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(2));
     group.measurement_time(Duration::from_secs(15));
     let replicas = [one.clone()];
     group.bench_function("ledger/1 replica", |b| {
-        b.to_async(&runtime).iter(|| ledger_batch(&replicas))
+        b.to_async(&runtime)
+            .iter(|| ledger_batch(&replicas, CALLERS))
     });
     let replicas = [one.clone(), two.clone()];
-    group.bench_function("ledger/2 replicas", |b| {
-        b.to_async(&runtime).iter(|| ledger_batch(&replicas))
+    group.bench_function("ledger/2 replicas, 16 callers each", |b| {
+        b.to_async(&runtime)
+            .iter(|| ledger_batch(&replicas, CALLERS))
     });
+    group.throughput(executions(2 * CALLERS));
+    group.bench_function("ledger/2 replicas, 32 callers each", |b| {
+        b.to_async(&runtime)
+            .iter(|| ledger_batch(&replicas, 2 * CALLERS))
+    });
+    group.throughput(executions(CALLERS));
     group.bench_function("floor/insert transaction", |b| {
         b.to_async(&runtime)
             .iter(|| floor_batch(&pool, &floor_table))

@@ -751,3 +751,394 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     drop(second);
     schema.drop(&observer).await;
 }
+
+// ---- partitions: one chain per partition of the intent space ----
+
+/// The chain (partition) an execution's intent is in, as its index row says.
+async fn chain_of(schema: &TestSchema, ledger: &PostgresLedger, id: ExecutionId) -> i64 {
+    let statement =
+        format!("SELECT chain::int8 FROM {{s}}.mrg_executions WHERE execution_id = '{id}'");
+    schema.query_i64s(ledger, &statement).await[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_many_partitions() {
+    let Some(schema) = TestSchema::new("race_each") else {
+        return;
+    };
+    let replicas = [schema.replica().await, schema.replica().await];
+    // 64 intents, in as many partitions nearly; 8 callers per intent, half on each replica,
+    // all let go at once.
+    const INTENTS: u32 = 64;
+    const CALLERS: u32 = 8;
+    let start = Arc::new(tokio::sync::Barrier::new((INTENTS * CALLERS) as usize));
+    let tasks: Vec<_> = (0..INTENTS * CALLERS)
+        .map(|i| {
+            let ledger = replicas[i as usize % 2].clone();
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let claimed = ledger.claim(claim(i / CALLERS, 1_000)).await.unwrap();
+                (i / CALLERS, claimed)
+            })
+        })
+        .collect();
+    let mut by_intent: Vec<(usize, HashSet<ExecutionId>)> =
+        (0..INTENTS).map(|_| (0, HashSet::new())).collect();
+    for task in tasks {
+        let (intent, claimed) = task.await.unwrap();
+        let (new, ids) = &mut by_intent[intent as usize];
+        *new += usize::from(matches!(claimed, Claimed::New(_)));
+        ids.insert(claimed.record().execution_id);
+    }
+    let mut chains = HashSet::new();
+    for (intent, (new, ids)) in by_intent.iter().enumerate() {
+        assert_eq!((*new, ids.len()), (1, 1), "intent {intent}");
+        chains.insert(chain_of(&schema, &replicas[0], *ids.iter().next().unwrap()).await);
+    }
+    // Spread over many partitions (64 intents over 256 fill about 57).
+    assert!(chains.len() > 32, "{chains:?}");
+    assert_eq!(
+        schema
+            .query_i64s(
+                &replicas[0],
+                "SELECT count(*), count(DISTINCT (actor, intent_scope, fingerprint)) \
+                 FROM {s}.mrg_executions"
+            )
+            .await,
+        [i64::from(INTENTS), i64::from(INTENTS)]
+    );
+    let report = verified(&replicas[1]).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, u64::from(INTENTS));
+    schema.drop(&replicas[0]).await;
+}
+
+#[tokio::test]
+async fn verify_names_an_edited_or_deleted_row_in_a_chain_other_than_the_first() {
+    let Some(schema) = TestSchema::new("tamper_chain") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    for n in 0..40 {
+        let id = new_execution(&ledger, n, 0).await;
+        ledger
+            .append(event(id, 1, EventKind::Authorized))
+            .await
+            .unwrap();
+    }
+    assert!(verified(&ledger).await.is_ok());
+    // The first line of a chain other than chain 0, and the next line of that chain.
+    let [seq, chain] = schema
+        .query_i64s(
+            &ledger,
+            "SELECT e.seq, x.chain::int8 FROM {s}.mrg_events e \
+             JOIN {s}.mrg_executions x USING (execution_id) \
+             WHERE x.chain <> 0 ORDER BY e.seq LIMIT 1",
+        )
+        .await[..]
+    else {
+        panic!("no line outside chain 0");
+    };
+    let next = schema
+        .query_i64s(
+            &ledger,
+            &format!(
+                "SELECT min(e.seq) FROM {{s}}.mrg_events e \
+                 JOIN {{s}}.mrg_executions x USING (execution_id) \
+                 WHERE x.chain = {chain} AND e.seq > {seq}"
+            ),
+        )
+        .await[0];
+
+    let original = schema.line(&ledger, seq).await;
+    schema
+        .set_line(&ledger, seq, &original.replace("run:5f8097", "run:forged"))
+        .await;
+    let report = verified(&ledger).await;
+    assert_eq!(
+        report.first_bad,
+        Some((seq as u64, ChainProblem::Edited)),
+        "{report}"
+    );
+    assert_eq!(report.verified, seq as u64 - 1);
+    schema.set_line(&ledger, seq, &original).await;
+    assert!(verified(&ledger).await.is_ok());
+
+    // Deleted: the chain's next line follows nothing (the lines of the other chains around
+    // it still verify).
+    schema
+        .sql(
+            &ledger,
+            &format!("DELETE FROM {{s}}.mrg_events WHERE seq = {seq}"),
+        )
+        .await;
+    let report = verified(&ledger).await;
+    let (bad, problem) = report.first_bad.clone().expect("the deletion is caught");
+    assert_eq!(bad, next as u64, "{report}");
+    assert!(
+        matches!(
+            problem,
+            ChainProblem::BrokenLink | ChainProblem::Deleted { .. }
+        ),
+        "{report}"
+    );
+    schema.drop(&ledger).await;
+}
+
+/// A line copied from one chain's position onto another's, re-sealed, forks the chain it
+/// claims to follow: the second line that follows one line is caught.
+#[tokio::test]
+async fn a_line_sealed_after_a_line_that_already_has_a_successor_is_a_fork() {
+    let Some(schema) = TestSchema::new("fork") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let id = new_execution(&ledger, 1, 0).await;
+    ledger
+        .append(event(id, 1, EventKind::Authorized))
+        .await
+        .unwrap();
+    ledger
+        .append(event(id, 2, first_dispatched(id)))
+        .await
+        .unwrap();
+    let mut lines = schema.lines(&ledger).await;
+    // A third line re-sealed after the first, as if the chain had forked there.
+    let first = mcp_replay_guard::ledger::chain::parse_line(&lines[0]).unwrap();
+    let third = mcp_replay_guard::ledger::chain::parse_line(&lines[2]).unwrap();
+    let forged =
+        mcp_replay_guard::ledger::chain::ChainedLine::seal(third.seq, first.hash, third.body);
+    lines[2] = forged.to_json_line();
+    schema.replace_chain(&ledger, &lines).await;
+    let report = verified(&ledger).await;
+    assert_eq!(
+        report.first_bad,
+        Some((third.seq, ChainProblem::BrokenLink)),
+        "{report}"
+    );
+    schema.drop(&ledger).await;
+}
+
+/// The claim is atomic in its partition's row, not in a lock every claim waits for: with one
+/// chain's head row locked from outside, a claim in that partition waits (in one replica),
+/// while a claim in another partition goes through (in another replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_chain_holds_up_a_claim_of_its_partition_not_one_of_another() {
+    let Some(schema) = TestSchema::new("row_lock") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    let other = schema.replica().await;
+    let mut by_chain: std::collections::HashMap<i64, u32> = std::collections::HashMap::new();
+    for n in 0..64 {
+        let id = new_execution(&ledger, n, 0).await;
+        by_chain.insert(chain_of(&schema, &ledger, id).await, n);
+    }
+    assert!(by_chain.len() > 1, "{by_chain:?}");
+    let (&locked, &held_up) = by_chain.iter().next().unwrap();
+    let (_, &free) = by_chain.iter().find(|(c, _)| **c != locked).unwrap();
+
+    let client = ledger.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM \"{}\".mrg_chains WHERE chain = {locked} FOR UPDATE",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    // A repeat of an intent still takes its chain's lock to decide.
+    let waiting = {
+        let other = other.clone();
+        tokio::spawn(async move { other.claim(claim(held_up, 1)).await })
+    };
+    let free = tokio::time::timeout(Duration::from_secs(10), ledger.claim(claim(free, 1)))
+        .await
+        .expect("a claim in another partition does not wait");
+    assert!(matches!(free.unwrap(), Claimed::Existing(_)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the claim did not wait for its chain"
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(claimed, Claimed::Existing(_)));
+    drop(client);
+    drop(other);
+    schema.drop(&ledger).await;
+}
+
+/// A ledger made before partitions (one chain, `seq` 1.. from the genesis, no `mrg_chains`,
+/// no `chain` column) opens, verifies with every line as it was, and goes on: its chain is
+/// chain 0, new lines take `seq`s after it, and its executions are still found and claimed.
+/// A write shaped as the builds from before partitions write (no `chain`) fails.
+#[tokio::test]
+async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
+    let Some(schema) = TestSchema::new("unpartitioned") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    // In flight: a repeat links to it.
+    let open = new_execution(&ledger, 1, 1_000).await;
+    ledger
+        .append(event(open, 1_001, EventKind::Authorized))
+        .await
+        .unwrap();
+    // Settled and delivered.
+    let done = new_execution(&ledger, 2, 1_000).await;
+    for (at, kind) in [
+        (1_001, first_dispatched(done)),
+        (
+            1_002,
+            EventKind::Completed {
+                target_status: 200,
+                is_error: false,
+                result_reference: None,
+            },
+        ),
+        (1_003, EventKind::Delivered { jsonrpc_id: None }),
+    ] {
+        ledger.append(event(done, at, kind)).await.unwrap();
+    }
+    // The same lines as one chain from the genesis, as a build from before partitions wrote
+    // them (their `seq`s are 1..=6 already), and its tables.
+    let mut prev = mcp_replay_guard::ledger::chain::ChainHash::GENESIS;
+    let single: Vec<String> = schema
+        .lines(&ledger)
+        .await
+        .iter()
+        .map(|text| {
+            let line = mcp_replay_guard::ledger::chain::parse_line(text).unwrap();
+            let line =
+                mcp_replay_guard::ledger::chain::ChainedLine::seal(line.seq, prev, line.body);
+            prev = line.hash;
+            line.to_json_line()
+        })
+        .collect();
+    assert_eq!(single.len(), 6);
+    schema.replace_chain(&ledger, &single).await;
+    for statement in [
+        "DROP TABLE {s}.mrg_chains",
+        "DROP SEQUENCE {s}.mrg_events_seq",
+        "ALTER TABLE {s}.mrg_executions DROP COLUMN chain",
+    ] {
+        schema.sql(&ledger, statement).await;
+    }
+    drop(ledger);
+
+    let ledger = schema.replica().await;
+    assert_eq!(schema.lines(&ledger).await, single, "no line was rewritten");
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.head(), (6, prev).into());
+    assert_eq!(
+        schema
+            .query_i64s(
+                &ledger,
+                "SELECT seq FROM {s}.mrg_chains WHERE chain = 0 AND hash = \
+                 (SELECT hash FROM {s}.mrg_events WHERE seq = 6)"
+            )
+            .await,
+        [6]
+    );
+    assert_eq!(
+        schema
+            .query_i64s(
+                &ledger,
+                "SELECT count(*) FROM {s}.mrg_executions WHERE chain = 0"
+            )
+            .await,
+        [2]
+    );
+    // It goes on: the repeat links, the append lands, a new intent starts.
+    assert!(matches!(
+        ledger.claim(claim(1, 2_000)).await.unwrap(),
+        Claimed::Existing(r) if r.execution_id == open
+    ));
+    ledger
+        .append(event(open, 2_001, first_dispatched(open)))
+        .await
+        .unwrap();
+    let again = new_execution(&ledger, 2, 2_002).await;
+    assert_ne!(again, done);
+    let report = verified(&ledger).await;
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.verified, 8);
+    assert_eq!(
+        schema
+            .query_i64s(&ledger, "SELECT min(seq) FROM {s}.mrg_events WHERE seq > 6")
+            .await,
+        [7]
+    );
+    let names: Vec<_> = ledger
+        .events(open)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names, ["accepted", "authorized", "dispatched"]);
+
+    // What a build from before partitions upserts: refused, nothing recorded.
+    let client = ledger.pool().get().await.unwrap();
+    let old_write = format!(
+        "INSERT INTO \"{}\".mrg_executions (execution_id, actor, intent_scope, fingerprint, \
+         tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
+         VALUES ('act_x', 'a', 's', 'f', 't', 'accepted', 'o', 9, 9, 0, 0, '{{}}')",
+        schema.name
+    );
+    let error = client.execute(old_write.as_str(), &[]).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::NOT_NULL_VIOLATION),
+        "{error}"
+    );
+    drop(client);
+    schema.drop(&ledger).await;
+}
+
+/// Cutting the tail of one chain leaves every chain linked: the chain's head row, which its
+/// writers move in the same transaction as its lines, no longer matches its last line.
+#[tokio::test]
+async fn a_chain_whose_last_line_was_cut_does_not_verify() {
+    let Some(schema) = TestSchema::new("cut_chain") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    for n in 0..40 {
+        new_execution(&ledger, n, 0).await;
+    }
+    assert!(verified(&ledger).await.is_ok());
+    // The last line of a chain that is not the newest line of all.
+    let [seq, chain] = schema
+        .query_i64s(
+            &ledger,
+            "SELECT seq, chain::int8 FROM {s}.mrg_chains \
+             WHERE seq > 0 AND seq < (SELECT max(seq) FROM {s}.mrg_events) \
+             ORDER BY seq LIMIT 1",
+        )
+        .await[..]
+    else {
+        panic!("no chain to cut");
+    };
+    schema
+        .sql(
+            &ledger,
+            &format!("DELETE FROM {{s}}.mrg_events WHERE seq = {seq}"),
+        )
+        .await;
+    let report = verified(&ledger).await;
+    assert!(
+        matches!(
+            report.first_bad,
+            Some((bad, ChainProblem::AnchorNotFound { .. })) if bad == seq as u64
+        ),
+        "chain {chain}: {report}"
+    );
+    schema.drop(&ledger).await;
+}

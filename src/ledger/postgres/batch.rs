@@ -18,6 +18,8 @@ pub(super) struct ExecutionRows {
     pub(super) link_until: Vec<i64>,
     pub(super) retain_until: Vec<i64>,
     pub(super) records: Vec<String>,
+    /// The chain of the intent, where a new execution's `accepted` line is.
+    pub(super) chains: Vec<i32>,
 }
 
 impl ExecutionRows {
@@ -39,10 +41,12 @@ impl ExecutionRows {
         self.last_seqs.push(last_seq);
         self.link_until.push(millis(record.link_until));
         self.retain_until.push(millis(record.retain_until));
+        self.chains
+            .push(i32::from(partition_of_key(&IntentKey::of_record(record))));
         Ok(())
     }
 
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 12] {
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
         [
             &self.ids,
             &self.actors,
@@ -56,6 +60,7 @@ impl ExecutionRows {
             &self.link_until,
             &self.retain_until,
             &self.records,
+            &self.chains,
         ]
     }
 }

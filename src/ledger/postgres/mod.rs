@@ -2,7 +2,7 @@
 //!
 //! The module is private; its one public item, [`PostgresLedger`], is re-exported as
 //! `mcp_replay_guard::ledger::PostgresLedger` and carries the documentation: the example, the
-//! tables, how the chain stays linear across replicas, owner liveness and retention.
+//! tables, the partitions and their chains, owner liveness and retention.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -38,12 +38,14 @@ use crate::{
 };
 
 mod batch;
+mod chains;
 mod error;
 mod schema;
 mod stored;
 mod writer;
 
 use batch::*;
+use chains::*;
 use error::*;
 use schema::*;
 use stored::*;
@@ -61,9 +63,10 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// A ledger in PostgreSQL, shared by every replica of a guard that connects to the same
 /// database and schema. It keeps the same two things as the file ledger, in tables:
 ///
-/// - `mrg_events`, the tamper-evident chain: one row per event, holding the exact JSON text of
-///   its sealed [`ChainedLine`](super::chain::ChainedLine) (`seq`, `prev`, `hash` and the event),
-///   so that [`PostgresLedger::verify`] re-hashes exactly what was sealed;
+/// - `mrg_events`, the tamper-evident chains: one row per event, holding the exact JSON text
+///   of its sealed [`ChainedLine`](super::chain::ChainedLine) (`seq`, `prev`, `hash` and the
+///   event), so that [`PostgresLedger::verify`] re-hashes exactly what was sealed; one chain
+///   per partition of the intent space (see [Partitions](#partitions));
 /// - `mrg_executions`, the index the guard decides from: one row per execution still inside its
 ///   retention, with its record.
 ///
@@ -98,32 +101,70 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// | table | what it holds |
 /// |---|---|
 /// | `mrg_schema_version` | one row per applied migration (`version`, `applied_at`) |
-/// | `mrg_events` | the chain: `seq` (primary key), `prev`, `hash`, `execution_id`, `line` (the sealed JSON text) |
-/// | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSON text with every field of the record; cast it to `jsonb` to query it) |
+/// | `mrg_events` | the chains' lines: `seq` (primary key, from the sequence `mrg_events_seq`), `prev`, `hash`, `execution_id`, `line` (the sealed JSON text) |
+/// | `mrg_chains` | each chain's head, the row its writers lock: `chain` (primary key), `seq`, `hash` |
+/// | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSON text with every field of the record; cast it to `jsonb` to query it), `chain` (the chain its `accepted` line is in) |
 /// | `mrg_results` | kept results: `reference` (primary key), `execution_id`, `bytes` |
 /// | `mrg_owners` | owner leases: `owner` (primary key), `lease_until` |
 ///
 /// The tables are created, or migrated, when a ledger connects, under a transaction-scoped
 /// advisory lock, so replicas that start together do not race each other.
 ///
-/// # How the chain stays linear
+/// # Partitions
 ///
-/// Every write (the `accepted` event of a new execution and every appended event) happens in
-/// one transaction that first takes a transaction-scoped advisory lock of the schema's chain
-/// (`pg_advisory_xact_lock`), then reads the chain's head and the records it changes, applies
-/// the events through the state machine ([`ExecutionRecord::apply`]), inserts the sealed lines
-/// and upserts the index rows, and commits. Only one transaction holds the lock at a time,
-/// whichever replica runs it, so `seq` has no gaps and no forks, and a claim that finds no
-/// linkable execution creates one before any other claim can look: exactly one
-/// [`Claimed::New`] per intent.
+/// An intent (actor, intent scope, fingerprint) belongs to one of
+/// [`PARTITIONS`](Self::PARTITIONS) (256) partitions, a hash of its key, and every write of
+/// it (the claims of the intent, and every event of its executions) goes into that
+/// partition's chain. Each chain is linear on its own: a write is part of one transaction that
+/// first locks its chain's row in `mrg_chains` (`SELECT … FOR UPDATE`, which also reads the
+/// chain's head), then reads the records it changes and the intent's latest execution,
+/// applies the events through the state machine ([`ExecutionRecord::apply`]), takes a `seq`
+/// for each line it seals, inserts the lines, upserts the index rows, moves the head, and
+/// commits. Only one transaction holds a chain's row at a time, whichever replica runs it,
+/// so a chain never forks, and a claim that finds no linkable execution creates one before
+/// any other claim of that intent can look: exactly one [`Claimed::New`] per intent. Writes
+/// of intents in other partitions take other rows and do not wait for it (a purge, once
+/// every 1024 claims, locks every row for the time of its `DELETE`).
 ///
-/// Writes from one ledger (and its clones) are batched: while a transaction runs, the calls
-/// that arrive queue, and the next transaction takes all of them (up to 512), after giving
-/// the callers it just answered a few scheduler turns to come back (no timer: under load one
-/// commit serves every caller; a lone call never waits). Each event is still checked on its
-/// own: a refused event writes nothing and fails only its own call. The batch commits as a
-/// whole; when the commit fails, every call in it fails and nothing was recorded. The writes run on a task spawned on the tokio runtime that connected, so a caller
-/// that gives up never leaves a transaction half done.
+/// `seq` is one sequence for the whole ledger (`mrg_events_seq`), so `seq` order is the
+/// order in which lines were written, and an execution's events read back in order. Each
+/// chain's lines have increasing `seq`s, with the other chains' lines between them, and a
+/// write that rolls back leaves a gap. Chain 0 starts after [`ChainHash::GENESIS`], every
+/// other chain after a hash of its number, so that each chain starts once.
+///
+/// [`verify`](Self::verify) reads every line in `seq` order and checks each against its
+/// hash, its columns, and the chains: a line must follow the last line of a chain (or a
+/// chain's genesis, for its first). A line that follows none was inserted, replaced, or
+/// forked off a line that already has a successor; when `seq`s are missing right before it,
+/// lines were deleted there. Then each chain must end where its row in `mrg_chains` says: a
+/// chain that ends before it lost its tail, one that goes past it gained lines its writers
+/// did not write (an attacker who rewrites that row too is caught only by an anchor). The head the ledger logs (on connect, and at every 1,000th
+/// `seq`, field `ledger=postgres:<schema>`) anchors the chain of the line it names; each
+/// chain's head is also logged on connect and each time it passes a 16,000th `seq`
+/// (`ledger=postgres:<schema>/<chain>`), so that every chain has anchors of its own.
+///
+/// A ledger made before partitions (one chain, under an advisory lock) is partitioned when
+/// a replica of this build first connects, in the migration's transaction, after the
+/// writes in flight of older replicas: its chain becomes chain 0, unchanged, and goes on
+/// there for the intents of partition 0; new lines take `seq`s after it; its executions are
+/// found as before, their later events going into their intent's chain. An older replica
+/// still running then fails its writes (the index gained a column it does not fill) and
+/// records nothing: upgrade every replica.
+///
+/// Writes from one ledger (and its clones) are batched by one writer: while a transaction
+/// runs, the calls that arrive queue, and the next transaction takes all of them (up to 512),
+/// after giving the callers it just answered a few scheduler turns to come back (no timer:
+/// under load one commit serves many callers; a lone call never waits). A batch locks the
+/// head rows of the chains it writes, skipping those another transaction holds (another
+/// replica's batch, or a purge): the writes of those chains go first into the next batch, so
+/// that two replicas' batches run side by side instead of in turns; a write left twice makes
+/// its batch wait for the lock (in `chain` order, as every transaction waits, so that no two
+/// wait for each other). Each event is still checked on its own: a refused event writes
+/// nothing and fails only its own call. The batch commits as a whole; when the commit fails,
+/// every call in it fails and nothing was recorded. The writer runs on a task spawned on the
+/// tokio runtime that connected, so a caller that gives up never leaves a transaction half
+/// done. An append finds its execution's partition from the claims made through this ledger,
+/// or reads it from the execution's row.
 ///
 /// # Owner liveness
 ///
@@ -133,7 +174,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// renewed) in the claim's or the dispatch's own transaction and renewed every
 /// [`OWNER_HEARTBEAT`](Self::OWNER_HEARTBEAT) (10 s) by the ledger they claimed through, for
 /// [`OWNER_LEASE`](Self::OWNER_LEASE) (30 s); when that ledger (every clone) is dropped, the
-/// leases are released. [`Ledger::is_owner_alive`] answers from the lease, on the database's
+/// leases are released once its writer has finished. [`Ledger::is_owner_alive`] answers from the lease, on the database's
 /// clock; an owner that never claimed is not alive, and when the database cannot be read the
 /// answer is "alive", which makes a repeat wait (bounded) rather than continue someone else's
 /// attempt.
@@ -157,7 +198,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct PostgresLedger {
     core: Arc<Core>,
-    writes: mpsc::Sender<Write>,
+    writes: mpsc::Sender<Queued>,
 }
 
 impl fmt::Debug for PostgresLedger {
@@ -171,6 +212,11 @@ impl fmt::Debug for PostgresLedger {
 }
 
 impl PostgresLedger {
+    /// How many partitions (and chains) a ledger spreads its intents over (see
+    /// [Partitions](Self#partitions)). Every replica of a ledger must use the same number: a
+    /// ledger refuses to connect to tables made with another.
+    pub const PARTITIONS: u16 = 256;
+
     /// How long an owner's lease lasts without renewal.
     pub const OWNER_LEASE: Duration = Duration::from_secs(30);
 
@@ -181,7 +227,7 @@ impl PostgresLedger {
     /// form; without TLS: use [`from_pool`](Self::from_pool) with your own pool for TLS), and
     /// creates or migrates the ledger's tables in the `public` schema.
     ///
-    /// The pool holds up to 16 connections; a connect timeout of 10 s applies unless the URL
+    /// The pool holds up to 16 connections (the writer's, and the reads'); a connect timeout of 10 s applies unless the URL
     /// sets `connect_timeout`.
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
         Self::connect_with_schema(url, DEFAULT_SCHEMA).await
@@ -254,15 +300,16 @@ impl PostgresLedger {
         migrate(&pool, schema, &quoted).await?;
         let core = Arc::new(Core {
             sql: Sql::new(&quoted),
-            chain_lock: chain_lock_key(schema),
             schema: schema.to_owned(),
             pool,
             owners: Mutex::new(HashSet::new()),
             claims: AtomicU64::new(0),
+            partitions: Mutex::new(HashMap::new()),
         });
         core.log_head().await;
         let (writes, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(run_writer(core.clone(), queue));
+        let writer = tokio::spawn(run_writer(core.clone(), queue));
+        tokio::spawn(run_leases(core.clone(), writer));
         let ledger = Self { core, writes };
         ledger.settle_orphans().await?;
         Ok(ledger)
@@ -310,53 +357,37 @@ impl PostgresLedger {
         &self.core.pool
     }
 
-    /// Verifies the whole chain: reads `mrg_events` in `seq` order and checks every stored
-    /// line against its hash and the line before it ([`chain::Verifier::from_genesis`]: this
-    /// ledger never compacts, so its chain starts at seq 1), then checks that the
-    /// `seq`, `prev`, `hash` and `execution_id` columns say what their line says. The report
-    /// names the first bad `seq` and why.
+    /// Verifies every chain: reads `mrg_events` in `seq` order and checks every stored line
+    /// against its hash, against the last line of the chain it follows (or that chain's
+    /// genesis: this ledger never compacts, so each chain starts at its genesis), and against
+    /// its `seq`, `prev`, `hash` and `execution_id` columns; then that each chain ends where
+    /// its head row in `mrg_chains` says (see [Partitions](PostgresLedger#partitions)). The
+    /// report counts the lines of every chain, names the first bad `seq` and why, and its
+    /// head is the newest line that verified.
     ///
-    /// The chain is read into memory at once.
+    /// The chains are read into memory at once.
     pub async fn verify(&self) -> Result<VerifyReport, LedgerError> {
-        let client = self.core.client().await?;
-        let rows = client
+        let mut client = self.core.client().await?;
+        let failed = |e| read_failed("reading the chains", e);
+        // One snapshot: a write that commits between the two reads would move a head past
+        // the lines read.
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(failed)?;
+        let lines = tx
             .query(self.core.sql.chain.as_str(), &[])
             .await
-            .map_err(|e| read_failed("reading the chain", e))?;
-        let lines: Vec<String> = rows.iter().map(|row| row.get(4)).collect();
-        // This ledger never compacts: its chain starts at seq 1, a leading checkpoint is forged.
-        let mut verifier = chain::Verifier::from_genesis();
-        verifier.segment(lines.iter().map(String::as_str));
-        let mut report = verifier.finish();
-        // The columns are a copy of what the line says, for queries: a copy that disagrees
-        // with its line was edited.
-        let mut head = chain::ChainHead::GENESIS;
-        let mut checked = 0;
-        for (row, text) in rows.iter().zip(&lines) {
-            if checked == report.verified {
-                break;
-            }
-            if text.trim().is_empty() {
-                continue;
-            }
-            let Ok(line) = serde_json::from_str::<LineColumns>(text) else {
-                break;
-            };
-            let agrees = u64::try_from(row.get::<_, i64>(0)).ok() == Some(line.seq)
-                && row.get::<_, String>(1) == line.prev
-                && row.get::<_, String>(2) == line.hash
-                && row.get::<_, Option<String>>(3) == line.execution_id;
-            if !agrees {
-                report.first_bad = Some((line.seq, ChainProblem::Edited));
-                report.verified = checked;
-                report.head = head.hash;
-                report.head_seq = head.seq;
-                break;
-            }
-            head = (line.seq, line.hash.parse().unwrap_or(ChainHash::GENESIS)).into();
-            checked += 1;
-        }
-        Ok(report)
+            .map_err(failed)?;
+        let heads = tx
+            .query(self.core.sql.heads.as_str(), &[])
+            .await
+            .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
+        Ok(verify_rows(&lines, &heads))
     }
 
     /// Removes from the index every execution whose retention ended before `now`, with its
@@ -366,15 +397,19 @@ impl PostgresLedger {
         self.core.purge(now).await
     }
 
+    /// Sends a write of partition `chain` to its writer.
     async fn submit<T>(
         &self,
+        chain: u16,
         write: impl FnOnce(oneshot::Sender<Result<T, LedgerError>>) -> Write,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = oneshot::channel();
-        self.writes
-            .send(write(reply))
-            .await
-            .map_err(|_| writer_gone())?;
+        let write = Queued {
+            chain,
+            deferred: 0,
+            write: write(reply),
+        };
+        self.writes.send(write).await.map_err(|_| writer_gone())?;
         answer.await.map_err(|_| writer_gone())?
     }
 }
@@ -382,11 +417,17 @@ impl PostgresLedger {
 #[async_trait]
 impl Ledger for PostgresLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
-        self.submit(|reply| Write::Claim(claim, reply)).await
+        let chain = partition_of_key(&IntentKey::of_claim(&claim));
+        self.submit(chain, |reply| Write::Claim(claim, reply)).await
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        self.submit(|reply| Write::Append(event, reply)).await
+        let id = event.execution_id;
+        let Some(chain) = self.core.partition_of_execution(id).await? else {
+            return Err(LedgerError::NotFound(id));
+        };
+        self.submit(chain, |reply| Write::Append(event, reply))
+            .await
     }
 
     async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
@@ -495,16 +536,6 @@ impl Ledger for PostgresLedger {
             }
         }
     }
-}
-
-/// The fields of a chain line that its columns copy.
-#[derive(Deserialize)]
-struct LineColumns {
-    seq: u64,
-    prev: String,
-    hash: String,
-    #[serde(default)]
-    execution_id: Option<String>,
 }
 
 /// The password of a connection URL or key=value string, to keep it out of messages.

@@ -1,5 +1,5 @@
-//! The tables: migrations, the advisory lock keys, schema names, and the statements with the
-//! schema in place.
+//! The tables: migrations (and the partitioning of a ledger made before partitions), the
+//! advisory lock keys, schema names, and the statements with the schema in place.
 
 use super::*;
 
@@ -54,13 +54,46 @@ CREATE TABLE IF NOT EXISTS {s}.mrg_owners (
 );
 "#];
 
+/// Partitions the ledger (see [Partitions](PostgresLedger#partitions)), once, in the
+/// transaction of the migrations: one `seq` sequence for every chain, starting after the
+/// existing lines; the chains' heads, the existing chain becoming chain 0 (its lines stay
+/// as they are); and each execution's chain, 0 for the existing ones. The `chain` column has
+/// no default, so that a build from before partitions, which writes the single chain under
+/// its advisory lock and knows no `chain`, fails its writes (recording nothing) instead of
+/// forking chain 0.
+const PARTITION: &str = r#"
+CREATE SEQUENCE {s}.mrg_events_seq AS BIGINT MINVALUE 1;
+SELECT setval('{s}.mrg_events_seq', max(seq)) FROM {s}.mrg_events HAVING count(*) > 0;
+CREATE TABLE {s}.mrg_chains (
+    chain INT PRIMARY KEY CHECK (chain >= 0),
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL
+);
+INSERT INTO {s}.mrg_chains (chain, seq, hash)
+    SELECT 0, coalesce(max(seq), 0),
+        coalesce((SELECT hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1),
+            'sha256:0000000000000000000000000000000000000000000000000000000000000000')
+    FROM {s}.mrg_events;
+ALTER TABLE {s}.mrg_executions ADD COLUMN chain INT NOT NULL DEFAULT 0;
+ALTER TABLE {s}.mrg_executions ALTER COLUMN chain DROP DEFAULT;
+"#;
+
 /// The ledger's statements, with the schema in place.
 pub(super) struct Sql {
-    /// Under the lock: the chain's head, the records a batch appends to, the latest
-    /// execution of each intent it claims.
+    /// Locks the head rows of some chains, in `chain` order, and reads them: the locks of a
+    /// write transaction.
+    pub(super) lock_chains: String,
+    /// As `lock_chains`, skipping the rows another transaction holds.
+    pub(super) try_lock_chains: String,
+    /// Under the lock: the records a batch appends to, the latest execution of each intent
+    /// it claims.
     pub(super) read: String,
-    /// The sealed lines and the index rows, in one statement.
+    /// The next `seq`s, one per line a batch seals.
+    pub(super) next_seqs: String,
+    /// The sealed lines, the index rows and the chains' new heads, in one statement.
     pub(super) write: String,
+    /// The intent of an execution, to find its partition.
+    pub(super) intent_of: String,
     pub(super) renew_owners: String,
     pub(super) release_owners: String,
     pub(super) owner_alive: String,
@@ -72,7 +105,10 @@ pub(super) struct Sql {
     pub(super) store_result: String,
     pub(super) load_result: String,
     pub(super) chain: String,
-    pub(super) head: String,
+    pub(super) heads: String,
+    /// Locks every chain (in order, as no writer waits for two): a purge waits for the
+    /// writes in flight and they for it.
+    pub(super) lock_all_chains: String,
     pub(super) purge_executions: String,
     pub(super) purge_owners: String,
 }
@@ -80,31 +116,45 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new(s: &str) -> Self {
         Self {
+            lock_chains: format!(
+                "SELECT chain, seq, hash FROM {s}.mrg_chains WHERE chain = ANY($1::int4[]) \
+                 ORDER BY chain FOR UPDATE"
+            ),
+            try_lock_chains: format!(
+                "SELECT chain, seq, hash FROM {s}.mrg_chains WHERE chain = ANY($1::int4[]) \
+                 ORDER BY chain FOR UPDATE SKIP LOCKED"
+            ),
             read: format!(
-                "(SELECT 0, seq, hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1) \
-                 UNION ALL \
-                 SELECT 1, 0, record::text FROM {s}.mrg_executions \
+                "SELECT 1, record::text FROM {s}.mrg_executions \
                      WHERE execution_id = ANY($1::text[]) \
                  UNION ALL \
-                 SELECT 2, 0, latest.record FROM \
+                 SELECT 2, latest.record FROM \
                      unnest($2::text[], $3::text[], $4::text[]) AS k(actor, intent_scope, fingerprint) \
                      CROSS JOIN LATERAL (SELECT e.record::text AS record FROM {s}.mrg_executions e \
                          WHERE e.actor = k.actor AND e.intent_scope = k.intent_scope \
                            AND e.fingerprint = k.fingerprint \
                          ORDER BY e.accepted_seq DESC LIMIT 1) AS latest"
             ),
+            next_seqs: format!(
+                "SELECT nextval('{s}.mrg_events_seq') FROM generate_series(1, $1::int8)"
+            ),
             write: format!(
                 "WITH events AS (INSERT INTO {s}.mrg_events (seq, prev, hash, execution_id, line) \
-                     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])) \
+                     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])), \
+                 heads AS (UPDATE {s}.mrg_chains c SET seq = h.seq, hash = h.hash \
+                     FROM unnest($19::int4[], $20::int8[], $21::text[]) AS h(chain, seq, hash) \
+                     WHERE c.chain = h.chain) \
                  INSERT INTO {s}.mrg_executions (execution_id, actor, intent_scope, fingerprint, \
-                     tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
+                     tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record, \
+                     chain) \
                  SELECT u.execution_id, u.actor, u.intent_scope, u.fingerprint, u.tool, u.state, \
                      u.owner, u.accepted_seq, u.last_seq, u.link_until_ms, u.retain_until_ms, \
-                     u.record::json \
+                     u.record::json, u.chain \
                  FROM unnest($6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
                      $11::text[], $12::text[], $13::int8[], $14::int8[], $15::int8[], $16::int8[], \
-                     $17::text[]) AS u(execution_id, actor, intent_scope, fingerprint, tool, state, \
-                     owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, record) \
+                     $17::text[], $18::int4[]) AS u(execution_id, actor, intent_scope, fingerprint, \
+                     tool, state, owner, accepted_seq, last_seq, link_until_ms, retain_until_ms, \
+                     record, chain) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
                      owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
                      record = EXCLUDED.record, updated_at = now()"
@@ -126,6 +176,10 @@ impl Sql {
             owner_alive: format!(
                 "SELECT lease_until > now() FROM {s}.mrg_owners WHERE owner = $1::text"
             ),
+            intent_of: format!(
+                "SELECT actor, intent_scope, fingerprint FROM {s}.mrg_executions \
+                 WHERE execution_id = $1::text"
+            ),
             get: format!(
                 "SELECT record::text FROM {s}.mrg_executions WHERE execution_id = $1::text"
             ),
@@ -143,7 +197,8 @@ impl Sql {
             chain: format!(
                 "SELECT seq, prev, hash, execution_id, line FROM {s}.mrg_events ORDER BY seq"
             ),
-            head: format!("SELECT seq, hash FROM {s}.mrg_events ORDER BY seq DESC LIMIT 1"),
+            heads: format!("SELECT chain, seq, hash FROM {s}.mrg_chains ORDER BY chain"),
+            lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
             purge_executions: format!(
                 "DELETE FROM {s}.mrg_executions WHERE retain_until_ms < $1::int8"
             ),
@@ -222,14 +277,65 @@ pub(super) async fn migrate(pool: &Pool, schema: &str, quoted: &str) -> Result<(
         .await
         .map_err(failed)?;
     }
+    let partitioned = tx
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&format!("{quoted}.mrg_chains")],
+        )
+        .await
+        .map_err(failed)?
+        .get::<_, bool>(0);
+    if !partitioned {
+        // A build from before partitions may be writing the single chain: wait for it.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&single_chain_lock_key(schema)],
+        )
+        .await
+        .map_err(failed)?;
+        tx.batch_execute(&PARTITION.replace("{s}", quoted))
+            .await
+            .map_err(failed)?;
+    }
+    let (chains, geneses): (Vec<i32>, Vec<String>) = (1..PostgresLedger::PARTITIONS)
+        .map(|chain| (i32::from(chain), genesis(chain).to_string()))
+        .unzip();
+    tx.execute(
+        &format!(
+            "INSERT INTO {quoted}.mrg_chains (chain, seq, hash) \
+             SELECT c, 0, g FROM unnest($1::int4[], $2::text[]) AS t(c, g) \
+             ON CONFLICT (chain) DO NOTHING"
+        ),
+        &[&chains, &geneses],
+    )
+    .await
+    .map_err(failed)?;
+    let most: i32 = tx
+        .query_one(
+            &format!("SELECT coalesce(max(chain) + 1, 0) FROM {quoted}.mrg_chains"),
+            &[],
+        )
+        .await
+        .map_err(failed)?
+        .get(0);
+    if most != i32::from(PostgresLedger::PARTITIONS) {
+        // Another partition count puts intents in other partitions: two builds would take
+        // different locks for one intent.
+        return Err(LedgerError::storage(format!(
+            "the ledger in schema {schema} has {most} partitions, this build uses \
+             {}: run one build on every replica",
+            PostgresLedger::PARTITIONS
+        )));
+    }
     tx.commit().await.map_err(failed)
 }
 
 /// The advisory lock key of migrations (any schema, one database).
 pub(super) const MIGRATION_LOCK: i64 = 0x6d72_675f_6d69_6772; // "mrg_migr"
 
-/// The advisory lock key of a schema's chain.
-pub(super) fn chain_lock_key(schema: &str) -> i64 {
+/// The advisory lock key of a schema's single chain, which builds from before partitions
+/// wrote under.
+pub(super) fn single_chain_lock_key(schema: &str) -> i64 {
     // FNV-1a, so that every build computes the same key for the same schema.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in b"mcp-replay-guard:chain:".iter().chain(schema.as_bytes()) {
@@ -274,7 +380,11 @@ mod tests {
         ] {
             assert!(check_schema_name(bad).is_err(), "{bad}");
         }
-        assert_ne!(chain_lock_key("a"), chain_lock_key("b"));
-        assert_eq!(chain_lock_key("public"), chain_lock_key("public"));
+        assert_ne!(single_chain_lock_key("a"), single_chain_lock_key("b"));
+        // The key builds from before partitions take: it must not change.
+        assert_eq!(
+            single_chain_lock_key("public"),
+            single_chain_lock_key("public")
+        );
     }
 }

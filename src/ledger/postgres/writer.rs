@@ -1,23 +1,36 @@
-//! The writer task: queued writes in batches, one transaction each (the chain lock, the
-//! index the batch is decided from, the sealed lines), and the owner leases between them.
+//! The writer: the task that takes a ledger's queued writes in batches, one transaction each
+//! (the head rows of the batch's chains locked, the index the batch is decided from, the
+//! sealed lines); and the task that keeps the owner leases.
 
 use super::*;
 
-/// How many scheduler turns the writer gives answered callers to come back before it starts
+/// How many times a write may find its chain locked by another replica's transaction and
+/// wait for the next batch; after that, its batch waits for the lock.
+pub(super) const DEFER_LIMIT: u8 = 2;
+
+/// How many `seq`s of the ledger pass between two logs of a chain's head: each chain is
+/// anchored that often, in a log line per chain (256 lines per 16,000 of the ledger).
+pub(super) const CHAIN_LOG_EVERY: u64 = chain::HEAD_LOG_EVERY * 16;
+
+/// How many scheduler turns a writer gives answered callers to come back before it starts
 /// the next transaction.
 pub(super) const GATHER_TURNS: usize = 8;
 
 /// The most calls one write transaction takes.
 pub(super) const MAX_BATCH: usize = 512;
 
-/// Calls waiting for the writer before callers wait to enqueue.
+/// Calls waiting for a writer before callers wait to enqueue.
 pub(super) const QUEUE: usize = 4096;
 
 /// How many claims pass between two purges of expired records.
 pub(super) const SWEEP_EVERY: u64 = 1024;
 
+/// How many executions' partitions a ledger remembers before it forgets them all (an
+/// append whose partition is forgotten reads it from the execution's row).
+const REMEMBERED: usize = 1 << 16;
+
 /// Settings of a write transaction: a lock wait that cannot hang forever; a transaction that
-/// cannot stay open (holding the chain lock) if its writer stalls; and index lookups for the
+/// cannot stay open (holding its chain's lock) if its writer stalls; and index lookups for the
 /// batch's reads whatever the tables' size (a prepared statement keeps a generic plan, and one
 /// made while the tables were small scans them whole once they are not; custom plans would
 /// avoid that too, at the price of planning every batch under the lock).
@@ -25,18 +38,19 @@ pub(super) const WRITE_SETTINGS: &str = "SET LOCAL lock_timeout = '30s'; \
      SET LOCAL idle_in_transaction_session_timeout = '60s'; \
      SET LOCAL enable_seqscan = off";
 
-/// What is shared by a ledger's clones and its writer.
+/// What is shared by a ledger's clones and its tasks.
 pub(super) struct Core {
     pub(super) pool: Pool,
     pub(super) schema: String,
     pub(super) sql: Sql,
-    pub(super) chain_lock: i64,
     /// Owners that claimed through this ledger: their leases are renewed while it lives.
     pub(super) owners: Mutex<HashSet<String>>,
     pub(super) claims: AtomicU64,
+    /// The partitions of the executions this ledger claimed or looked up.
+    pub(super) partitions: Mutex<HashMap<ExecutionId, u16>>,
 }
 
-/// A write for the writer task.
+/// A write for a writer task.
 pub(super) enum Write {
     Claim(Claim, oneshot::Sender<Result<Claimed, LedgerError>>),
     Append(
@@ -58,46 +72,63 @@ pub(super) struct Sealed {
     pub(super) hash: String,
     pub(super) execution_id: String,
     pub(super) line: String,
+    pub(super) head: chain::ChainHead,
 }
 
-/// The writer: takes the queued writes in batches, one transaction each, and renews the
-/// owner leases between them. Ends (releasing the leases) when every ledger clone is gone.
-pub(super) async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Write>) {
-    let mut next_heartbeat = tokio::time::Instant::now() + PostgresLedger::OWNER_HEARTBEAT;
+/// A write for the writer, with its partition, and how many batches left it for later.
+pub(super) struct Queued {
+    pub(super) chain: u16,
+    pub(super) deferred: u8,
+    pub(super) write: Write,
+}
+
+/// The writer: takes the queued writes in batches, one transaction each; the writes whose
+/// chain another replica holds go first into the next. Ends when every ledger clone is gone.
+pub(super) async fn run_writer(core: Arc<Core>, mut queue: mpsc::Receiver<Queued>) {
     let mut answered = 0;
+    let mut deferred: Vec<Queued> = Vec::new();
     loop {
-        let wait = next_heartbeat.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(wait, queue.recv()).await {
-            Ok(Some(first)) => {
-                let mut batch = vec![first];
-                // The callers just answered usually come back at once: give them a few turns
-                // of the scheduler to join this batch (one commit for all, not two).
-                let target = (queue.len() + 1 + answered).min(MAX_BATCH);
-                let mut turns = 0;
-                while answered > 1 && queue.len() + 1 < target && turns < GATHER_TURNS {
-                    tokio::task::yield_now().await;
-                    turns += 1;
-                }
-                while batch.len() < MAX_BATCH {
-                    match queue.try_recv() {
-                        Ok(write) => batch.push(write),
-                        Err(_) => break,
-                    }
-                }
-                answered = batch.len();
-                core.write_batch(batch).await;
+        let mut batch = std::mem::take(&mut deferred);
+        if batch.is_empty() {
+            match queue.recv().await {
+                Some(first) => batch.push(first),
+                None => break,
             }
-            Ok(None) => break,
-            Err(_) => {}
         }
-        if tokio::time::Instant::now() >= next_heartbeat {
-            let owners: Vec<String> = core.registered_owners().iter().cloned().collect();
-            if !owners.is_empty()
-                && let Err(error) = core.renew_leases(&owners).await
-            {
-                tracing::warn!(%error, "could not renew owner leases");
+        // The callers just answered usually come back at once: give them a few turns of the
+        // scheduler to join this batch (one commit for all, not two).
+        let target = (queue.len() + 1 + answered).min(MAX_BATCH);
+        let mut turns = 0;
+        while answered > 1 && queue.len() + 1 < target && turns < GATHER_TURNS {
+            tokio::task::yield_now().await;
+            turns += 1;
+        }
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(write) => batch.push(write),
+                Err(_) => break,
             }
-            next_heartbeat = tokio::time::Instant::now() + PostgresLedger::OWNER_HEARTBEAT;
+        }
+        answered = batch.len();
+        deferred = core.write_batch(batch).await;
+    }
+}
+
+/// Renews the leases of the owners that claimed through this ledger every
+/// [`OWNER_HEARTBEAT`](PostgresLedger::OWNER_HEARTBEAT); once the writer has ended (every
+/// ledger clone is gone, and its last batch is done), releases them.
+pub(super) async fn run_leases(core: Arc<Core>, mut writer: tokio::task::JoinHandle<()>) {
+    loop {
+        match tokio::time::timeout(PostgresLedger::OWNER_HEARTBEAT, &mut writer).await {
+            Ok(_) => break,
+            Err(_) => {
+                let owners: Vec<String> = core.registered_owners().iter().cloned().collect();
+                if !owners.is_empty()
+                    && let Err(error) = core.renew_leases(&owners).await
+                {
+                    tracing::warn!(%error, "could not renew owner leases");
+                }
+            }
         }
     }
     let owners: Vec<String> = core.registered_owners().iter().cloned().collect();
@@ -132,33 +163,87 @@ impl Core {
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn known_partitions(&self) -> std::sync::MutexGuard<'_, HashMap<ExecutionId, u16>> {
+        self.partitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn remember_partition(&self, id: ExecutionId, chain: u16) {
+        let mut known = self.known_partitions();
+        if known.len() >= REMEMBERED {
+            known.clear();
+        }
+        known.insert(id, chain);
+    }
+
+    /// The partition of an execution: its intent's, remembered or read from its row; `None`
+    /// when the index does not hold it.
+    pub(super) async fn partition_of_execution(
+        &self,
+        id: ExecutionId,
+    ) -> Result<Option<u16>, LedgerError> {
+        if let Some(chain) = self.known_partitions().get(&id) {
+            return Ok(Some(*chain));
+        }
+        let client = self.client().await?;
+        let row = client
+            .query_opt(self.sql.intent_of.as_str(), &[&id.to_string()])
+            .await
+            .map_err(|e| read_failed("reading an execution's intent", e))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let chain = partition_of(row.get(0), row.get(1), row.get(2));
+        self.remember_partition(id, chain);
+        Ok(Some(chain))
+    }
+
     /// How the head log names this ledger.
     pub(super) fn schema_label(&self) -> String {
         format!("postgres:{}", self.schema)
     }
 
-    /// Logs the head as the ledger opens (see [`chain::log_head`]); a head that cannot be read
-    /// is only a warning here, as the first write reads it again.
+    /// How the head log names one of its chains.
+    pub(super) fn chain_label(&self, chain: u16) -> String {
+        format!("postgres:{}/{chain}", self.schema)
+    }
+
+    /// Logs the heads as the ledger opens (see [`chain::log_head`]): the newest line of all,
+    /// and the head of each chain that has lines. A head that cannot be read is only a
+    /// warning here, as the first write reads it again.
     pub(super) async fn log_head(&self) {
-        let head = async {
+        let heads = async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(self.sql.head.as_str(), &[])
+            let rows = client
+                .query(self.sql.heads.as_str(), &[])
                 .await
-                .map_err(|e| read_failed("reading the chain head", e))?;
-            let Some(row) = row else {
-                return Ok(chain::ChainHead::GENESIS);
-            };
-            let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-            let hash = row
-                .get::<_, String>(1)
-                .parse::<ChainHash>()
-                .map_err(|e| LedgerError::storage(format!("the chain head at seq {seq}: {e}")))?;
-            Ok::<_, LedgerError>((seq, hash).into())
+                .map_err(|e| read_failed("reading the chain heads", e))?;
+            rows.iter()
+                .map(|row| {
+                    let chain = u16::try_from(row.get::<_, i32>(0)).unwrap_or(u16::MAX);
+                    Ok((chain, head_of(row.get(1), row.get(2), chain)?))
+                })
+                .collect::<Result<Vec<_>, StorageError>>()
+                .map_err(LedgerError::Storage)
         };
-        match head.await {
-            Ok(head) => chain::log_head(&self.schema_label(), None, head),
-            Err(error) => tracing::warn!(%error, "cannot read the ledger head to log it"),
+        match heads.await {
+            Ok(heads) => {
+                let newest = heads
+                    .iter()
+                    .map(|(_, (seq, hash))| (*seq, *hash))
+                    .filter(|(seq, _)| *seq > 0)
+                    .max_by_key(|(seq, _)| *seq)
+                    .map_or(chain::ChainHead::GENESIS, |(seq, hash)| {
+                        (u64::try_from(seq).unwrap_or(0), hash).into()
+                    });
+                chain::log_head(&self.schema_label(), None, newest);
+                for (chain, (seq, hash)) in heads.into_iter().filter(|(_, (seq, _))| *seq > 0) {
+                    let head = (u64::try_from(seq).unwrap_or(0), hash).into();
+                    chain::log_head(&self.chain_label(chain), None, head);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot read the ledger heads to log them"),
         }
     }
 
@@ -170,15 +255,16 @@ impl Core {
             .map_err(|e| read_failed("renewing owner leases", e))
     }
 
-    /// Runs one batch and answers every caller in it.
-    pub(super) async fn write_batch(&self, batch: Vec<Write>) {
+    /// Runs one batch and answers every caller in it but those whose chain another replica
+    /// held: those it returns, for the next batch.
+    pub(super) async fn write_batch(&self, batch: Vec<Queued>) -> Vec<Queued> {
         let claims = batch
             .iter()
-            .filter(|w| matches!(w, Write::Claim(..)))
+            .filter(|q| matches!(q.write, Write::Claim(..)))
             .count() as u64;
         let latest_claim = batch
             .iter()
-            .filter_map(|w| match w {
+            .filter_map(|q| match &q.write {
                 Write::Claim(claim, _) => Some(claim.at),
                 Write::Append(..) => None,
             })
@@ -195,11 +281,23 @@ impl Core {
             }
             Err(error) => Err(storage_of(error)),
         };
+        let mut deferred = Vec::new();
         match outcome {
             Ok(done) => {
-                for (write, done) in batch.into_iter().zip(done) {
-                    match (write, done) {
+                for (queued, done) in batch.into_iter().zip(done) {
+                    let Some(done) = done else {
+                        deferred.push(Queued {
+                            deferred: queued.deferred.saturating_add(1),
+                            ..queued
+                        });
+                        continue;
+                    };
+                    let chain = queued.chain;
+                    match (queued.write, done) {
                         (Write::Claim(_, reply), Done::Claim(result)) => {
+                            if let Ok(claimed) = &result {
+                                self.remember_partition(claimed.record().execution_id, chain);
+                            }
                             let _ = reply.send(result);
                         }
                         (Write::Append(_, reply), Done::Append(result)) => {
@@ -215,7 +313,7 @@ impl Core {
                 }
             }
             Err(message) => {
-                for write in batch {
+                for Queued { write, .. } in batch {
                     let error = LedgerError::Storage(message.clone());
                     match write {
                         Write::Claim(_, reply) => {
@@ -235,69 +333,130 @@ impl Core {
         {
             tracing::warn!(%error, "could not purge expired executions");
         }
+        deferred
     }
 
-    /// One write transaction: lock the chain, read what the batch needs, apply, write, commit.
+    /// One write transaction: lock the head rows of the batch's chains, read what the batch
+    /// needs, apply, take the `seq`s, write, commit. A write whose chain another transaction
+    /// holds is left for the next batch (`None`), rather than making the whole batch wait,
+    /// unless it was left [`DEFER_LIMIT`] times already.
     ///
-    /// Longer than most functions here: its steps (read, decide, write, commit) share one
-    /// connection, its prepared statements and the borrowed parameters of one pipeline; the
-    /// deciding is [`apply_batch`], the reading [`into_index`].
+    /// Longer than most functions here: its steps (read, decide, seal, write, commit) share
+    /// one connection, its prepared statements and the borrowed parameters of one pipeline;
+    /// the deciding is [`apply_batch`], the sealing [`seal`], the reading [`into_index`].
     pub(super) async fn transact(
         &self,
         client: &Object,
-        batch: &[Write],
-    ) -> Result<Vec<Done>, StorageError> {
+        batch: &[Queued],
+    ) -> Result<Vec<Option<Done>>, StorageError> {
         let sql = &self.sql;
+        let lock_stmt = client
+            .prepare_cached(&sql.lock_chains)
+            .await
+            .map_err(write_failed)?;
+        let try_lock_stmt = client
+            .prepare_cached(&sql.try_lock_chains)
+            .await
+            .map_err(write_failed)?;
         let read_stmt = client
             .prepare_cached(&sql.read)
             .await
             .map_err(write_failed)?;
 
         let (append_ids, actors, scopes, fingerprints) = what_it_reads(batch);
+        // The chains to wait for (of writes left too often), and those to take if free.
+        let chains = |waits: bool| {
+            let mut chains: Vec<i32> = batch
+                .iter()
+                .filter(|q| (q.deferred >= DEFER_LIMIT) == waits)
+                .map(|q| i32::from(q.chain))
+                .collect();
+            chains.sort_unstable();
+            chains.dedup();
+            chains
+        };
+        let (wait_for, take_free) = (chains(true), chains(false));
 
-        // Pipelined: BEGIN and the lock first, then the reads, whose snapshots are taken
-        // once the lock is held (a statement that waited for the lock would see an old one).
-        let begin = format!(
-            "BEGIN; {WRITE_SETTINGS}; SELECT pg_advisory_xact_lock({})",
-            self.chain_lock
-        );
+        // Pipelined: BEGIN; the chains' locks, those waited for first, in `chain` order as
+        // every transaction waits (so that no two wait for each other), then the free ones,
+        // never waited for; then the reads, whose snapshot is taken once the locks are held
+        // (a statement that waited for a lock would see an old one).
+        let begin = format!("BEGIN; {WRITE_SETTINGS}");
         let reads = pipeline(vec![
             Box::pin(async { client.batch_execute(&begin).await.map(|()| Vec::new()) }),
+            Box::pin(client.query(&lock_stmt, &[&wait_for])),
+            Box::pin(client.query(&try_lock_stmt, &[&take_free])),
             Box::pin(client.query(&read_stmt, &[&append_ids, &actors, &scopes, &fingerprints])),
         ])
         .await;
-        // BEGIN answers first (no rows), the read last.
-        let mut rows = Vec::new();
-        for read in reads {
-            rows = read.map_err(write_failed)?;
+        let mut reads = reads.into_iter();
+        let mut next = || reads.next().unwrap_or(Ok(Vec::new())).map_err(write_failed);
+        next()?;
+        let mut head_rows = next()?;
+        head_rows.extend(next()?);
+        let rows = next()?;
+        let mut heads = HashMap::new();
+        for row in &head_rows {
+            let chain = u16::try_from(row.get::<_, i32>(0)).unwrap_or(u16::MAX);
+            heads.insert(chain, head_of(row.get(1), row.get(2), chain)?);
+        }
+        if heads.len() < wait_for.len() {
+            return Err(StorageError::from(format!(
+                "a chain of {wait_for:?} has no head row in mrg_chains; nothing was recorded: \
+                 run `PostgresLedger::verify` and repair mrg_chains"
+            )));
         }
 
-        let (head, mut index) = into_index(&rows)?;
-        let head_before = head.0;
+        let mut index = into_index(&rows)?;
         let Applied {
             done,
-            sealed,
-            touched,
-            accepted_seq,
-            last_seq,
+            events,
             new_owners,
-            head: (seq, prev),
-        } = apply_batch(batch, &mut index, head, &self.registered_owners());
+        } = apply_batch(batch, &heads, &mut index, &self.registered_owners());
 
-        if sealed.is_empty() && new_owners.is_empty() {
+        if events.is_empty() && new_owners.is_empty() {
             client.batch_execute("COMMIT").await.map_err(write_failed)?;
             return Ok(done);
         }
 
-        // The rows: the sealed lines, and the final record of each execution touched.
+        // The `seq`s, once the batch knows how many lines it seals (so that an honest chain
+        // has gaps only where a write rolled back).
+        let mut seqs: Vec<i64> = Vec::new();
+        if !events.is_empty() {
+            let next_seqs = client
+                .prepare_cached(&sql.next_seqs)
+                .await
+                .map_err(write_failed)?;
+            let count = events.len() as i64;
+            seqs = client
+                .query(&next_seqs, &[&count])
+                .await
+                .map_err(write_failed)?
+                .iter()
+                .map(|row| row.get::<_, i64>(0))
+                .collect();
+            seqs.sort_unstable();
+        }
+        let before = heads.clone();
+        let Lines {
+            sealed,
+            touched,
+            accepted_seq,
+            last_seq,
+        } = seal(events, &seqs, &mut heads)?;
+
+        // The rows: the sealed lines, the final record of each execution touched, and the
+        // chains' new heads.
         let (mut seqs, mut prevs, mut hashes, mut line_ids, mut lines) =
             (vec![], vec![], vec![], vec![], vec![]);
+        let mut logged = Vec::with_capacity(sealed.len());
         for s in sealed {
             seqs.push(s.seq);
             prevs.push(s.prev);
             hashes.push(s.hash);
             line_ids.push(s.execution_id);
             lines.push(s.line);
+            logged.push(s.head);
         }
         let mut rows = ExecutionRows::default();
         for id in &touched {
@@ -311,6 +470,14 @@ impl Core {
             )
             .map_err(storage_of)?;
         }
+        let moved: Vec<(u16, (i64, ChainHash))> = heads
+            .iter()
+            .filter(|(chain, head)| before.get(chain) != Some(head))
+            .map(|(chain, head)| (*chain, *head))
+            .collect();
+        let head_chains: Vec<i32> = moved.iter().map(|(c, _)| i32::from(*c)).collect();
+        let head_seqs: Vec<i64> = moved.iter().map(|(_, (seq, _))| *seq).collect();
+        let head_hashes: Vec<String> = moved.iter().map(|(_, (_, h))| h.to_string()).collect();
         let write_stmt = client
             .prepare_cached(&sql.write)
             .await
@@ -324,6 +491,11 @@ impl Core {
         let mut write_params: Vec<&(dyn ToSql + Sync)> =
             vec![&seqs, &prevs, &hashes, &line_ids, &lines];
         write_params.extend(rows.params());
+        write_params.extend([
+            &head_chains as &(dyn ToSql + Sync),
+            &head_seqs,
+            &head_hashes,
+        ]);
         let owner_params: [&(dyn ToSql + Sync); 2] = [&new_owners, &lease];
         let mut writes: Vec<PgFuture<'_>> = Vec::new();
         if !seqs.is_empty() {
@@ -355,11 +527,18 @@ impl Core {
             None => return Err(storage_of(mismatch())),
         }
         self.registered_owners().extend(new_owners);
-        chain::log_head(
-            &self.schema_label(),
-            u64::try_from(head_before).ok(),
-            (u64::try_from(seq).unwrap_or(0), prev).into(),
-        );
+        // Anchors: the line at every HEAD_LOG_EVERY-th `seq` of the ledger, and each chain's
+        // head each time its `seq` passes a CHAIN_LOG_EVERY-th.
+        for line in logged {
+            chain::log_head(&self.schema_label(), Some(line.seq - 1), line);
+        }
+        for (chain, (seq, hash)) in moved {
+            let was = before.get(&chain).map_or(0, |(seq, _)| *seq) as u64;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            if was / CHAIN_LOG_EVERY != seq / CHAIN_LOG_EVERY {
+                chain::log_head(&self.chain_label(chain), None, (seq, hash).into());
+            }
+        }
         Ok(done)
     }
 
@@ -375,12 +554,12 @@ impl Core {
             )
         };
         let tx = client.transaction().await.map_err(failed)?;
-        tx.batch_execute(&format!(
-            "{WRITE_SETTINGS}; SELECT pg_advisory_xact_lock({})",
-            self.chain_lock
-        ))
-        .await
-        .map_err(failed)?;
+        tx.batch_execute(WRITE_SETTINGS).await.map_err(failed)?;
+        // Every chain's lock: a write in flight could otherwise upsert a record back after
+        // its purge.
+        tx.query(self.sql.lock_all_chains.as_str(), &[])
+            .await
+            .map_err(failed)?;
         let purged = tx
             .execute(self.sql.purge_executions.as_str(), &[&millis(now)])
             .await
@@ -393,14 +572,25 @@ impl Core {
     }
 }
 
+/// A chain's head as its row in `mrg_chains` holds it.
+fn head_of(seq: i64, hash: &str, chain: u16) -> Result<(i64, ChainHash), StorageError> {
+    let hash = hash.parse::<ChainHash>().map_err(|_| {
+        StorageError::from(format!(
+            "the head of chain {chain} (seq {seq}) has an unreadable hash; nothing was \
+             recorded: run `PostgresLedger::verify` and repair mrg_chains"
+        ))
+    })?;
+    Ok((seq, hash))
+}
+
 /// What a batch reads under the lock: the records it appends to, and the intents it claims
 /// (actors, scopes, fingerprints, column by column).
-fn what_it_reads(batch: &[Write]) -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
+fn what_it_reads(batch: &[Queued]) -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
     let mut append_ids: Vec<String> = Vec::new();
     let mut seen_ids = HashSet::new();
     let (mut actors, mut scopes, mut fingerprints) = (Vec::new(), Vec::new(), Vec::new());
     let mut seen_intents = HashSet::new();
-    for write in batch {
+    for Queued { write, .. } in batch {
         match write {
             Write::Append(event, _) => {
                 if seen_ids.insert(event.execution_id) {
@@ -421,134 +611,144 @@ fn what_it_reads(batch: &[Write]) -> (Vec<String>, Vec<String>, Vec<String>, Vec
     (append_ids, actors, scopes, fingerprints)
 }
 
-/// The rows read under the lock, into the chain's head and the index the batch's claims and
-/// appends are decided from.
-fn into_index(rows: &[Row]) -> Result<((i64, ChainHash), Index), StorageError> {
-    // The head (kind 0), the records appended to (1), each claimed intent's latest (2):
-    // into the index the batch's claims and appends are decided from.
-    let (mut seq, mut prev) = (0, ChainHash::GENESIS);
+/// The rows read under the lock (the records appended to, kind 1; each claimed intent's
+/// latest, kind 2), into the index the batch's claims and appends are decided from.
+fn into_index(rows: &[Row]) -> Result<Index, StorageError> {
     let mut index = Index::default();
     for row in rows {
         let kind: i32 = row.get(0);
-        let text: &str = row.get(2);
-        if kind == 0 {
-            seq = row.get(1);
-            prev = text.parse::<ChainHash>().map_err(|_| {
-                format!(
-                    "the chain head (seq {seq}) has an unreadable hash; nothing was \
-                     recorded: run `PostgresLedger::verify` and repair mrg_events"
-                )
-            })?;
-            continue;
-        }
-        let record = record_from_json(text).map_err(storage_of)?;
+        let record = record_from_json(row.get(1)).map_err(storage_of)?;
         index.load(record, kind == 2);
     }
-
-    Ok(((seq, prev), index))
+    Ok(index)
 }
 
 /// What a batch decided: each call's outcome, in arrival order, and what to write for it.
 struct Applied {
-    done: Vec<Done>,
+    /// `None` for a write whose chain the transaction does not hold.
+    done: Vec<Option<Done>>,
+    /// The events to seal, in order, each with its chain and whether it is an `accepted`.
+    events: Vec<(u16, LedgerEvent, bool)>,
+    /// Owners whose lease the transaction takes (or renews).
+    new_owners: Vec<String>,
+}
+
+/// Decides every call of a batch whose chain is in `held` from the index ([`Index::claim`],
+/// [`Index::append`]), in arrival order. `registered` are the owners this ledger already
+/// renews.
+fn apply_batch(
+    batch: &[Queued],
+    held: &HashMap<u16, (i64, ChainHash)>,
+    index: &mut Index,
+    registered: &HashSet<String>,
+) -> Applied {
+    let mut done = Vec::with_capacity(batch.len());
+    let mut events = Vec::new();
+    let mut new_owners: Vec<String> = Vec::new();
+    for Queued { chain, write, .. } in batch {
+        if !held.contains_key(chain) {
+            done.push(None);
+            continue;
+        }
+        match write {
+            Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
+                Ok((claimed, accepted)) => {
+                    if let Some(event) = accepted {
+                        events.push((*chain, event, true));
+                        if !registered.contains(&claim.owner) && !new_owners.contains(&claim.owner)
+                        {
+                            new_owners.push(claim.owner.clone());
+                        }
+                    }
+                    done.push(Some(Done::Claim(Ok(claimed))));
+                }
+                Err(error) => done.push(Some(Done::Claim(Err(error)))),
+            },
+            Write::Append(event, _) => {
+                // Refused: nothing is written for it, the record stays as it was.
+                let record = match index.append(event) {
+                    Ok(record) => record,
+                    Err(error) => {
+                        done.push(Some(Done::Append(Err(error))));
+                        continue;
+                    }
+                };
+                // Ownership moves with a dispatch: the dispatching owner's lease is taken in
+                // this same transaction unless this ledger already holds (and renews) it, so
+                // no replica that reads the record can take its owner for gone. Not renewed
+                // on every dispatch: one owner's row, written by every transaction, is a
+                // lock that every dispatch of every replica waits for.
+                if let EventKind::Dispatched {
+                    owner: Some(owner), ..
+                } = &event.kind
+                    && !registered.contains(owner)
+                    && !new_owners.contains(owner)
+                {
+                    new_owners.push(owner.clone());
+                }
+                events.push((*chain, event.clone(), false));
+                done.push(Some(Done::Append(Ok(record))));
+            }
+        }
+    }
+    Applied {
+        done,
+        events,
+        new_owners,
+    }
+}
+
+/// A batch's sealed lines and where they put its executions.
+struct Lines {
     sealed: Vec<Sealed>,
     /// The executions the batch changed, in the order it first changed them.
     touched: Vec<ExecutionId>,
     accepted_seq: HashMap<ExecutionId, i64>,
     last_seq: HashMap<ExecutionId, i64>,
-    /// Owners whose lease the transaction takes (or renews).
-    new_owners: Vec<String>,
-    /// The chain's head after the batch's lines.
-    head: (i64, ChainHash),
 }
 
-/// Decides every call of a batch from the index ([`Index::claim`], [`Index::append`]), in
-/// arrival order, and seals the lines to write. `registered` are the owners this ledger
-/// already renews.
-fn apply_batch(
-    batch: &[Write],
-    index: &mut Index,
-    head: (i64, ChainHash),
-    registered: &HashSet<String>,
-) -> Applied {
-    let (mut seq, mut prev) = head;
-    // Apply, in arrival order.
-    let mut done = Vec::with_capacity(batch.len());
-    let mut sealed: Vec<Sealed> = Vec::new();
-    let mut touched: Vec<ExecutionId> = Vec::new();
-    let mut accepted_seq: HashMap<ExecutionId, i64> = HashMap::new();
-    let mut last_seq: HashMap<ExecutionId, i64> = HashMap::new();
-    let mut new_owners: Vec<String> = Vec::new();
-    let mut seal = |event: LedgerEvent| {
-        seq += 1;
-        let line = ChainedLine::seal(seq as u64, prev, LineBody::Event(event));
-        prev = line.hash;
-        let execution_id = line.event().map(|e| e.execution_id);
-        sealed.push(Sealed {
+/// Seals `events` in order, each after the last line of its chain in `heads` (which it
+/// moves), one `seq` of `seqs` (in increasing order) each.
+fn seal(
+    events: Vec<(u16, LedgerEvent, bool)>,
+    seqs: &[i64],
+    heads: &mut HashMap<u16, (i64, ChainHash)>,
+) -> Result<Lines, StorageError> {
+    if seqs.len() != events.len() {
+        return Err(storage_of(mismatch()));
+    }
+    let mut lines = Lines {
+        sealed: Vec::with_capacity(events.len()),
+        touched: Vec::new(),
+        accepted_seq: HashMap::new(),
+        last_seq: HashMap::new(),
+    };
+    for ((chain, event, accepted), &seq) in events.into_iter().zip(seqs) {
+        let head = heads
+            .get_mut(&chain)
+            .ok_or_else(|| storage_of(mismatch()))?;
+        let id = event.execution_id;
+        let line = ChainedLine::seal(
+            u64::try_from(seq).unwrap_or(0),
+            head.1,
+            LineBody::Event(event),
+        );
+        *head = (seq, line.hash);
+        lines.sealed.push(Sealed {
             seq,
             prev: line.prev.to_string(),
             hash: line.hash.to_string(),
-            execution_id: execution_id.map(|id| id.to_string()).unwrap_or_default(),
+            execution_id: id.to_string(),
             line: line.to_json_line(),
+            head: line.head(),
         });
-        if let Some(id) = execution_id {
-            if !last_seq.contains_key(&id) {
-                touched.push(id);
-            }
-            last_seq.insert(id, seq);
+        if !lines.last_seq.contains_key(&id) {
+            lines.touched.push(id);
         }
-        seq
-    };
-    {
-        for write in batch {
-            match write {
-                Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
-                    Ok((claimed, accepted)) => {
-                        if let Some(event) = accepted {
-                            accepted_seq.insert(event.execution_id, seal(event));
-                            if !registered.contains(&claim.owner)
-                                && !new_owners.contains(&claim.owner)
-                            {
-                                new_owners.push(claim.owner.clone());
-                            }
-                        }
-                        done.push(Done::Claim(Ok(claimed)));
-                    }
-                    Err(error) => done.push(Done::Claim(Err(error))),
-                },
-                Write::Append(event, _) => {
-                    // Refused: nothing is written for it, the record stays as it was.
-                    let record = match index.append(event) {
-                        Ok(record) => record,
-                        Err(error) => {
-                            done.push(Done::Append(Err(error)));
-                            continue;
-                        }
-                    };
-                    // Ownership moves with a dispatch: the dispatching owner's lease is
-                    // taken (or renewed) in this same transaction, so no replica that
-                    // reads the record can take its owner for gone.
-                    if let EventKind::Dispatched {
-                        owner: Some(owner), ..
-                    } = &event.kind
-                        && !new_owners.contains(owner)
-                    {
-                        new_owners.push(owner.clone());
-                    }
-                    seal(event.clone());
-                    done.push(Done::Append(Ok(record)));
-                }
-            }
+        lines.last_seq.insert(id, seq);
+        if accepted {
+            lines.accepted_seq.insert(id, seq);
         }
     }
-
-    Applied {
-        done,
-        sealed,
-        touched,
-        accepted_seq,
-        last_seq,
-        new_owners,
-        head: (seq, prev),
-    }
+    Ok(lines)
 }
