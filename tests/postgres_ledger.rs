@@ -1142,3 +1142,78 @@ async fn a_chain_whose_last_line_was_cut_does_not_verify() {
     );
     schema.drop(&ledger).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across_replicas() {
+    let Some(schema) = TestSchema::new("claim_dispatched") else {
+        return;
+    };
+    let replicas = [schema.replica().await, schema.replica().await];
+    const CALLERS: usize = 40;
+    let start = Arc::new(tokio::sync::Barrier::new(CALLERS));
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let ledger = replicas[i % 2].clone();
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let dispatch = mcp_replay_guard::ledger::Dispatch {
+                    jsonrpc_id: Some(7.into()),
+                    ..Default::default()
+                };
+                let owner = format!("guard:{}", i % 2);
+                let claim = Claim {
+                    owner,
+                    ..claim(0, 1_000)
+                };
+                ledger.claim_dispatched(claim, dispatch).await.unwrap()
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut ids = HashSet::new();
+    for task in tasks {
+        let claimed = task.await.unwrap();
+        ids.insert(claimed.record().execution_id);
+        if let Claimed::New(record) = claimed {
+            winners.push(record);
+        }
+    }
+    assert_eq!(
+        (winners.len(), ids.len()),
+        (1, 1),
+        "one winner, one execution"
+    );
+    let record = &winners[0];
+    // The winner's record is already dispatched, by the claim's owner, under its own key.
+    assert_eq!(record.state, ExecutionState::Dispatched);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(
+        record
+            .idempotency_key
+            .as_ref()
+            .map(|k| k.as_str().to_owned()),
+        Some(record.execution_id.to_string())
+    );
+    // Its two events, and nothing else: the 39 that linked wrote nothing.
+    let names: Vec<_> = replicas[1]
+        .events(record.execution_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    assert_eq!(names, ["accepted", "dispatched"]);
+    assert_eq!(
+        schema
+            .query_i64s(
+                &replicas[0],
+                "SELECT count(*), max(seq) - min(seq) FROM {s}.mrg_events"
+            )
+            .await,
+        [2, 1]
+    );
+    let report = verified(&replicas[0]).await;
+    assert!(report.is_ok(), "{report}");
+    schema.drop(&replicas[0]).await;
+}

@@ -26,8 +26,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
-    Claim, Claimed, Correlation, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
-    LedgerEvent, StorageError, Timestamp,
+    Claim, Claimed, Correlation, Dispatch, EventKind, ExecutionRecord, ExecutionState, Ledger,
+    LedgerError, LedgerEvent, StorageError, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     index::{Index, IntentKey},
     result_reference,
@@ -418,7 +418,18 @@ impl PostgresLedger {
 impl Ledger for PostgresLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
         let chain = partition_of_key(&IntentKey::of_claim(&claim));
-        self.submit(chain, |reply| Write::Claim(claim, reply)).await
+        self.submit(chain, |reply| Write::Claim(claim, None, reply))
+            .await
+    }
+
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        let chain = partition_of_key(&IntentKey::of_claim(&claim));
+        self.submit(chain, |reply| Write::Claim(claim, Some(dispatch), reply))
+            .await
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {

@@ -52,7 +52,12 @@ pub(super) struct Core {
 
 /// A write for a writer task.
 pub(super) enum Write {
-    Claim(Claim, oneshot::Sender<Result<Claimed, LedgerError>>),
+    /// A claim, with the first attempt's dispatch to record if it creates the execution.
+    Claim(
+        Claim,
+        Option<Dispatch>,
+        oneshot::Sender<Result<Claimed, LedgerError>>,
+    ),
     Append(
         LedgerEvent,
         oneshot::Sender<Result<ExecutionRecord, LedgerError>>,
@@ -265,7 +270,7 @@ impl Core {
         let latest_claim = batch
             .iter()
             .filter_map(|q| match &q.write {
-                Write::Claim(claim, _) => Some(claim.at),
+                Write::Claim(claim, _, _) => Some(claim.at),
                 Write::Append(..) => None,
             })
             .max();
@@ -294,7 +299,7 @@ impl Core {
                     };
                     let chain = queued.chain;
                     match (queued.write, done) {
-                        (Write::Claim(_, reply), Done::Claim(result)) => {
+                        (Write::Claim(_, _, reply), Done::Claim(result)) => {
                             if let Ok(claimed) = &result {
                                 self.remember_partition(claimed.record().execution_id, chain);
                             }
@@ -303,7 +308,7 @@ impl Core {
                         (Write::Append(_, reply), Done::Append(result)) => {
                             let _ = reply.send(result);
                         }
-                        (Write::Claim(_, reply), Done::Append(_)) => {
+                        (Write::Claim(_, _, reply), Done::Append(_)) => {
                             let _ = reply.send(Err(mismatch()));
                         }
                         (Write::Append(_, reply), Done::Claim(_)) => {
@@ -316,7 +321,7 @@ impl Core {
                 for Queued { write, .. } in batch {
                     let error = LedgerError::Storage(message.clone());
                     match write {
-                        Write::Claim(_, reply) => {
+                        Write::Claim(_, _, reply) => {
                             let _ = reply.send(Err(error));
                         }
                         Write::Append(_, reply) => {
@@ -597,7 +602,7 @@ fn what_it_reads(batch: &[Queued]) -> (Vec<String>, Vec<String>, Vec<String>, Ve
                     append_ids.push(event.execution_id.to_string());
                 }
             }
-            Write::Claim(claim, _) => {
+            Write::Claim(claim, _, _) => {
                 let key = IntentKey::of_claim(claim);
                 if seen_intents.insert(key.clone()) {
                     actors.push(key.actor.to_string());
@@ -651,7 +656,7 @@ fn apply_batch(
             continue;
         }
         match write {
-            Write::Claim(claim, _) => match index.claim(claim, || Ok(())) {
+            Write::Claim(claim, dispatch, _) => match index.claim(claim, || Ok(())) {
                 Ok((claimed, accepted)) => {
                     if let Some(event) = accepted {
                         events.push((*chain, event, true));
@@ -660,7 +665,18 @@ fn apply_batch(
                             new_owners.push(claim.owner.clone());
                         }
                     }
-                    done.push(Some(Done::Claim(Ok(claimed))));
+                    // The first dispatch goes in the same transaction as the `accepted`.
+                    let claimed = match (claimed, dispatch) {
+                        (Claimed::New(record), Some(dispatch)) => {
+                            let event = dispatch.event(&record, &claim.owner, claim.at);
+                            index.append(&event).map(|record| {
+                                events.push((*chain, event, false));
+                                Claimed::New(record)
+                            })
+                        }
+                        (claimed, _) => Ok(claimed),
+                    };
+                    done.push(Some(Done::Claim(claimed)));
                 }
                 Err(error) => done.push(Some(Done::Claim(Err(error)))),
             },
