@@ -1,8 +1,8 @@
 //! Bytes per retained record with 1,000,000 executions in a `MemoryLedger`, next to its floor:
 //! the same `ExecutionRecord`s in a bare `DashMap`.
 //!
-//! Each execution is what the guard writes for a call that completes and is delivered (claim
-//! plus `authorized`, `dispatched`, `completed`, `delivered`), retained for an hour. Kept
+//! Each execution is what the guard writes for a call that completes and is delivered (the
+//! claim with its `dispatched`, `completed`, `delivered`), retained for an hour. Kept
 //! results are not included: a stored result adds its own bytes.
 //!
 //! Heap bytes are counted by a global allocator that wraps the system one and keeps a running

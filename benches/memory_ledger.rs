@@ -1,8 +1,7 @@
 //! The memory ledger, empty and full, against its floor, in the same run.
 //!
-//! - `memory_ledger/ledger_execution_empty`: one execution as the guard writes it: claim
-//!   (`accepted`) and four appends (`authorized`, `dispatched`, `completed`, `delivered`), each
-//!   awaited in turn, into a ledger that keeps nothing (records expire at once and leave at the
+//! - `memory_ledger/ledger_execution_empty`: one execution as the guard writes it: the claim
+//!   with its `dispatched`, then `completed` and `delivered`, each awaited in turn, into a ledger that keeps nothing (records expire at once and leave at the
 //!   next sweep, every 1,024 claims);
 //! - `memory_ledger/ledger_execution_1m_retained`: the same into a ledger prefilled once with
 //!   1,000,000 executions retained for an hour (and retaining the new ones too);

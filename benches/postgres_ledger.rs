@@ -1,9 +1,9 @@
 //! PostgreSQL ledger throughput at 32 concurrent callers, on one replica and two, next to its
 //! floor in the same run.
 //!
-//! One execution is what the guard writes for a call that completes and is delivered: a
-//! claim (the `accepted` event) and four appends (`authorized`, `dispatched`, `completed`,
-//! `delivered`), each caller running its executions one after the other, 8 per iteration;
+//! One execution is what the guard writes for a call that completes and is delivered: the
+//! claim with its first `dispatched` (one transaction), `completed` and `delivered`
+//! (`benches/support`), each caller running its executions one after the other, 8 per iteration;
 //! criterion reports the time per iteration and, as throughput, executions per second.
 //!
 //! - `ledger/1 replica`: 32 callers on one `PostgresLedger` (256 executions);
@@ -43,7 +43,7 @@ const EACH: usize = 8;
 
 static NEXT_INTENT: AtomicU64 = AtomicU64::new(1);
 
-/// One execution of a new intent: claim + authorized + dispatched + completed + delivered.
+/// One execution of a new intent, as the guard writes it.
 async fn execution(ledger: &PostgresLedger) {
     let n = NEXT_INTENT.fetch_add(1, Ordering::Relaxed);
     support::execution(ledger, n, Duration::from_secs(3600)).await;

@@ -101,7 +101,7 @@ where
 
 pub fn guard_layer() -> GuardLayer {
     // Every call is a new execution that completes and is delivered: the full path
-    // (claim, authorized, dispatched, completed, delivered). Records expire at once so that
+    // (the claim with its dispatched, completed, delivered). Records expire at once so that
     // the ledger stays small over millions of iterations.
     let contract = ToolContract::irreversible()
         .link_window(Duration::ZERO)
