@@ -22,7 +22,7 @@ fn parsed_arguments(body: &[u8]) -> Map<String, Value> {
         .unwrap()
         .kind
     {
-        RequestKind::Message(Message::ToolCall(call)) => call.arguments,
+        RequestKind::Message(Message::ToolCall(call)) => call.arguments().clone(),
         other => panic!("{other:?}"),
     }
 }
@@ -67,7 +67,7 @@ fn bench(c: &mut Criterion) {
             let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
                 unreachable!()
             };
-            key.fingerprint(record(call.arguments), &rules)
+            key.fingerprint(record(Map::new()).call_arguments(&call), &rules)
         })
     });
     group.finish();

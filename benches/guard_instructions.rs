@@ -27,7 +27,7 @@ use mcp_replay_guard::{
     fingerprint::{FingerprintKey, FingerprintRules},
     protocol::{self, Message, RequestKind},
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::runtime::{Handle, Runtime};
 use tower::Layer;
@@ -144,7 +144,7 @@ fn classify_and_fingerprint_call(body: &[u8], key: &FingerprintKey, rules: &Fing
     let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
         unreachable!()
     };
-    black_box(key.fingerprint(record(call.arguments), rules));
+    black_box(key.fingerprint(record(Map::new()).call_arguments(&call), rules));
 }
 
 fn setup_fingerprint() -> (Bytes, FingerprintKey, FingerprintRules) {

@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Channel::mcp(target.clone()),
         )
         .credential_ref(CredentialRef::from("deploy-service"))
-        .argument_map(call.arguments);
+        .call_arguments(&call);
         let canonical = key.canonicalize(record, resolved.contract.fingerprint_rules());
         let fingerprint = key.digest(&canonical);
         println!(

@@ -84,8 +84,8 @@
 //! let contract = registry.resolve(&call.name, &target, None)?.contract;
 //! assert_eq!(contract.class(), RetryClass::Irreversible);
 //!
-//! let record = ActionRecord::new("agent:a".into(), "run:1".into(), call.name, Channel::mcp(target))
-//!     .argument_map(call.arguments);
+//! let record = ActionRecord::new("agent:a".into(), "run:1".into(), &*call.name, Channel::mcp(target))
+//!     .call_arguments(&call);
 //! let fingerprint = key.fingerprint(record, contract.fingerprint_rules());
 //! let execution = ExecutionId::new();
 //! println!("{execution} {fingerprint}");

@@ -194,7 +194,10 @@ fn assert_message_matches(message: &Message, value: &Value) {
             assert_eq!(value["method"], protocol::TOOLS_CALL);
             assert_eq!(value["params"]["name"], call.name.as_str());
             let arguments = value["params"].get("arguments").and_then(Value::as_object);
-            assert_eq!(arguments.cloned().unwrap_or_default(), call.arguments);
+            assert_eq!(&arguments.cloned().unwrap_or_default(), call.arguments());
+            // The form written while parsing is the tree writer's form of the same arguments.
+            let tree = Value::Object(call.arguments().clone());
+            assert_eq!(call.canonical_arguments(), canonical_json(&tree));
         }
         Message::Request { method, .. } | Message::Notification { method } => {
             assert_eq!(value["method"], method.as_str());

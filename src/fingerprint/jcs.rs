@@ -7,8 +7,9 @@
 //! number formatting, the delicate part, is `ryu-js` (ECMAScript `Number.prototype.toString`),
 //! the crate serde_jcs uses too, and serde_jcs stays the oracle of a differential property test.
 
-use std::cmp::Ordering;
+use std::{borrow::Cow, cmp::Ordering, fmt, ops::Range};
 
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// Appends the canonical form of `value` to `out`.
@@ -75,6 +76,8 @@ pub(super) enum Field<'a> {
     Str(&'a str),
     /// A JSON object.
     Object(&'a Map<String, Value>),
+    /// Bytes already in canonical form (arguments canonicalised while they were parsed).
+    Canonical(&'a [u8]),
 }
 
 /// Writes an object from fields already sorted in canonical order.
@@ -89,6 +92,7 @@ pub(super) fn write_fields(fields: &[(&str, Field<'_>)], out: &mut Vec<u8>) {
         match field {
             Field::Str(s) => write_string(s, out),
             Field::Object(map) => write_object(map, out),
+            Field::Canonical(bytes) => out.extend_from_slice(bytes),
         }
     }
     out.push(b'}');
@@ -120,18 +124,29 @@ const MAX_EXACT_DOUBLE_INTEGER: u64 = 1 << 53;
 /// [`crate::protocol::has_integer_beyond_64_bits`]).
 fn write_number(n: &Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64() {
-        if u > MAX_EXACT_DOUBLE_INTEGER {
-            return write_wide_integer(&u.to_string(), out);
-        }
-        return write_double(u as f64, out);
+        write_u64(u, out)
+    } else if let Some(i) = n.as_i64() {
+        write_i64(i, out)
+    } else {
+        write_f64(n.as_f64().unwrap_or(0.0), out)
     }
-    if let Some(i) = n.as_i64() {
-        if i.unsigned_abs() > MAX_EXACT_DOUBLE_INTEGER {
-            return write_wide_integer(&i.to_string(), out);
-        }
-        return write_double(i as f64, out);
+}
+
+fn write_u64(u: u64, out: &mut Vec<u8>) {
+    if u > MAX_EXACT_DOUBLE_INTEGER {
+        return write_wide_integer(&u.to_string(), out);
     }
-    let double = n.as_f64().unwrap_or(0.0);
+    write_double(u as f64, out)
+}
+
+fn write_i64(i: i64, out: &mut Vec<u8>) {
+    if i.unsigned_abs() > MAX_EXACT_DOUBLE_INTEGER {
+        return write_wide_integer(&i.to_string(), out);
+    }
+    write_double(i as f64, out)
+}
+
+fn write_f64(double: f64, out: &mut Vec<u8>) {
     // Number spelling never changes a fingerprint: a double past 2^53 is an integer, and
     // `9007199254740994.0` names the same value as `9007199254740994`.
     if double.fract() == 0.0
@@ -191,4 +206,174 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// What parsing a value into canonical form noticed besides the bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Noticed {
+    /// The first object key seen twice (in canonical order), if any: serde_json's `Value`
+    /// would keep only the last, so two readers could see two calls.
+    pub(crate) duplicate_key: Option<String>,
+    /// An integral double of magnitude 2^63 or more stands in the value: it may be an integer
+    /// literal beyond 64 bits that the parser rounded (see `protocol::numbers`).
+    pub(crate) wide_double: bool,
+    /// What the value is (`"an object"`, `"null"`, …, as error messages name it).
+    pub(crate) kind: Option<&'static str>,
+}
+
+/// Parses one JSON value straight into its RFC 8785 form, appended to `out`: keys and
+/// strings are borrowed from the input (copied only when they hold escapes), no tree is built,
+/// and the output is byte for byte what [`write`] gives for the same value parsed into a
+/// `Value` (a differential property test holds the two together).
+///
+/// Hand-written because no crate canonicalises from a borrowed parse: serde_jcs and
+/// json-canon serialise a value that already exists.
+pub(crate) struct CanonicalSeed<'s> {
+    pub(crate) out: &'s mut Vec<u8>,
+    pub(crate) noticed: &'s mut Noticed,
+}
+
+impl<'de> DeserializeSeed<'de> for CanonicalSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl CanonicalSeed<'_> {
+    /// Notes what the outermost value is (its visitor is the first one called) and hands
+    /// back its output.
+    fn entered(&mut self, kind: &'static str) -> &mut Vec<u8> {
+        self.noticed.kind.get_or_insert(kind);
+        self.out
+    }
+
+    fn again(&mut self) -> CanonicalSeed<'_> {
+        CanonicalSeed {
+            out: self.out,
+            noticed: self.noticed,
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for CanonicalSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(mut self, v: bool) -> Result<(), E> {
+        let out = self.entered("a boolean");
+        out.extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+    fn visit_i64<E>(mut self, v: i64) -> Result<(), E> {
+        write_i64(v, self.entered("a number"));
+        Ok(())
+    }
+    fn visit_u64<E>(mut self, v: u64) -> Result<(), E> {
+        write_u64(v, self.entered("a number"));
+        Ok(())
+    }
+    fn visit_f64<E>(mut self, v: f64) -> Result<(), E> {
+        self.noticed.wide_double |= crate::protocol::may_be_rounded_integer(v);
+        // serde_json turns a non-finite number into an error before any visitor sees it.
+        write_f64(v, self.entered("a number"));
+        Ok(())
+    }
+    fn visit_str<E>(mut self, v: &str) -> Result<(), E> {
+        write_string(v, self.entered("a string"));
+        Ok(())
+    }
+    fn visit_unit<E>(mut self) -> Result<(), E> {
+        self.entered("null").extend_from_slice(b"null");
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        self.entered("an array").push(b'[');
+        let mut first = true;
+        loop {
+            let mark = self.out.len();
+            if !first {
+                self.out.push(b',');
+            }
+            if seq.next_element_seed(self.again())?.is_none() {
+                self.out.truncate(mark);
+                break;
+            }
+            first = false;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        // Members are written where they stand, each `"name":value` with its byte range
+        // noted; when the names did not arrive in canonical order they are moved into it.
+        let start = self.out.len();
+        self.entered("an object").push(b'{');
+        let mut members: Vec<(Cow<'de, str>, Range<usize>)> = Vec::new();
+        let mut in_order = true;
+        while let Some(name) = map.next_key_seed(BorrowedKey)? {
+            if let Some((previous, _)) = members.last() {
+                self.out.push(b',');
+                in_order &= utf16_cmp(previous, &name) == Ordering::Less;
+            }
+            let member = self.out.len();
+            write_string(&name, self.out);
+            self.out.push(b':');
+            map.next_value_seed(self.again())?;
+            members.push((name, member..self.out.len()));
+        }
+        if !in_order {
+            members.sort_by(|a, b| utf16_cmp(&a.0, &b.0));
+            if let Some(pair) = members.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+                self.noticed
+                    .duplicate_key
+                    .get_or_insert_with(|| pair[0].0.clone().into_owned());
+            }
+            let written = self.out[start..].to_vec();
+            self.out.truncate(start + 1);
+            for (i, (_, range)) in members.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(b',');
+                }
+                self.out
+                    .extend_from_slice(&written[range.start - start..range.end - start]);
+            }
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+}
+
+/// An object key, borrowed from the input unless it holds escapes.
+pub(crate) struct BorrowedKey;
+
+impl<'de> DeserializeSeed<'de> for BorrowedKey {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BorrowedKey {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
 }

@@ -54,10 +54,14 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value};
 use sha2::Sha256;
 
+pub(crate) use jcs::{BorrowedKey, CanonicalSeed, Noticed};
 pub use path::{ArgPath, InvalidArgPath};
 pub use rules::{FingerprintRules, Normalizer};
 
-use crate::context::{Actor, CredentialRef, IntentScope, Target};
+use crate::{
+    context::{Actor, CredentialRef, IntentScope, Target},
+    protocol::ToolCall,
+};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -136,13 +140,23 @@ impl FingerprintKey {
             intent_scope,
             continuation,
         } = record;
-        // Borrowed arguments are copied only when a rule has to change them.
+        // A call's canonical arguments are used as they are unless a rule has to change them;
+        // borrowed arguments are copied only then.
         if !rules.is_empty() {
-            rules.apply(arguments.to_mut(), |secret| self.seal_secret(secret));
+            if let Arguments::Call(call) = arguments {
+                arguments = Arguments::Tree(Cow::Borrowed(call.arguments()));
+            }
+            if let Arguments::Tree(tree) = &mut arguments {
+                rules.apply(tree.to_mut(), |secret| self.seal_secret(secret));
+            }
         }
+        let arguments = match &arguments {
+            Arguments::Call(call) => jcs::Field::Canonical(call.canonical_arguments()),
+            Arguments::Tree(tree) => jcs::Field::Object(tree),
+        };
         let mut fields = vec![
             ("actor", jcs::Field::Str(actor.as_str())),
-            ("arguments", jcs::Field::Object(&arguments)),
+            ("arguments", arguments),
             ("intent_scope", jcs::Field::Str(intent_scope.as_str())),
             ("tool", jcs::Field::Str(&tool)),
         ];
@@ -353,9 +367,18 @@ pub struct ActionRecord<'a> {
     tool: String,
     channel: Channel,
     credential_ref: Option<CredentialRef>,
-    arguments: Cow<'a, Map<String, Value>>,
+    arguments: Arguments<'a>,
     intent_scope: IntentScope,
     continuation: Option<Value>,
+}
+
+/// The arguments of a record.
+#[derive(Debug, Clone, PartialEq)]
+enum Arguments<'a> {
+    /// As a tree.
+    Tree(Cow<'a, Map<String, Value>>),
+    /// A parsed `tools/call`'s: canonical already, the tree built only if a rule needs it.
+    Call(&'a ToolCall),
 }
 
 impl<'a> ActionRecord<'a> {
@@ -371,7 +394,7 @@ impl<'a> ActionRecord<'a> {
             tool: tool.into(),
             channel,
             credential_ref: None,
-            arguments: Cow::Owned(Map::new()),
+            arguments: Arguments::Tree(Cow::Owned(Map::new())),
             intent_scope,
             continuation: None,
         }
@@ -386,17 +409,17 @@ impl<'a> ActionRecord<'a> {
     /// Sets the arguments. A value that is not an object is taken as `{"": value}` so that it
     /// still counts, though MCP tool arguments are always objects.
     pub fn arguments(mut self, arguments: impl Into<Value>) -> Self {
-        self.arguments = Cow::Owned(match arguments.into() {
+        self.arguments = Arguments::Tree(Cow::Owned(match arguments.into() {
             Value::Object(map) => map,
             Value::Null => Map::new(),
             other => Map::from_iter([(String::new(), other)]),
-        });
+        }));
         self
     }
 
     /// Sets the arguments from a parsed `tools/call`.
     pub fn argument_map(mut self, arguments: Map<String, Value>) -> Self {
-        self.arguments = Cow::Owned(arguments);
+        self.arguments = Arguments::Tree(Cow::Owned(arguments));
         self
     }
 
@@ -411,7 +434,16 @@ impl<'a> ActionRecord<'a> {
     /// Borrows the arguments (of a parsed `tools/call` the caller still needs): they are
     /// copied only if the tool's rules change them.
     pub fn borrowed_arguments(mut self, arguments: &'a Map<String, Value>) -> Self {
-        self.arguments = Cow::Borrowed(arguments);
+        self.arguments = Arguments::Tree(Cow::Borrowed(arguments));
+        self
+    }
+
+    /// Sets the arguments of a classified `tools/call`: its
+    /// [canonical arguments](crate::protocol::ToolCall::canonical_arguments), written while
+    /// the body was parsed, go into the record as they are (no tree is built unless the
+    /// tool's rules change them).
+    pub fn call_arguments(mut self, call: &'a ToolCall) -> Self {
+        self.arguments = Arguments::Call(call);
         self
     }
 
@@ -422,11 +454,11 @@ impl<'a> ActionRecord<'a> {
     pub(crate) fn of_tool_call(
         actor: Actor,
         intent_scope: IntentScope,
-        call: &'a crate::protocol::ToolCall,
+        call: &'a ToolCall,
         target: Target,
     ) -> Self {
         let record = Self::new(actor, intent_scope, call.name.clone(), Channel::mcp(target))
-            .borrowed_arguments(&call.arguments);
+            .call_arguments(call);
         match call.continuation() {
             Some(continuation) => record.continuation(continuation),
             None => record,

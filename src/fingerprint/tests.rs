@@ -1,6 +1,6 @@
 use http::{HeaderMap, Method};
 use proptest::prelude::*;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::*;
 use crate::protocol::{self, Message, RequestKind};
@@ -362,7 +362,7 @@ fn fingerprint_body(body: &str) -> Fingerprint {
         panic!("not a tools/call")
     };
     key().fingerprint(
-        record(Value::Null).argument_map(call.arguments),
+        record(Value::Null).call_arguments(&call),
         &FingerprintRules::new(),
     )
 }
@@ -511,4 +511,101 @@ fn a_continuation_is_a_new_intent_and_its_state_never_appears_raw() {
     assert!(!String::from_utf8_lossy(canonical.as_bytes()).contains("opaque-state-7d1f"));
     assert_ne!(k.digest(&canonical), original);
     assert_eq!(k.fingerprint(continued, &rules), k.digest(&canonical));
+}
+
+/// The canonical arguments a `tools/call` gets while its body is parsed.
+fn canonical_arguments_of(body: &str) -> Vec<u8> {
+    let request = protocol::classify(&Method::POST, &HeaderMap::new(), body.as_bytes()).unwrap();
+    let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
+        panic!("not a tools/call")
+    };
+    call.canonical_arguments().to_vec()
+}
+
+fn tools_call_with(arguments: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"arguments":{arguments},"name":"t"}}}}"#
+    )
+}
+
+proptest! {
+    /// The canonical form written while the body is parsed (keys and strings borrowed) is the
+    /// one the tree writer gives the parsed value, whatever the key order, spacing, escapes and
+    /// numbers of the body.
+    #[test]
+    fn arguments_canonicalised_while_parsing_match_the_tree_writer(
+        value in arb_json_wide(), pretty in any::<bool>(), escaped in any::<bool>()
+    ) {
+        let arguments = Value::Object(Map::from_iter([("v".to_owned(), value)]));
+        let mut text = String::new();
+        write_permuted(&arguments, pretty, &mut text);
+        if escaped {
+            // `\u0076` is `v`: the same key, spelled so that it cannot be borrowed.
+            text = text.replacen("\"v\"", "\"\\u0076\"", 1);
+        }
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(
+            String::from_utf8(canonical_arguments_of(&tools_call_with(&text))).unwrap(),
+            String::from_utf8(canonical_json(&parsed)).unwrap()
+        );
+    }
+
+    /// The two paths to a fingerprint, from a call's canonical arguments and from its tree,
+    /// give one fingerprint.
+    #[test]
+    fn a_calls_canonical_arguments_and_its_tree_fingerprint_alike(arguments in arb_arguments()) {
+        let mut text = String::new();
+        write_permuted(&Value::Object(arguments), false, &mut text);
+        let body = tools_call_with(&text);
+        let request = protocol::classify(&Method::POST, &HeaderMap::new(), body.as_bytes()).unwrap();
+        let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
+            panic!("not a tools/call")
+        };
+        let rules = FingerprintRules::new();
+        prop_assert_eq!(
+            key().fingerprint(record(Value::Null).call_arguments(&call), &rules),
+            key().fingerprint(record(Value::Null).argument_map(call.arguments().clone()), &rules)
+        );
+    }
+}
+
+#[test]
+fn wide_integers_and_spelled_doubles_are_canonical_while_parsing_too() {
+    for (arguments, canonical) in [
+        (r#"{"n":9007199254740993}"#, r#"{"n":"9007199254740993"}"#),
+        (
+            r#"{"n":-9223372036854775808}"#,
+            r#"{"n":"-9223372036854775808"}"#,
+        ),
+        (r#"{"n":9007199254740994.0}"#, r#"{"n":"9007199254740994"}"#),
+        (r#"{"n":1.0,"m":1e2,"o":-0.0}"#, r#"{"m":100,"n":1,"o":0}"#),
+        (
+            r#"{"b":[],"a":{"d":{},"c":[1,{"z":1,"y":2}]}}"#,
+            r#"{"a":{"c":[1,{"y":2,"z":1}],"d":{}},"b":[]}"#,
+        ),
+    ] {
+        assert_eq!(
+            String::from_utf8(canonical_arguments_of(&tools_call_with(arguments))).unwrap(),
+            canonical,
+            "{arguments}"
+        );
+    }
+}
+
+#[test]
+fn a_duplicate_key_anywhere_in_the_arguments_is_refused_in_either_order() {
+    for arguments in [
+        r#"{"a":1,"a":2}"#,
+        r#"{"b":1,"a":1,"b":2}"#,
+        r#"{"x":{"k":1,"j":0,"k":1}}"#,
+        r#"{"x":[{"k":1,"k":1}]}"#,
+        r#"{"a":1,"\u0061":2}"#,
+    ] {
+        let body = tools_call_with(arguments);
+        let error = protocol::classify(&Method::POST, &HeaderMap::new(), body.as_bytes());
+        assert!(
+            matches!(error, Err(protocol::ClassifyError::DuplicateKey(_))),
+            "{arguments}: {error:?}"
+        );
+    }
 }

@@ -96,7 +96,7 @@ where
             }
             Err(Unread::Failed(error)) => return Err(GuardError::request_body(error)),
         };
-        let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
+        let classified = protocol::classify_bytes(&parts.method, &parts.headers, &bytes);
         let mut parts = parts;
         if let Ok(c) = &classified {
             protocol::headers::add_standard_headers(&mut parts.headers, c);
@@ -144,7 +144,7 @@ where
         if intent.class == RetryClass::ReadOnly {
             return self.pass_through(parts, bytes).await;
         }
-        if protocol::has_integer_beyond_64_bits(&intent.call.arguments, &bytes) {
+        if intent.call.has_integer_beyond_64_bits() {
             return answered(answer::jsonrpc_error(
                 StatusCode::OK,
                 Some(&intent.call.id),

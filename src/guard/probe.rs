@@ -52,7 +52,7 @@ where
             (None, Some(probe)) => {
                 let request = ProbeRequest {
                     execution: &record,
-                    arguments: &intent.call.arguments,
+                    arguments: intent.call.arguments(),
                 };
                 probe.clone().probe(request).await
             }

@@ -252,7 +252,7 @@ impl Config {
         };
         let request = AuthorizationRequest {
             execution: record,
-            arguments: &intent.call.arguments,
+            arguments: intent.call.arguments(),
         };
         match authorizer.authorize(request).await {
             Authorization::Allow => Ok(None),

@@ -1,14 +1,15 @@
 //! JSON-RPC 2.0 envelopes as MCP uses them, parsed once from the body bytes.
 
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
 use serde::{
     Deserialize, Deserializer, Serialize,
-    de::{DeserializeSeed, MapAccess, SeqAccess, Visitor},
+    de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor},
 };
 use serde_json::{Map, Value};
 
 use super::ClassifyError;
+use crate::fingerprint::{BorrowedKey, CanonicalSeed, Noticed};
 
 /// A JSON-RPC request id: a string or an integer.
 ///
@@ -117,9 +118,9 @@ pub struct ToolCall {
     pub id: RequestId,
     /// `params.name`: the tool.
     pub name: String,
-    /// `params.arguments` (an absent `arguments` reads as an empty object: the two mean the
-    /// same call).
-    pub arguments: Map<String, Value>,
+    /// `params.arguments`: see [`arguments`](Self::arguments) and
+    /// [`canonical_arguments`](Self::canonical_arguments).
+    arguments: Box<Arguments>,
     /// `params._meta`, if present (progress tokens and other noise; never fingerprinted).
     pub meta: Option<Map<String, Value>>,
     /// `params.task`, if present: the caller asks for a task-augmented call.
@@ -133,6 +134,30 @@ pub struct ToolCall {
 pub const CONTINUATION_PARAMS: [&str; 2] = ["inputResponses", "requestState"];
 
 impl ToolCall {
+    /// `params.arguments` as a tree (an absent `arguments` reads as an empty object: the two
+    /// mean the same call).
+    ///
+    /// The guard's own path never needs the tree (it fingerprints
+    /// [`canonical_arguments`](Self::canonical_arguments)), so it is built from the body on
+    /// first use, for an authorization hook, a status probe or fingerprint rules, and kept.
+    pub fn arguments(&self) -> &Map<String, Value> {
+        self.arguments.tree()
+    }
+
+    /// `params.arguments` in RFC 8785 (JCS) form, written while the body was parsed (keys and
+    /// strings borrowed from it, no tree built): the bytes the intent fingerprint covers when
+    /// the tool has no fingerprint rules.
+    pub fn canonical_arguments(&self) -> &[u8] {
+        &self.arguments.canonical
+    }
+
+    /// Whether the arguments may hold an integer literal beyond 64 bits, which the parser
+    /// rounded (see [`has_integer_beyond_64_bits`](crate::protocol::has_integer_beyond_64_bits)):
+    /// the body is scanned only when the parse saw an integral double of 2^63 or more.
+    pub fn has_integer_beyond_64_bits(&self) -> bool {
+        self.arguments.wide_double && super::json_has_integer_beyond_64_bits(&self.arguments.source)
+    }
+
     /// The call's continuation members ([`CONTINUATION_PARAMS`]) as one object, `None` when it
     /// has none. A continuation is a new intent, not a re-issue of the call it continues; any
     /// other extra member of `params` leaves the intent alone, on the client and server side
@@ -146,8 +171,53 @@ impl ToolCall {
     }
 }
 
-/// Parses a POST body: one message, or a batch of messages. The body is parsed exactly once;
-/// duplicate object keys are noted while parsing and are an error inside a `tools/call`.
+/// `params.arguments` of a `tools/call`: its canonical bytes, and the body it came from for
+/// the tree form on demand.
+#[derive(Clone)]
+struct Arguments {
+    canonical: Box<[u8]>,
+    wide_double: bool,
+    /// The whole request body, and the message's place when the body is a batch.
+    source: bytes::Bytes,
+    index: Option<usize>,
+    tree: std::sync::OnceLock<Map<String, Value>>,
+}
+
+impl Arguments {
+    fn tree(&self) -> &Map<String, Value> {
+        self.tree.get_or_init(|| {
+            // The body parsed before, so this parse succeeds and reads the same numbers and
+            // strings (a duplicate key was refused then).
+            let Ok(mut body) = serde_json::from_slice::<Value>(&self.source) else {
+                return Map::new();
+            };
+            let message = match self.index {
+                Some(i) => body.get_mut(i),
+                None => Some(&mut body),
+            };
+            match message.and_then(|m| m.pointer_mut("/params/arguments")) {
+                Some(Value::Object(arguments)) => std::mem::take(arguments),
+                _ => Map::new(),
+            }
+        })
+    }
+}
+
+impl PartialEq for Arguments {
+    fn eq(&self, other: &Self) -> bool {
+        self.tree() == other.tree()
+    }
+}
+
+impl fmt::Debug for Arguments {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.canonical))
+    }
+}
+
+/// Parses a POST body: one message, or a batch of messages. The body is parsed exactly once:
+/// a `tools/call`'s arguments go straight into their canonical form, and duplicate object keys
+/// are noted while parsing (an error inside a `tools/call`).
 pub(super) fn parse_body(text: &str) -> Result<Parsed, ClassifyError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let parsed = TopLevel
@@ -168,21 +238,69 @@ pub(crate) fn parse_tracking_duplicates(text: &str) -> Result<(Value, Option<Str
     Ok((value, duplicate))
 }
 
-/// A body as parsed: each top-level message with the first duplicate key found inside it.
+/// A body as parsed: one message, or a batch.
 #[derive(Debug)]
 pub(super) enum Parsed {
-    Single(Value, Option<String>),
-    Batch(Vec<(Value, Option<String>)>),
+    Single(Box<Envelope>),
+    Batch(Vec<Envelope>),
 }
 
-pub(super) fn message_from_value(
-    value: Value,
-    duplicate_key: Option<String>,
+/// One top-level message as parsed: the members a message is told by, and the first
+/// duplicate key found anywhere inside it.
+#[derive(Debug, Default)]
+pub(super) struct Envelope {
+    /// What the message is when it is not an object.
+    not_an_object: Option<&'static str>,
+    jsonrpc: Option<Value>,
+    id: Option<Value>,
+    method: Option<Value>,
+    params: Option<Params>,
+    /// It has a `result` or an `error` member.
+    answers: bool,
+    duplicate: Option<String>,
+}
+
+#[derive(Debug)]
+enum Params {
+    Object(ParamsObject),
+    Other,
+}
+
+#[derive(Debug, Default)]
+struct ParamsObject {
+    name: Option<Value>,
+    arguments: Option<ParsedArguments>,
+    meta: Option<Value>,
+    task: Option<Value>,
+    other: Map<String, Value>,
+}
+
+#[derive(Debug)]
+struct ParsedArguments {
+    canonical: Vec<u8>,
+    noticed: Noticed,
+}
+
+impl Envelope {
+    fn not_an_object(kind: &'static str) -> Self {
+        Self {
+            not_an_object: Some(kind),
+            ..Self::default()
+        }
+    }
+}
+
+/// The message a parsed envelope is. `source` is the body it came from (`index`, its place in
+/// a batch), kept by a `tools/call` for its arguments' tree form.
+pub(super) fn message_from_envelope(
+    envelope: Envelope,
+    source: &bytes::Bytes,
+    index: Option<usize>,
 ) -> Result<Message, ClassifyError> {
-    let Value::Object(mut object) = value else {
-        return Err(ClassifyError::NotAnObject(json_kind(&value)));
-    };
-    match object.remove("jsonrpc") {
+    if let Some(kind) = envelope.not_an_object {
+        return Err(ClassifyError::NotAnObject(kind));
+    }
+    match envelope.jsonrpc {
         Some(Value::String(v)) if v == "2.0" => {}
         _ => {
             return Err(ClassifyError::InvalidEnvelope(
@@ -190,8 +308,8 @@ pub(super) fn message_from_value(
             ));
         }
     }
-    let id = object.remove("id").map(RequestId::from_value).transpose()?;
-    let method = match object.remove("method") {
+    let id = envelope.id.map(RequestId::from_value).transpose()?;
+    let method = match envelope.method {
         None => None,
         Some(Value::String(method)) => Some(method),
         Some(other) => {
@@ -203,10 +321,13 @@ pub(super) fn message_from_value(
     };
     match (method, id) {
         (Some(method), Some(id)) if method == TOOLS_CALL => {
-            if let Some(key) = duplicate_key {
+            if let Some(key) = envelope.duplicate {
                 return Err(ClassifyError::DuplicateKey(key));
             }
-            tool_call(id, object.remove("params")).map(Message::ToolCall)
+            let Some(Params::Object(params)) = envelope.params else {
+                return Err(ClassifyError::ToolCallWithoutName);
+            };
+            tool_call(id, params, source.clone(), index).map(Message::ToolCall)
         }
         (Some(method), Some(id)) => Ok(Message::Request { id, method }),
         // Found by fuzzing: as a notification it would pass the guard unguarded, and a lenient
@@ -215,39 +336,47 @@ pub(super) fn message_from_value(
             "a tools/call must be a request with an `id`, not a notification".into(),
         )),
         (Some(method), None) => Ok(Message::Notification { method }),
-        (None, Some(id)) if object.contains_key("result") || object.contains_key("error") => {
-            Ok(Message::Response { id })
-        }
+        (None, Some(id)) if envelope.answers => Ok(Message::Response { id }),
         (None, _) => Err(ClassifyError::InvalidEnvelope(
             "a message needs a `method`, or an `id` with a `result` or `error`".into(),
         )),
     }
 }
 
-fn tool_call(id: RequestId, params: Option<Value>) -> Result<ToolCall, ClassifyError> {
-    let Some(Value::Object(mut params)) = params else {
+fn tool_call(
+    id: RequestId,
+    params: ParamsObject,
+    source: bytes::Bytes,
+    index: Option<usize>,
+) -> Result<ToolCall, ClassifyError> {
+    let Some(Value::String(name)) = params.name else {
         return Err(ClassifyError::ToolCallWithoutName);
     };
-    let Some(Value::String(name)) = params.remove("name") else {
-        return Err(ClassifyError::ToolCallWithoutName);
+    let (canonical, wide_double) = match params.arguments {
+        None => (b"{}".to_vec(), false),
+        Some(ParsedArguments { canonical, noticed }) => match noticed.kind {
+            Some("null") => (b"{}".to_vec(), false),
+            Some("an object") => (canonical, noticed.wide_double),
+            other => return Err(ClassifyError::InvalidArguments(other.unwrap_or("nothing"))),
+        },
     };
-    let arguments = match params.remove("arguments") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(arguments)) => arguments,
-        Some(other) => return Err(ClassifyError::InvalidArguments(json_kind(&other))),
-    };
-    let meta = match params.remove("_meta") {
+    let meta = match params.meta {
         Some(Value::Object(meta)) => Some(meta),
         _ => None,
     };
-    let task = params.remove("task");
     Ok(ToolCall {
         id,
         name,
-        arguments,
+        arguments: Box::new(Arguments {
+            canonical: canonical.into_boxed_slice(),
+            wide_double,
+            source,
+            index,
+            tree: std::sync::OnceLock::new(),
+        }),
         meta,
-        task,
-        other_params: params,
+        task: params.task,
+        other_params: params.other,
     })
 }
 
@@ -262,7 +391,7 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
     }
 }
 
-/// Parses the top level: an object or an array of them, each with its duplicate-key note.
+/// Parses the top level: an object or an array of them.
 struct TopLevel;
 
 impl<'de> DeserializeSeed<'de> for TopLevel {
@@ -281,40 +410,202 @@ impl<'de> Visitor<'de> for TopLevel {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parsed, A::Error> {
-        let mut messages = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        loop {
-            let mut duplicate = None;
-            match seq.next_element_seed(TrackDuplicates(&mut duplicate))? {
-                Some(value) => messages.push((value, duplicate)),
-                None => return Ok(Parsed::Batch(messages)),
-            }
+        let mut messages = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(message) = seq.next_element_seed(MessageSeed)? {
+            messages.push(message);
         }
+        Ok(Parsed::Batch(messages))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Parsed, A::Error> {
-        let mut duplicate = None;
-        let value = TrackDuplicates(&mut duplicate).visit_map(map)?;
-        Ok(Parsed::Single(value, duplicate))
+        MessageSeed
+            .visit_map(map)
+            .map(|envelope| Parsed::Single(Box::new(envelope)))
     }
 
     // Scalars at the top level parse fine and are rejected as "not an object" afterwards.
-    fn visit_bool<E>(self, v: bool) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Value::Bool(v), None))
+    fn visit_bool<E>(self, _: bool) -> Result<Parsed, E> {
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
+            "a boolean",
+        ))))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(v.into(), None))
+    fn visit_i64<E>(self, _: i64) -> Result<Parsed, E> {
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
+            "a number",
+        ))))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(v.into(), None))
+    fn visit_u64<E>(self, _: u64) -> Result<Parsed, E> {
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
+            "a number",
+        ))))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(v.into(), None))
+    fn visit_f64<E>(self, _: f64) -> Result<Parsed, E> {
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
+            "a number",
+        ))))
     }
-    fn visit_str<E>(self, v: &str) -> Result<Parsed, E> {
-        Ok(Parsed::Single(v.into(), None))
+    fn visit_str<E>(self, _: &str) -> Result<Parsed, E> {
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
+            "a string",
+        ))))
     }
     fn visit_unit<E>(self) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Value::Null, None))
+        Ok(Parsed::Single(Box::new(Envelope::not_an_object("null"))))
+    }
+}
+
+/// One message: its envelope members read, `params` read member by member.
+struct MessageSeed;
+
+impl<'de> DeserializeSeed<'de> for MessageSeed {
+    type Value = Envelope;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Envelope, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+/// Notes `name` in `seen`, and in `duplicate` when it was there already; hands it back.
+fn note_key<'de>(
+    seen: &mut Vec<Cow<'de, str>>,
+    name: Cow<'de, str>,
+    duplicate: &mut Option<String>,
+) -> Cow<'de, str> {
+    if seen.contains(&name) {
+        duplicate.get_or_insert_with(|| name.clone().into_owned());
+    } else {
+        seen.push(name.clone());
+    }
+    name
+}
+
+impl<'de> Visitor<'de> for MessageSeed {
+    type Value = Envelope;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON-RPC message")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
+        let mut envelope = Envelope::default();
+        let mut seen = Vec::with_capacity(4);
+        while let Some(name) = map.next_key_seed(BorrowedKey)? {
+            let name = note_key(&mut seen, name, &mut envelope.duplicate);
+            let duplicate = &mut envelope.duplicate;
+            match &*name {
+                "jsonrpc" => {
+                    envelope.jsonrpc = Some(map.next_value_seed(TrackDuplicates(duplicate))?)
+                }
+                "id" => envelope.id = Some(map.next_value_seed(TrackDuplicates(duplicate))?),
+                "method" => {
+                    envelope.method = Some(map.next_value_seed(TrackDuplicates(duplicate))?)
+                }
+                "params" => envelope.params = Some(map.next_value_seed(ParamsSeed(duplicate))?),
+                "result" | "error" => {
+                    map.next_value::<IgnoredAny>()?;
+                    envelope.answers = true;
+                }
+                _ => drop(map.next_value_seed(TrackDuplicates(duplicate))?),
+            }
+        }
+        Ok(envelope)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Envelope, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Envelope::not_an_object("an array"))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("a boolean"))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("a number"))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("a number"))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("a number"))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("a string"))
+    }
+    fn visit_unit<E>(self) -> Result<Envelope, E> {
+        Ok(Envelope::not_an_object("null"))
+    }
+}
+
+/// A message's `params`: an object read member by member, `arguments` straight into its
+/// canonical form; anything else is only parsed.
+struct ParamsSeed<'a>(&'a mut Option<String>);
+
+impl<'de> DeserializeSeed<'de> for ParamsSeed<'_> {
+    type Value = Params;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Params, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ParamsSeed<'_> {
+    type Value = Params;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the params of a JSON-RPC message")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
+        let mut params = ParamsObject::default();
+        let mut seen = Vec::with_capacity(4);
+        while let Some(name) = map.next_key_seed(BorrowedKey)? {
+            let name = note_key(&mut seen, name, self.0);
+            let duplicate = &mut *self.0;
+            match &*name {
+                "name" => params.name = Some(map.next_value_seed(TrackDuplicates(duplicate))?),
+                "arguments" => {
+                    let mut canonical = Vec::with_capacity(256);
+                    let mut noticed = Noticed::default();
+                    map.next_value_seed(CanonicalSeed {
+                        out: &mut canonical,
+                        noticed: &mut noticed,
+                    })?;
+                    if let Some(key) = noticed.duplicate_key.take() {
+                        duplicate.get_or_insert(key);
+                    }
+                    params.arguments = Some(ParsedArguments { canonical, noticed });
+                }
+                "_meta" => params.meta = Some(map.next_value_seed(TrackDuplicates(duplicate))?),
+                "task" => params.task = Some(map.next_value_seed(TrackDuplicates(duplicate))?),
+                _ => {
+                    let value = map.next_value_seed(TrackDuplicates(duplicate))?;
+                    params.other.insert(name.into_owned(), value);
+                }
+            }
+        }
+        Ok(Params::Object(params))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Params, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Params::Other)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Params, E> {
+        Ok(Params::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Params, E> {
+        Ok(Params::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Params, E> {
+        Ok(Params::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Params, E> {
+        Ok(Params::Other)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Params, E> {
+        Ok(Params::Other)
+    }
+    fn visit_unit<E>(self) -> Result<Params, E> {
+        Ok(Params::Other)
     }
 }
 

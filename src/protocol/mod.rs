@@ -37,18 +37,19 @@ pub(crate) mod transport;
 mod version;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall};
 pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
-pub(crate) use numbers::json_has_integer_beyond_64_bits;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
+pub(crate) use numbers::{json_has_integer_beyond_64_bits, may_be_rounded_integer};
 pub use response::is_response_to;
 pub use tools_list::ToolAnnotations;
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};
 
 pub(crate) use jsonrpc::parse_tracking_duplicates;
-use jsonrpc::{Parsed, message_from_value};
+use jsonrpc::{Parsed, message_from_envelope};
 
 /// `MCP-Protocol-Version`: the negotiated revision.
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
@@ -206,11 +207,30 @@ pub fn classify(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<ClassifiedRequest, ClassifyError> {
+    classify_request(method, headers, body, || Bytes::copy_from_slice(body))
+}
+
+/// [`classify`] of a body the caller holds as [`Bytes`]: a `tools/call` keeps it (for its
+/// arguments' tree form on demand) without a copy.
+pub(crate) fn classify_bytes(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<ClassifiedRequest, ClassifyError> {
+    classify_request(method, headers, body, || body.clone())
+}
+
+fn classify_request(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+    source: impl FnOnce() -> Bytes,
+) -> Result<ClassifiedRequest, ClassifyError> {
     let header = header_str(headers, &MCP_PROTOCOL_VERSION)?;
     let version = ProtocolVersion::from_header(header)?;
     let session_id = header_str(headers, &MCP_SESSION_ID)?.map(str::to_owned);
     let kind = match *method {
-        Method::POST => classify_post(version, headers, body)?,
+        Method::POST => classify_post(version, headers, body, source)?,
         // A GET is classified by its method and `Last-Event-ID` alone: a stale `Mcp-Method`
         // header on it never makes it a re-issue.
         Method::GET => match header_str(headers, &LAST_EVENT_ID)? {
@@ -234,13 +254,16 @@ fn classify_post(
     version: ProtocolVersion,
     headers: &HeaderMap,
     body: &[u8],
+    source: impl FnOnce() -> Bytes,
 ) -> Result<RequestKind, ClassifyError> {
     let text = std::str::from_utf8(body).map_err(|e| ClassifyError::InvalidUtf8 {
         valid_up_to: e.valid_up_to(),
     })?;
-    match jsonrpc::parse_body(text)? {
-        Parsed::Single(value, duplicate) => {
-            let message = message_from_value(value, duplicate)?;
+    let parsed = jsonrpc::parse_body(text)?;
+    let source = source();
+    match parsed {
+        Parsed::Single(envelope) => {
+            let message = message_from_envelope(*envelope, &source, None)?;
             if version.has_standard_headers() {
                 check_standard_headers(headers, &message)?;
             }
@@ -254,7 +277,8 @@ fn classify_post(
         )),
         Parsed::Batch(values) => values
             .into_iter()
-            .map(|(value, duplicate)| message_from_value(value, duplicate))
+            .enumerate()
+            .map(|(i, envelope)| message_from_envelope(envelope, &source, Some(i)))
             .collect::<Result<_, _>>()
             .map(RequestKind::Batch),
     }

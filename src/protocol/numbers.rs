@@ -30,13 +30,18 @@ pub(crate) fn json_has_integer_beyond_64_bits(json: &[u8]) -> bool {
     body_has_wide_integer_literal(json)
 }
 
+/// Whether a parsed double may stand for an integer literal beyond 64 bits that the parser
+/// rounded: it is integral and of magnitude 2^63 or more. Only then is the text worth a scan.
+pub(crate) fn may_be_rounded_integer(double: f64) -> bool {
+    double.fract() == 0.0 && double.abs() >= TWO_POW_63
+}
+
 fn holds_wide_double(value: &Value) -> bool {
     match value {
         Value::Number(n) => {
             n.as_u64().is_none()
                 && n.as_i64().is_none()
-                && n.as_f64()
-                    .is_some_and(|d| d.fract() == 0.0 && d.abs() >= TWO_POW_63)
+                && n.as_f64().is_some_and(may_be_rounded_integer)
         }
         Value::Array(items) => items.iter().any(holds_wide_double),
         Value::Object(map) => map.values().any(holds_wide_double),

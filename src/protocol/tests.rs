@@ -53,7 +53,7 @@ fn post_tools_call_2025_11_25_with_session() {
     let call = tool_call(request);
     assert_eq!(call.id, RequestId::from(2));
     assert_eq!(call.name, "get_weather");
-    assert_eq!(json!(call.arguments), json!({"location": "New York"}));
+    assert_eq!(json!(call.arguments()), json!({"location": "New York"}));
     assert_eq!(call.meta, None);
     assert_eq!(call.task, None);
 }
@@ -68,14 +68,14 @@ fn post_tools_call_keeps_meta_task_and_other_params_apart_from_arguments() {
     assert_eq!(json!(call.meta), json!({"progressToken": "p-1"}));
     assert_eq!(call.task, Some(json!({"ttl": 60000})));
     assert_eq!(json!(call.other_params), json!({"requestState": "opaque"}));
-    assert_eq!(json!(call.arguments), json!({"service": "catalog"}));
+    assert_eq!(json!(call.arguments()), json!({"service": "catalog"}));
 }
 
 #[test]
 fn absent_arguments_read_as_an_empty_object() {
     let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ping"}}"#;
     let call = tool_call(classify(&Method::POST, &HeaderMap::new(), body).unwrap());
-    assert!(call.arguments.is_empty());
+    assert!(call.arguments().is_empty());
 }
 
 #[test]

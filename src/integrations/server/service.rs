@@ -189,7 +189,7 @@ impl<S> Call<S> {
             Ok(bytes) => bytes,
             Err(unread) => return answered(unreadable_body(&unread)),
         };
-        let classified = protocol::classify(&parts.method, &parts.headers, &bytes);
+        let classified = protocol::classify_bytes(&parts.method, &parts.headers, &bytes);
         // The caller's era: the shape of a replayed result.
         let era = classified.as_ref().map_or(Era::Sessions, |c| c.era());
         let call = match classified {
@@ -235,7 +235,7 @@ impl<S> Call<S> {
                 ));
             }
         };
-        if protocol::has_integer_beyond_64_bits(&call.arguments, &bytes) {
+        if call.has_integer_beyond_64_bits() {
             return answered(answer::jsonrpc_error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 Some(&call.id),
