@@ -27,7 +27,15 @@ pub fn has_integer_beyond_64_bits(arguments: &Map<String, Value>, body: &[u8]) -
 /// not kept: the ledger keeps a result as a JSON value, which would hand it back with the
 /// nearest double in its place (two such numbers would read back as one).
 pub(crate) fn json_has_integer_beyond_64_bits(json: &[u8]) -> bool {
+    #[cfg(test)]
+    LEXICAL_SCANS.with(|n| n.set(n.get() + 1));
     body_has_wide_integer_literal(json)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many results this thread scanned with [`json_has_integer_beyond_64_bits`].
+    pub(crate) static LEXICAL_SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn holds_wide_double(value: &Value) -> bool {
