@@ -53,7 +53,9 @@ impl ResultProbe {
         };
         Self {
             is_error: fields.is_error.unwrap_or(false),
-            task_id: fields.task_id.filter(|_| fields.result_type.as_deref() == Some("task")),
+            task_id: fields
+                .task_id
+                .filter(|_| fields.result_type.as_deref() == Some("task")),
             maybe_wide: wide,
         }
     }
@@ -230,7 +232,12 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        for field in [Field::IsError, Field::ResultType, Field::TaskId, Field::Other] {
+        for field in [
+            Field::IsError,
+            Field::ResultType,
+            Field::TaskId,
+            Field::Other,
+        ] {
             let Some(seen) = seq.next_element_seed(self.value(field.is_string()))? else {
                 return Ok(());
             };

@@ -505,7 +505,13 @@ pub(crate) mod tests {
         let before = LEXICAL_SCANS.with(std::cell::Cell::get);
         let settlement = record_outcome(&ledger, id, 200, true, usize::MAX, answer).await;
         let scans = LEXICAL_SCANS.with(std::cell::Cell::get) - before;
-        let kept = matches!(settlement, Settlement::Completed { result: Some(_), .. });
+        let kept = matches!(
+            settlement,
+            Settlement::Completed {
+                result: Some(_),
+                ..
+            }
+        );
         let record = ledger.get(id).await.unwrap().unwrap();
         assert_eq!(record.state, ExecutionState::Completed);
         (kept, record, scans)
@@ -534,7 +540,10 @@ pub(crate) mod tests {
         let (kept, _, scans) =
             record_answer(r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"d":1e20}}"#).await;
         assert!(kept, "a double spelled as a double is kept");
-        assert_eq!(scans, 1, "scanned: a double of that size may have been a literal");
+        assert_eq!(
+            scans, 1,
+            "scanned: a double of that size may have been a literal"
+        );
 
         let (kept, record, _) = record_answer(
             r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t-9","isError":false}}"#,

@@ -42,9 +42,9 @@ use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall};
 pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
-pub(crate) use numbers::json_has_integer_beyond_64_bits;
 #[cfg(test)]
 pub(crate) use numbers::LEXICAL_SCANS;
+pub(crate) use numbers::json_has_integer_beyond_64_bits;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub use response::is_response_to;
 pub use tools_list::ToolAnnotations;

@@ -272,13 +272,12 @@ pub(crate) fn read_message<'a>(
         return (Examined::Unread, None);
     };
     // An envelope that parses has every field `is_response` reads, with the same presence.
-    let examined = if envelope.method.is_none()
-        && (envelope.result.is_some() || envelope.error.is_some())
-    {
-        Examined::Response
-    } else {
-        Examined::NotResponse
-    };
+    let examined =
+        if envelope.method.is_none() && (envelope.result.is_some() || envelope.error.is_some()) {
+            Examined::Response
+        } else {
+            Examined::NotResponse
+        };
     if envelope.id.as_ref() != Some(id) {
         return (examined, None);
     }

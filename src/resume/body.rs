@@ -435,12 +435,18 @@ mod tests {
     fn resumable(
         first: Stream,
         get: Vec<&'static str>,
-    ) -> (ResumeBody<Stream>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    ) -> (
+        ResumeBody<Stream>,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ) {
         let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = asked.clone();
         let reconnect: Reconnect<Stream> = Box::new(move |last_event_id| {
             log.lock().unwrap().push(last_event_id.to_owned());
-            let frames = get.iter().map(|f| Bytes::from_static(f.as_bytes())).collect();
+            let frames = get
+                .iter()
+                .map(|f| Bytes::from_static(f.as_bytes()))
+                .collect();
             let response = http::Response::new(stream(frames, false));
             Box::pin(async move { Ok(response) })
         });
@@ -495,7 +501,9 @@ mod tests {
                 .collect();
             assert_eq!(messages, [NOTE, NOTE, ANSWER], "torn after {torn:?}");
             assert!(
-                events.iter().all(|e| e.event == "message" || e.event == TORN_EVENT),
+                events
+                    .iter()
+                    .all(|e| e.event == "message" || e.event == TORN_EVENT),
                 "{events:?}"
             );
             assert_eq!(asked.lock().unwrap().len(), 1);
@@ -531,6 +539,8 @@ mod tests {
         assert_eq!(SseParser::parse_all(&text, 1 << 20).unwrap(), events);
         assert!(is_response(&events[1].data));
         assert!(!is_response(&events[0].data));
-        assert!(!is_response("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\"}"));
+        assert!(!is_response(
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\"}"
+        ));
     }
 }

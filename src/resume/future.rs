@@ -66,8 +66,8 @@ where
         let mut response = response;
         response.extensions_mut().insert(tap.clone());
         let reconnect = get.into_reconnect();
-        Poll::Ready(Ok(response.map(|body| {
-            ResumeBody::resumable(body, reconnect, config, tap)
-        })))
+        Poll::Ready(Ok(
+            response.map(|body| ResumeBody::resumable(body, reconnect, config, tap))
+        ))
     }
 }
