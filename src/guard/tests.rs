@@ -156,6 +156,16 @@ mod over_resume {
         cut: bool,
         get: Option<Vec<String>>,
     ) -> (MemoryLedger, Result<Bytes, BoxError>, usize) {
+        call_and(post, cut, get, true).await
+    }
+
+    /// [`call`], the body read (or dropped unread, when not `read`).
+    async fn call_and(
+        post: Vec<String>,
+        cut: bool,
+        get: Option<Vec<String>>,
+        read: bool,
+    ) -> (MemoryLedger, Result<Bytes, BoxError>, usize) {
         let ledger = MemoryLedger::new();
         let contracts = ContractRegistry::builder()
             .tool("deploy", ToolContract::irreversible())
@@ -194,9 +204,14 @@ mod over_resume {
             .headers_mut()
             .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
         let response = guard.oneshot(request).await.unwrap();
-        let body = response.into_body().collect().await.map(|b| b.to_bytes());
-        // Let the ledger writes (tasks of their own) finish.
-        for _ in 0..10 {
+        let body = if read {
+            response.into_body().collect().await.map(|b| b.to_bytes())
+        } else {
+            drop(response);
+            Ok(Bytes::new())
+        };
+        // Let the ledger writes and the drain (tasks of their own) finish.
+        for _ in 0..50 {
             tokio::task::yield_now().await;
         }
         (ledger, body, gets.load(Ordering::SeqCst))
@@ -269,5 +284,22 @@ mod over_resume {
         let record = ledger.list().await.unwrap().remove(0);
         assert_eq!(record.state, ExecutionState::Completed);
         assert!(record.result_reference.is_some(), "{record:?}");
+    }
+
+    /// A body the caller dropped unread is drained for its answer: the tap goes with it.
+    #[tokio::test]
+    async fn a_tapped_body_dropped_unread_is_drained_for_its_answer() {
+        let post = vec![
+            format!("id: 1\ndata: {NOTE}\n\n"),
+            format!("id: 2\ndata: {ANSWER}\n\n"),
+        ];
+        let before = PUSHED_BYTES.with(std::cell::Cell::get);
+        let (ledger, _, _) = call_and(post.clone(), false, None, false).await;
+        let pushed = PUSHED_BYTES.with(std::cell::Cell::get) - before;
+        assert_eq!(pushed, post.concat().len(), "parsed once, in the drain too");
+        let record = ledger.list().await.unwrap().remove(0);
+        assert_eq!(record.state, ExecutionState::Completed);
+        assert!(record.result_reference.is_some(), "{record:?}");
+        assert!(record.delivered_at.is_none());
     }
 }
