@@ -18,7 +18,7 @@ use crate::{
     BoxError, ExecutionId,
     ledger::{EventKind, Ledger, LedgerError, LedgerEvent, Timestamp},
     observe::{BufferedBody, Observed, Polled, Recorder, Write},
-    protocol::RequestId,
+    protocol::{RequestId, tap::EventTap},
 };
 
 /// The body the guard sends to the inner service: the buffered request bytes, plus a flag that
@@ -106,14 +106,21 @@ pin_project! {
 }
 
 impl<B> GuardResponseBody<B> {
-    pub(super) fn observed(inner: B, recorder: Recorder, sse: bool, max_event: usize) -> Self
+    /// The target's body, observed; `tap` is the event tap of a resume layer below, when
+    /// there is one.
+    pub(super) fn observed(
+        inner: B,
+        recorder: Recorder,
+        sse: bool,
+        max_event: usize,
+        tap: Option<EventTap>,
+    ) -> Self
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let watch = Observed::new(inner, recorder, sse, max_event, |e: &BoxError| {
-            e.to_string()
-        });
+        let describe = |e: &BoxError| e.to_string();
+        let watch = Observed::new(inner, recorder, sse, max_event, describe, tap);
         Self {
             kind: Kind::Observed { watch },
         }

@@ -27,7 +27,7 @@ use crate::{
     },
     ledger::{EventKind, ExecutionRecord, ExecutionState},
     observe::{self, Settlement, Unread},
-    protocol::{self, Era, Message, RequestKind, ResumeKey},
+    protocol::{self, Era, Message, RequestKind, ResumeKey, tap::EventTap},
 };
 
 use crate::ledger::IntentKey;
@@ -212,13 +212,14 @@ where
         };
         tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
         let (body, _) = GuardRequestBody::new(bytes);
-        let response = self
+        let mut response = self
             .send(Request::from_parts(parts, body))
             .await
             .map_err(GuardError::inner)?;
         if !response.status().is_success() {
             return Ok(response.map(GuardResponseBody::passthrough));
         }
+        let tap = response.extensions_mut().remove::<EventTap>();
         let mut recorder = self.recorder(
             link.actor,
             link.execution_id,
@@ -231,7 +232,7 @@ where
         recorder.last_event_id = Some(last_event_id.to_owned());
         recorder.resume = true;
         let max = self.config.max_body_bytes.max(link.max_result_bytes);
-        Ok(response.map(|b| GuardResponseBody::observed(b, recorder, true, max)))
+        Ok(response.map(|b| GuardResponseBody::observed(b, recorder, true, max, tap)))
     }
 
     pub(super) async fn pass_through(

@@ -15,7 +15,7 @@ use crate::{
     decide::classify::{ErrorClass, classify_error, refused_before_running},
     ledger::{EventKind, ExecutionRecord, ExecutionState},
     observe::{Polled, Settlement},
-    protocol::{self, response::ResponseScanner},
+    protocol::{self, response::ResponseScanner, tap::EventTap},
 };
 
 impl<S, RB> Call<S>
@@ -55,6 +55,8 @@ where
         };
         // The caller can tell which execution a target's answer belongs to.
         response.extensions_mut().insert(id);
+        // A resume layer's events, read instead of parsed again (never the caller's).
+        let tap = response.extensions_mut().remove::<EventTap>();
         let status = response.status();
         if status.is_success() {
             let sse = ResponseScanner::is_sse(response.headers());
@@ -70,7 +72,8 @@ where
             recorder.max_result_bytes = intent.max_result_bytes;
             recorder.settle = Some(Box::new(move |settlement| owner.settle(settlement)));
             let max = self.config.max_body_bytes.max(intent.max_result_bytes);
-            return Ok(response.map(|b| GuardResponseBody::observed(b, recorder, sse, max)));
+            let observed = |b| GuardResponseBody::observed(b, recorder, sse, max, tap);
+            return Ok(response.map(observed));
         }
         let kind = if refused_before_running(status.as_u16()) {
             EventKind::Failed {

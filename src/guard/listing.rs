@@ -15,7 +15,11 @@ use super::{
 use crate::{
     Target,
     contract::{AnnotationCache, ToolAnnotations},
-    protocol::{RequestId, response::ResponseScanner, tools_list::listed_annotations},
+    protocol::{
+        RequestId,
+        response::{Examined, ResponseScanner},
+        tools_list::listed_annotations,
+    },
 };
 
 impl Config {
@@ -80,6 +84,7 @@ impl ListWatch {
                 cache.record(target, listed);
                 *done = true;
             }
+            Examined::Unread
         });
     }
 

@@ -107,3 +107,199 @@ fn the_inner_service_is_reachable_through_the_guard() {
     *guard.get_mut() = 8;
     assert_eq!(guard.into_inner(), 8);
 }
+
+mod over_resume {
+    //! The guard over a `ResumeLayer`: one SSE parser for both.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http::Method;
+    use http_body::Frame;
+    use http_body_util::{StreamBody, combinators::UnsyncBoxBody};
+
+    use super::*;
+    use crate::{
+        ledger::{ExecutionState, Ledger},
+        protocol::sse::{PUSHED_BYTES, SseParser},
+        resume::ResumeLayer,
+    };
+
+    type Stream = UnsyncBoxBody<Bytes, std::io::Error>;
+
+    const NOTE: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#;
+    const ANSWER: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#;
+
+    fn stream(frames: Vec<String>, cut: bool) -> Stream {
+        let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> = frames
+            .into_iter()
+            .map(|f| Ok(Frame::data(Bytes::from(f))))
+            .collect();
+        if cut {
+            frames.push(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames)))
+    }
+
+    fn sse(body: Stream, status: u16) -> Response<Stream> {
+        Response::builder()
+            .status(status)
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(body)
+            .unwrap()
+    }
+
+    /// A guard over a resume layer over a target whose POST answers `post` (broken after it
+    /// when `cut`) and whose GET answers `get` (404 when `None`); with the ledger and the
+    /// GETs counted.
+    async fn call(
+        post: Vec<String>,
+        cut: bool,
+        get: Option<Vec<String>>,
+    ) -> (MemoryLedger, Result<Bytes, BoxError>, usize) {
+        call_and(post, cut, get, true).await
+    }
+
+    /// [`call`], the body read (or dropped unread, when not `read`).
+    async fn call_and(
+        post: Vec<String>,
+        cut: bool,
+        get: Option<Vec<String>>,
+        read: bool,
+    ) -> (MemoryLedger, Result<Bytes, BoxError>, usize) {
+        let ledger = MemoryLedger::new();
+        let contracts = ContractRegistry::builder()
+            .tool("deploy", ToolContract::irreversible())
+            .build()
+            .unwrap();
+        let gets = Arc::new(AtomicUsize::new(0));
+        let counted = gets.clone();
+        let target = service_fn(move |request: Request<GuardRequestBody>| {
+            let (post, get, gets) = (post.clone(), get.clone(), counted.clone());
+            async move {
+                if request.method() == Method::GET {
+                    gets.fetch_add(1, Ordering::SeqCst);
+                    return Ok::<_, BoxError>(match get {
+                        Some(frames) => sse(stream(frames, false), 200),
+                        None => sse(stream(vec![], false), 404),
+                    });
+                }
+                Ok(sse(stream(post, cut), 200))
+            }
+        });
+        let guard = GuardLayer::new(
+            ledger.clone(),
+            contracts,
+            FingerprintKey::from_bytes(&[7; 32]).unwrap(),
+        )
+        .layer(
+            ResumeLayer::new()
+                .backoff(Duration::from_millis(1))
+                .max_attempts(1)
+                .layer(target),
+        );
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "deploy", "arguments": {"version": "1"}}});
+        let mut request = post_request(call);
+        request
+            .headers_mut()
+            .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+        let response = guard.oneshot(request).await.unwrap();
+        let body = if read {
+            response.into_body().collect().await.map(|b| b.to_bytes())
+        } else {
+            drop(response);
+            Ok(Bytes::new())
+        };
+        // Let the ledger writes and the drain (tasks of their own) finish.
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        (ledger, body, gets.load(Ordering::SeqCst))
+    }
+
+    fn post_request(body: Value) -> Request<Full<Bytes>> {
+        let mut request = post(body);
+        request.headers_mut().remove("mcp-protocol-version");
+        request
+    }
+
+    fn messages(body: &[u8]) -> Vec<String> {
+        SseParser::parse_all(body, 1 << 20)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event == "message")
+            .map(|e| e.data)
+            .collect()
+    }
+
+    /// The guard parsed the stream a second time after the resume layer had: every byte went
+    /// through two SSE parsers (and each event's JSON through two parses). Now the guard
+    /// reads the resume layer's events from its tap, and the outcome is the same.
+    #[tokio::test]
+    async fn over_a_resume_layer_the_stream_is_parsed_once() {
+        let text = format!("id: 1\ndata: {NOTE}\n\nid: 2\ndata: {ANSWER}\n\n");
+        let frames = [&text[..5], &text[5..40], &text[40..]];
+        let before = PUSHED_BYTES.with(std::cell::Cell::get);
+        let (ledger, body, gets) = call(frames.map(str::to_owned).to_vec(), false, None).await;
+        let pushed = PUSHED_BYTES.with(std::cell::Cell::get) - before;
+        assert_eq!(body.unwrap(), text.as_bytes(), "frames go on untouched");
+        assert_eq!(pushed, text.len(), "one parser saw the stream, once");
+        assert_eq!(gets, 0);
+        let record = ledger.list().await.unwrap().remove(0);
+        assert_eq!(record.state, ExecutionState::Completed);
+        assert!(record.result_reference.is_some(), "{record:?}");
+    }
+
+    /// A break the resume layer cannot recover: the guard records `unknown` with the event id
+    /// it read from the tap.
+    #[tokio::test]
+    async fn an_unrecovered_break_records_the_event_id_from_the_tap() {
+        let post = vec![format!("id: 1\ndata: {NOTE}\n\ndata: {{\"json")];
+        let (ledger, body, gets) = call(post, true, None).await;
+        assert!(body.is_err());
+        assert_eq!(gets, 1);
+        let record = ledger.list().await.unwrap().remove(0);
+        assert_eq!(record.state, ExecutionState::Unknown);
+        assert_eq!(record.correlation.last_event_id.as_deref(), Some("1"));
+    }
+
+    /// A stream torn inside an event and resumed: the guard records the answer of the
+    /// replayed stream; the caller gets each message once, in order, and the torn one's
+    /// first bytes end in an event no client reads as JSON-RPC.
+    #[tokio::test]
+    async fn a_stream_torn_inside_an_event_and_resumed_gives_each_message_once() {
+        let post = vec![
+            format!("id: 1\ndata: {NOTE}\n\nid: 2\ndata: {}", &NOTE[..9]),
+            String::new(),
+        ];
+        let get = vec![
+            format!("id: 1\ndata: {NOTE}\n\n"),
+            format!("id: 2\ndata: {NOTE}\n\nid: 3\nda"),
+            format!("ta: {ANSWER}\n\n"),
+        ];
+        let (ledger, body, gets) = call(post, true, Some(get)).await;
+        let body = body.unwrap();
+        assert_eq!(gets, 1);
+        assert_eq!(messages(&body), [NOTE, NOTE, ANSWER]);
+        let record = ledger.list().await.unwrap().remove(0);
+        assert_eq!(record.state, ExecutionState::Completed);
+        assert!(record.result_reference.is_some(), "{record:?}");
+    }
+
+    /// A body the caller dropped unread is drained for its answer: the tap goes with it.
+    #[tokio::test]
+    async fn a_tapped_body_dropped_unread_is_drained_for_its_answer() {
+        let post = vec![
+            format!("id: 1\ndata: {NOTE}\n\n"),
+            format!("id: 2\ndata: {ANSWER}\n\n"),
+        ];
+        let before = PUSHED_BYTES.with(std::cell::Cell::get);
+        let (ledger, _, _) = call_and(post.clone(), false, None, false).await;
+        let pushed = PUSHED_BYTES.with(std::cell::Cell::get) - before;
+        assert_eq!(pushed, post.concat().len(), "parsed once, in the drain too");
+        let record = ledger.list().await.unwrap().remove(0);
+        assert_eq!(record.state, ExecutionState::Completed);
+        assert!(record.result_reference.is_some(), "{record:?}");
+        assert!(record.delivered_at.is_none());
+    }
+}

@@ -17,7 +17,10 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
 use super::recorder::{Pending, Recorder, Watchers, Write, spawn_finishing, written};
-use crate::protocol::response::ResponseScanner;
+use crate::protocol::{
+    response::{Examined, ResponseScanner},
+    tap::EventTap,
+};
 
 /// A response body watched for the JSON-RPC response to one dispatched call.
 ///
@@ -78,12 +81,15 @@ where
     E: Send + 'static,
 {
     /// Observes `inner`, an SSE stream or one JSON message; `max` bounds what is buffered.
+    /// With the `tap` of a resume layer below, an SSE stream's events are read from it, not
+    /// parsed again.
     pub(crate) fn new(
         inner: B,
         recorder: Recorder,
         sse: bool,
         max: usize,
         describe: fn(&E) -> String,
+        tap: Option<EventTap>,
     ) -> Self {
         let drain = tokio::runtime::Handle::try_current().ok().map(|runtime| {
             let (sender, receiver) = oneshot::channel();
@@ -94,7 +100,10 @@ where
             body: Some(Box::pin(inner)),
             watchers: recorder.watchers.clone(),
             recorder: Some(recorder),
-            scanner: ResponseScanner::new(sse, max),
+            scanner: match tap.filter(|_| sse) {
+                Some(tap) => ResponseScanner::tapped(tap, max),
+                None => ResponseScanner::new(sse, max),
+            },
             sse,
             pending: None,
             held: VecDeque::new(),
@@ -155,9 +164,12 @@ impl<B, E> Observed<B, E> {
         };
         let mut found = None;
         scanner.feed(chunk, |message| {
-            if found.is_none() {
-                found = recorder.answer(message);
+            if found.is_some() {
+                return Examined::Unread;
             }
+            let (examined, answer) = recorder.read(message);
+            found = answer;
+            examined
         });
         if let Some(id) = scanner.last_event_id() {
             recorder.last_event_id = Some(id.to_owned());
@@ -166,6 +178,7 @@ impl<B, E> Observed<B, E> {
             recorder.oversize = true;
         }
         if let Some(answer) = found {
+            scanner.stop();
             let write = recorder.completed(answer);
             let write = self.answered(write);
             self.start(write);
@@ -390,11 +403,8 @@ mod tests {
     use super::*;
     use crate::{
         ExecutionId,
-        contract::RetryClass,
-        ledger::{
-            Claim, EventKind, ExecutionState, FileLedger, Ledger, LedgerEvent, MemoryLedger,
-            Timestamp, fixtures,
-        },
+        ledger::{ExecutionState, FileLedger, Ledger, MemoryLedger},
+        observe::recorder::tests::dispatched,
         protocol::RequestId,
     };
 
@@ -422,27 +432,6 @@ mod tests {
         )
     }
 
-    /// A dispatched call (attempt 1) in `ledger`.
-    async fn dispatched(ledger: &dyn Ledger) -> ExecutionId {
-        let claim = Claim {
-            at: Timestamp::now(),
-            ..fixtures::claim(RetryClass::Idempotent, "test")
-        };
-        let id = ledger.claim(claim).await.unwrap().record().execution_id;
-        for kind in [
-            EventKind::Authorized,
-            fixtures::dispatched(id, 1, Some("test")),
-        ] {
-            let event = LedgerEvent {
-                execution_id: id,
-                at: Timestamp::now(),
-                kind,
-            };
-            ledger.append(event).await.unwrap();
-        }
-        id
-    }
-
     fn observed(
         ledger: Arc<dyn Ledger>,
         id: ExecutionId,
@@ -452,7 +441,7 @@ mod tests {
         let mut recorder = Recorder::new(ledger, id, RequestId::Number(1.into()));
         recorder.status = 200;
         recorder.drain_timeout = std::time::Duration::from_secs(5);
-        Observed::new(body, recorder, sse, 1 << 20, |_| String::new())
+        Observed::new(body, recorder, sse, 1 << 20, |_| String::new(), None)
     }
 
     async fn state(ledger: &dyn Ledger, id: ExecutionId) -> ExecutionState {

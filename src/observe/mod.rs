@@ -7,6 +7,7 @@
 //! Nothing here decides: it records what happened to a call the caller's layer chose to send.
 
 mod body;
+mod probe;
 mod recorder;
 mod request;
 mod response;

@@ -10,12 +10,13 @@ use std::{
 
 use bytes::Bytes;
 
+use super::probe::ResultProbe;
 use crate::{
     ExecutionId,
     ledger::{EventKind, Ledger, LedgerEvent, Timestamp},
     protocol::{
         self, RequestId,
-        response::{ResponseTo, response_to},
+        response::{Examined, ResponseTo, read_message, response_to},
     },
 };
 
@@ -127,6 +128,13 @@ impl Recorder {
     /// The answer to the call, if `message` is the JSON-RPC response with the call's id.
     pub(crate) fn answer(&self, message: &[u8]) -> Option<TargetAnswer> {
         TargetAnswer::find(message, &self.request_id)
+    }
+
+    /// [`answer`](Self::answer), from the same parse that tells whether `message` is a
+    /// JSON-RPC response at all (to any request).
+    pub(crate) fn read(&self, message: &[u8]) -> (Examined, Option<TargetAnswer>) {
+        let (examined, response) = read_message(message, &self.request_id);
+        (examined, response.and_then(TargetAnswer::from_response))
     }
 
     /// Whether the outcome is recorded (or being recorded).
@@ -359,6 +367,9 @@ pub(crate) enum TargetAnswer {
         raw: Bytes,
         is_error: bool,
         task_id: Option<String>,
+        /// The one pass over the result saw a double that may be an integer literal beyond
+        /// 64 bits: the text is scanned for one before the result is kept.
+        maybe_wide: bool,
     },
     /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
     /// message may echo arguments, secrets included).
@@ -367,30 +378,27 @@ pub(crate) enum TargetAnswer {
 
 impl TargetAnswer {
     /// The answer in `message` if it is the JSON-RPC response to the request `id`. The result
-    /// is kept as the exact bytes the target sent.
+    /// is kept as the exact bytes the target sent, and read once more, in one pass, for what
+    /// the record needs ([`ResultProbe`]).
     pub(crate) fn find(message: &[u8], id: &RequestId) -> Option<Self> {
-        #[derive(serde::Deserialize)]
-        struct ToolResult {
-            #[serde(rename = "isError", default)]
-            is_error: Option<bool>,
-            #[serde(rename = "resultType", default)]
-            result_type: Option<String>,
-            #[serde(rename = "taskId", default)]
-            task_id: Option<String>,
-        }
-        match response_to(message, id)? {
+        Self::from_response(response_to(message, id)?)
+    }
+
+    /// The answer a response gives.
+    pub(crate) fn from_response(response: ResponseTo<'_>) -> Option<Self> {
+        match response {
             ResponseTo::Result(raw) => {
-                let result = serde_json::from_str::<ToolResult>(raw.get()).ok();
-                let is_error = result.as_ref().and_then(|r| r.is_error).unwrap_or(false);
-                // A 2026-07-28 `CreateTaskResult`: the call became a task.
-                let task_id = result
-                    .filter(|r| r.result_type.as_deref() == Some("task"))
-                    .and_then(|r| r.task_id);
+                let ResultProbe {
+                    is_error,
+                    task_id,
+                    maybe_wide,
+                } = ResultProbe::read(raw.get());
                 let raw = Bytes::copy_from_slice(raw.get().as_bytes());
                 Some(Self::Result {
                     raw,
                     is_error,
                     task_id,
+                    maybe_wide,
                 })
             }
             ResponseTo::Error { code } => Some(Self::Error { code }),
@@ -409,16 +417,17 @@ pub(crate) async fn record_outcome(
     max: usize,
     answer: TargetAnswer,
 ) -> Settlement {
-    let (raw, is_error) = match answer {
+    let (raw, is_error, maybe_wide) = match answer {
         TargetAnswer::Result {
             raw,
             is_error,
             task_id,
+            maybe_wide,
         } => {
             if let Some(task_id) = task_id {
                 append_logged(ledger, id, EventKind::TaskCreated { task_id }).await;
             }
-            (raw, is_error)
+            (raw, is_error, maybe_wide)
         }
         TargetAnswer::Error { code } => {
             let reason = format!("the server answered the call with JSON-RPC error {code}");
@@ -430,7 +439,10 @@ pub(crate) async fn record_outcome(
             return Settlement::Other;
         }
     };
-    let keep = keep && raw.len() <= max && !protocol::json_has_integer_beyond_64_bits(&raw);
+    // The text is scanned only when the probe saw a double that may stand for a wide literal.
+    let keep = keep
+        && raw.len() <= max
+        && !(maybe_wide && protocol::json_has_integer_beyond_64_bits(&raw));
     let completed = LedgerEvent {
         execution_id: id,
         at: Timestamp::now(),
@@ -451,5 +463,93 @@ pub(crate) async fn record_outcome(
     Settlement::Completed {
         execution_id: id,
         result: kept.then_some(raw),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        contract::RetryClass,
+        ledger::{Claim, ExecutionState, MemoryLedger, fixtures},
+        protocol::LEXICAL_SCANS,
+    };
+
+    /// A dispatched call (attempt 1) in `ledger`.
+    pub(crate) async fn dispatched(ledger: &dyn Ledger) -> ExecutionId {
+        let claim = Claim {
+            at: Timestamp::now(),
+            ..fixtures::claim(RetryClass::Idempotent, "test")
+        };
+        let id = ledger.claim(claim).await.unwrap().record().execution_id;
+        for kind in [
+            EventKind::Authorized,
+            fixtures::dispatched(id, 1, Some("test")),
+        ] {
+            let event = LedgerEvent {
+                execution_id: id,
+                at: Timestamp::now(),
+                kind,
+            };
+            ledger.append(event).await.unwrap();
+        }
+        id
+    }
+
+    /// Records the answer in `message` and says whether its result was kept, with the
+    /// record and how many lexical scans it took.
+    async fn record_answer(message: &str) -> (bool, crate::ledger::ExecutionRecord, usize) {
+        let ledger = MemoryLedger::new();
+        let id = dispatched(&ledger).await;
+        let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();
+        let before = LEXICAL_SCANS.with(std::cell::Cell::get);
+        let settlement = record_outcome(&ledger, id, 200, true, usize::MAX, answer).await;
+        let scans = LEXICAL_SCANS.with(std::cell::Cell::get) - before;
+        let kept = matches!(
+            settlement,
+            Settlement::Completed {
+                result: Some(_),
+                ..
+            }
+        );
+        let record = ledger.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ExecutionState::Completed);
+        (kept, record, scans)
+    }
+
+    /// The result was parsed three times (the envelope, a struct of its fields, a lexical
+    /// scan for wide integers); now the fields and the sign of a wide integer come from one
+    /// pass, and the text is scanned only when that pass saw a double that may be one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_result_is_read_in_one_pass_and_scanned_only_for_a_possible_wide_integer() {
+        let (kept, record, scans) = record_answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"18446744073709551617"}],"n":18446744073709551615,"isError":true}}"#,
+        )
+        .await;
+        assert!(kept && record.is_error);
+        assert_eq!(scans, 0, "a normal result is not scanned again");
+
+        let (kept, record, scans) = record_answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"n":18446744073709551617}}"#,
+        )
+        .await;
+        assert!(!kept, "a wide integer literal is still not kept");
+        assert!(!record.is_error);
+        assert_eq!(scans, 1);
+
+        let (kept, _, scans) =
+            record_answer(r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"d":1e20}}"#).await;
+        assert!(kept, "a double spelled as a double is kept");
+        assert_eq!(
+            scans, 1,
+            "scanned: a double of that size may have been a literal"
+        );
+
+        let (kept, record, _) = record_answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t-9","isError":false}}"#,
+        )
+        .await;
+        assert!(kept && !record.is_error);
+        assert_eq!(record.correlation.task_id.as_deref(), Some("t-9"));
     }
 }

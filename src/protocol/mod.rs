@@ -32,6 +32,7 @@ mod media;
 mod numbers;
 pub(crate) mod response;
 pub mod sse;
+pub(crate) mod tap;
 pub(crate) mod tools_list;
 pub(crate) mod transport;
 mod version;
@@ -42,6 +43,8 @@ use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall};
 pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
+#[cfg(test)]
+pub(crate) use numbers::LEXICAL_SCANS;
 pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
 pub(crate) use numbers::{json_has_integer_beyond_64_bits, may_be_rounded_integer};
 pub use response::is_response_to;

@@ -27,6 +27,8 @@ pub fn has_integer_beyond_64_bits(arguments: &Map<String, Value>, body: &[u8]) -
 /// not kept: the ledger keeps a result as a JSON value, which would hand it back with the
 /// nearest double in its place (two such numbers would read back as one).
 pub(crate) fn json_has_integer_beyond_64_bits(json: &[u8]) -> bool {
+    #[cfg(test)]
+    LEXICAL_SCANS.with(|n| n.set(n.get() + 1));
     body_has_wide_integer_literal(json)
 }
 
@@ -34,6 +36,12 @@ pub(crate) fn json_has_integer_beyond_64_bits(json: &[u8]) -> bool {
 /// rounded: it is integral and of magnitude 2^63 or more. Only then is the text worth a scan.
 pub(crate) fn may_be_rounded_integer(double: f64) -> bool {
     double.fract() == 0.0 && double.abs() >= TWO_POW_63
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many results this thread scanned with [`json_has_integer_beyond_64_bits`].
+    pub(crate) static LEXICAL_SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn holds_wide_double(value: &Value) -> bool {

@@ -2,15 +2,23 @@
 //! streams. The client guard and the server-side Idempotency-Key layer both watch bodies with
 //! it, so there is one place that knows how an answer is found (and one SSE parser under it).
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use super::{RequestId, sse::SseParser};
+use super::{
+    RequestId,
+    sse::SseParser,
+    tap::{EventTap, TapReader},
+};
 
 /// Watches response bytes as they pass: SSE is parsed event by event (never buffered whole);
-/// a JSON body is one message, kept up to a bound until its end.
+/// a JSON body is one message, kept up to a bound until its end. Over a
+/// [`ResumeLayer`](crate::resume::ResumeLayer) the SSE events come parsed, from its
+/// [`EventTap`], and the bytes are not parsed again.
 #[derive(Debug)]
 pub(crate) struct ResponseScanner {
     format: Format,
@@ -21,6 +29,29 @@ pub(crate) struct ResponseScanner {
 enum Format {
     Sse(SseParser),
     Json(BytesMut, usize),
+    Tapped(Tapped),
+}
+
+/// SSE events read from a tap, with the bound on one event and the last event id as of the
+/// last read.
+#[derive(Debug)]
+struct Tapped {
+    reader: TapReader,
+    max: usize,
+    last_event_id: String,
+    batch: VecDeque<Bytes>,
+}
+
+/// What the reader of a message made of it, for a [`EventTap`]'s producer that would
+/// otherwise parse it to know whether the stream's response has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Examined {
+    /// A JSON-RPC response (a `result` or an `error`, no `method`): [`is_response`].
+    Response,
+    /// Parsed, and not a response.
+    NotResponse,
+    /// Not parsed (or not parsed as JSON-RPC): the scanner judges it itself when it must.
+    Unread,
 }
 
 impl ResponseScanner {
@@ -37,22 +68,48 @@ impl ResponseScanner {
         }
     }
 
+    /// A scanner of SSE events parsed by the producer of `tap`; `max` bounds one event's data.
+    pub(crate) fn tapped(tap: EventTap, max: usize) -> Self {
+        Self {
+            format: Format::Tapped(Tapped {
+                reader: tap.reader(),
+                max,
+                last_event_id: String::new(),
+                batch: VecDeque::new(),
+            }),
+            oversize: false,
+        }
+    }
+
+    /// No more messages are wanted (the answer was found): a tap's producer stops queueing.
+    pub(crate) fn stop(&self) {
+        if let Format::Tapped(tapped) = &self.format {
+            tapped.reader.stop();
+        }
+    }
+
     /// Whether a response's `Content-Type` says SSE.
     pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
         super::is_event_stream(headers)
     }
 
-    /// Feeds response bytes. `on_message` gets the data of each complete SSE event; JSON bytes
-    /// are kept (see [`json_body`](Self::json_body)).
-    pub(crate) fn feed(&mut self, chunk: &[u8], mut on_message: impl FnMut(&[u8])) {
+    /// Feeds response bytes. `on_message` gets the data of each complete SSE event (of each
+    /// event the tap holds, in tapped mode, where `chunk` is not read) and says what it made
+    /// of it; JSON bytes are kept (see [`json_body`](Self::json_body)).
+    pub(crate) fn feed(&mut self, chunk: &[u8], mut on_message: impl FnMut(&[u8]) -> Examined) {
         match &mut self.format {
             Format::Sse(parser) => {
                 if parser
-                    .push(chunk, |event| on_message(event.data.as_bytes()))
+                    .push(chunk, |event| {
+                        on_message(event.data.as_bytes());
+                    })
                     .is_err()
                 {
                     self.oversize = true;
                 }
+            }
+            Format::Tapped(tapped) => {
+                self.oversize |= tapped.read(on_message);
             }
             Format::Json(buffer, max) => {
                 if buffer.len() + chunk.len() <= *max {
@@ -70,6 +127,9 @@ impl ResponseScanner {
             Format::Sse(parser) if !parser.last_event_id().is_empty() => {
                 Some(parser.last_event_id())
             }
+            Format::Tapped(tapped) if !tapped.last_event_id.is_empty() => {
+                Some(&tapped.last_event_id)
+            }
             _ => None,
         }
     }
@@ -86,6 +146,42 @@ impl ResponseScanner {
             Format::Json(buffer, _) if !self.oversize => Some(buffer),
             _ => None,
         }
+    }
+}
+
+impl Tapped {
+    /// Reads the events the producer queued; says whether one was over a bound. Once one
+    /// was, no more messages go to `on_message` (as a parser that refused an event reads no
+    /// more); every event is still judged for the producer, which needs to know when the
+    /// response has come.
+    fn read(&mut self, mut on_message: impl FnMut(&[u8]) -> Examined) -> bool {
+        let mut oversize = {
+            let mut state = self.reader.lock();
+            self.last_event_id.clone_from(&state.last_event_id);
+            self.batch.clear();
+            std::mem::swap(&mut self.batch, &mut state.events);
+            state.oversize
+        };
+        let mut response = false;
+        for data in &self.batch {
+            // The producer's parser bounds the whole event; this bound is the guard's.
+            oversize |= data.len() >= self.max;
+            let examined = if oversize {
+                Examined::Unread
+            } else {
+                on_message(data)
+            };
+            response |= match examined {
+                Examined::Response => true,
+                Examined::NotResponse => false,
+                Examined::Unread => !response && is_response(data),
+            };
+        }
+        self.batch.clear();
+        if response {
+            self.reader.lock().response_seen = true;
+        }
+        oversize
     }
 }
 
@@ -149,9 +245,20 @@ pub fn is_response_to(message: &[u8], id: &RequestId) -> bool {
 /// The answer in `message` if it is the JSON-RPC response to the request `id`. Parsed without
 /// building a tree.
 pub(crate) fn response_to<'a>(message: &'a [u8], id: &RequestId) -> Option<ResponseTo<'a>> {
+    read_message(message, id).1
+}
+
+/// One parse of `message`: whether it is a JSON-RPC response at all (as [`is_response`] says;
+/// [`Examined::Unread`] when it does not parse as an envelope), and the answer in it if it is
+/// the response to the request `id`.
+pub(crate) fn read_message<'a>(
+    message: &'a [u8],
+    id: &RequestId,
+) -> (Examined, Option<ResponseTo<'a>>) {
     #[derive(serde::Deserialize)]
     struct Envelope<'a> {
         id: Option<RequestId>,
+        method: Option<IgnoredAny>,
         #[serde(borrow)]
         result: Option<&'a RawValue>,
         error: Option<ErrorObject>,
@@ -161,15 +268,25 @@ pub(crate) fn response_to<'a>(message: &'a [u8], id: &RequestId) -> Option<Respo
         #[serde(default)]
         code: i64,
     }
-    let envelope: Envelope<'a> = serde_json::from_slice(message).ok()?;
+    let Ok(envelope) = serde_json::from_slice::<Envelope<'a>>(message) else {
+        return (Examined::Unread, None);
+    };
+    // An envelope that parses has every field `is_response` reads, with the same presence.
+    let examined =
+        if envelope.method.is_none() && (envelope.result.is_some() || envelope.error.is_some()) {
+            Examined::Response
+        } else {
+            Examined::NotResponse
+        };
     if envelope.id.as_ref() != Some(id) {
-        return None;
+        return (examined, None);
     }
-    match (envelope.result, envelope.error) {
+    let answer = match (envelope.result, envelope.error) {
         (Some(raw), _) => Some(ResponseTo::Result(raw)),
         (None, Some(error)) => Some(ResponseTo::Error { code: error.code }),
         (None, None) => None,
-    }
+    };
+    (examined, answer)
 }
 
 #[cfg(test)]
@@ -189,6 +306,7 @@ mod tests {
                     if let Some(ResponseTo::Result(raw)) = response_to(m, &RequestId::from(3)) {
                         found.push(raw.get().to_owned());
                     }
+                    Examined::Unread
                 });
             }
             assert_eq!(found, ["{\"content\":[]}"], "split at {split}");
@@ -201,7 +319,7 @@ mod tests {
         let mut scanner = ResponseScanner::new(false, 8);
         scanner.feed(b"{\"a\":", |_| unreachable!("JSON has no events"));
         assert_eq!(scanner.json_body(), Some(&b"{\"a\":"[..]));
-        scanner.feed(b"12345}", |_| {});
+        scanner.feed(b"12345}", |_| Examined::Unread);
         assert!(scanner.is_oversize());
         assert_eq!(scanner.json_body(), None);
     }

@@ -25,6 +25,12 @@ type Res<T = ()> = Result<T, SseError>;
 /// Event callback as passed through the internal parsing steps.
 type Sink<'a> = &'a mut dyn FnMut(SseEvent);
 
+#[cfg(test)]
+thread_local! {
+    /// How many bytes this thread's parsers were fed: one pass over a stream feeds its length.
+    pub(crate) static PUSHED_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// One dispatched server-sent event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
@@ -131,6 +137,22 @@ impl SseParser {
         &self.last_event_id
     }
 
+    /// Whether the input so far ends between events: no line, and no field of a block,
+    /// pending.
+    pub(crate) fn is_between_events(&self) -> bool {
+        !self.is_mid_line()
+            && self.data.is_empty()
+            && self.event_type.is_empty()
+            && self.block_id.is_none()
+            && self.block_retry.is_none()
+    }
+
+    /// Whether the input so far ends inside a line (a CR that may still get its LF is a
+    /// line's end).
+    pub(crate) fn is_mid_line(&self) -> bool {
+        !self.line.is_empty() || self.bom_matched.is_some_and(|n| n > 0)
+    }
+
     /// The latest valid `retry` (reconnection time) seen on the stream.
     pub fn retry(&self) -> Option<Duration> {
         self.retry
@@ -156,6 +178,8 @@ impl SseParser {
         if let Some(err) = &self.poisoned {
             return Err(err.clone());
         }
+        #[cfg(test)]
+        PUSHED_BYTES.with(|n| n.set(n.get() + chunk.len()));
         let result = self.push_inner(chunk, &mut on_event);
         if let Err(err) = &result {
             self.poisoned = Some(err.clone());

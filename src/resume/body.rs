@@ -17,7 +17,10 @@ use super::{
 };
 use crate::{
     BoxError,
-    protocol::sse::{SseEvent, SseParser},
+    protocol::{
+        sse::{SseEvent, SseParser},
+        tap::EventTap,
+    },
 };
 
 /// The response body of [`Resume`](super::Resume): the target's stream, continued across breaks.
@@ -40,10 +43,19 @@ struct Splice<RB> {
     last_event_id: String,
     out: VecDeque<Bytes>,
     response_seen: bool,
+    /// Events are written anew, de-duplicated: from the first resume on (a replay may repeat
+    /// what was delivered) until the response is seen at an event's end. Before, the
+    /// target's frames go on as they came.
+    reencode: bool,
+    /// The stream broke inside an event whose first bytes went on (`Some(mid_line)`): the
+    /// resumed stream first ends it so that the caller's parser drops it.
+    torn: Option<bool>,
     attempts: u32,
     config: Config,
     /// The break being recovered from, returned if recovery fails.
     broken: Option<BoxError>,
+    /// The events, for a guard above that reads them instead of parsing the stream again.
+    tap: EventTap,
 }
 
 enum Phase<RB> {
@@ -56,6 +68,10 @@ enum Phase<RB> {
 /// How many delivered ids a splice remembers for de-duplication.
 const MAX_REMEMBERED_IDS: usize = 4096;
 
+/// The type of the event that ends an event torn by a break: clients take only `message`
+/// events (rmcp's and the TypeScript SDK's do) as JSON-RPC.
+pub(crate) const TORN_EVENT: &str = "mcp-replay-guard-torn";
+
 impl<RB> ResumeBody<RB> {
     pub(super) fn passthrough(body: RB) -> Self {
         Self {
@@ -63,7 +79,12 @@ impl<RB> ResumeBody<RB> {
         }
     }
 
-    pub(super) fn resumable(body: RB, reconnect: Reconnect<RB>, config: Config) -> Self {
+    pub(super) fn resumable(
+        body: RB,
+        reconnect: Reconnect<RB>,
+        config: Config,
+        tap: EventTap,
+    ) -> Self {
         Self {
             kind: Kind::Resumable(Box::new(Splice {
                 current: Some(Box::pin(body)),
@@ -74,9 +95,12 @@ impl<RB> ResumeBody<RB> {
                 last_event_id: String::new(),
                 out: VecDeque::new(),
                 response_seen: false,
+                reencode: false,
+                torn: None,
                 attempts: 0,
                 config,
                 broken: None,
+                tap,
             })),
         }
     }
@@ -126,31 +150,74 @@ where
             .min(self.config.max_delay)
     }
 
+    /// Parses a chunk of the current stream: the cursor, the delivered ids, whether the
+    /// response came; when re-encoding, each event not delivered before, written anew. An
+    /// event's data goes to the tap's reader when there is one (which then says whether it
+    /// was the response), else it is parsed here.
     fn feed(&mut self, chunk: &[u8]) -> Result<(), BoxError> {
         let Self {
             parser,
             delivered,
             out,
             response_seen,
+            reencode,
+            tap,
+            last_event_id,
             ..
         } = self;
-        parser.push(chunk, |event| {
+        let mut tap = tap.lock();
+        let pushed = parser.push(chunk, |event| {
             if let Some(id) = &event.id
                 && !id.is_empty()
                 && !delivered.insert(id.clone())
+                && *reencode
             {
                 return; // replayed: already delivered
             }
             if delivered.len() > MAX_REMEMBERED_IDS {
                 delivered.clear();
             }
-            *response_seen |= is_response(&event);
-            out.push_back(encode(&event));
-        })?;
-        if !self.parser.last_event_id().is_empty() {
-            self.last_event_id = self.parser.last_event_id().to_owned();
+            if *reencode {
+                out.push_back(encode(&event));
+            }
+            if !*response_seen {
+                if tap.wanted {
+                    tap.events.push_back(Bytes::from(event.data));
+                } else {
+                    *response_seen = is_response(&event.data);
+                }
+            }
+        });
+        let id = parser.last_event_id();
+        if !id.is_empty() && id != last_event_id {
+            last_event_id.clear();
+            last_event_id.push_str(id);
         }
-        Ok(())
+        if tap.wanted && tap.last_event_id != *last_event_id {
+            tap.last_event_id.clone_from(last_event_id);
+        }
+        if pushed.is_err() {
+            tap.oversize = true;
+        }
+        pushed.map_err(Into::into)
+    }
+
+    /// What the tap's reader found; the events it no longer wants, judged here. Once the
+    /// response is seen at an event's end, nothing is re-encoded any more.
+    fn sync_tap(&mut self) {
+        if !self.response_seen {
+            let mut tap = self.tap.lock();
+            let mut seen = tap.response_seen;
+            if !tap.wanted {
+                for data in tap.events.drain(..) {
+                    seen = seen || crate::protocol::response::is_response(&data);
+                }
+            }
+            self.response_seen = seen;
+        }
+        if self.response_seen && self.reencode && self.parser.is_between_events() {
+            self.reencode = false;
+        }
     }
 
     /// The stream broke (`error`) or ended without a response: resume, or give up.
@@ -163,9 +230,28 @@ where
         if self.broken.is_none() {
             self.broken = error;
         }
+        if !self.reencode && self.torn.is_none() && !self.parser.is_between_events() {
+            self.torn = Some(self.parser.is_mid_line());
+        }
         tracing::debug!(last_event_id = %self.last_event_id, attempt = self.attempts + 1, "resuming a broken response stream");
         self.phase = Phase::Waiting(Box::pin(tokio::time::sleep(self.delay())));
         Some(Ok(()))
+    }
+
+    /// Ends an event torn by the break, whose first bytes went on, so that the caller's
+    /// parser dispatches it as an event no client reads (the data buffer cannot be emptied
+    /// otherwise), and sets its last event id back to the resume's.
+    fn end_torn_event(&self, mid_line: bool) -> Bytes {
+        let mut out = String::with_capacity(self.last_event_id.len() + 48);
+        if mid_line {
+            out.push('\n');
+        }
+        out.push_str("event: ");
+        out.push_str(TORN_EVENT);
+        out.push_str("\nid: ");
+        out.push_str(&self.last_event_id);
+        out.push_str("\n\n");
+        Bytes::from(out)
     }
 
     fn give_up(&mut self, reason: String, source: Option<BoxError>) -> BoxError {
@@ -185,17 +271,23 @@ where
             match &mut self.phase {
                 Phase::Done => return Poll::Ready(None),
                 Phase::Streaming => {
+                    self.sync_tap();
                     let Some(current) = self.current.as_mut() else {
                         self.phase = Phase::Done;
                         continue;
                     };
                     match ready!(current.as_mut().poll_frame(cx)) {
                         Some(Ok(frame)) => {
-                            if let Some(data) = frame.data_ref()
+                            // Once the response came no resume can follow: nothing to parse.
+                            let parse = self.reencode || !self.response_seen;
+                            if let Some(data) = frame.data_ref().filter(|_| parse)
                                 && let Err(error) = self.feed(data.chunk())
                             {
                                 self.phase = Phase::Done;
                                 return Poll::Ready(Some(Err(error)));
+                            }
+                            if !self.reencode {
+                                return Poll::Ready(Some(Ok(frame)));
                             }
                         }
                         Some(Err(error)) => {
@@ -220,6 +312,11 @@ where
                 Phase::Connecting(get) => match ready!(get.as_mut().poll(cx)) {
                     Ok(response) if response.status().is_success() => {
                         // A fresh stream: a new parser, the same de-duplication and cursor.
+                        if let Some(mid_line) = self.torn.take() {
+                            let end = self.end_torn_event(mid_line);
+                            self.out.push_back(end);
+                        }
+                        self.reencode = true;
                         self.parser = SseParser::with_max_event_size(self.config.max_event_size);
                         self.current = Some(Box::pin(response.into_body()));
                         self.phase = Phase::Streaming;
@@ -244,10 +341,10 @@ where
     }
 }
 
-/// Whether an event carries a JSON-RPC response (not a request or notification): the end of a
-/// POST's stream.
-fn is_response(event: &SseEvent) -> bool {
-    crate::protocol::response::is_response(event.data.as_bytes())
+/// Whether an event's data is a JSON-RPC response (not a request or notification): the end of
+/// a POST's stream.
+fn is_response(data: &str) -> bool {
+    crate::protocol::response::is_response(data.as_bytes())
 }
 
 /// Writes an event back as SSE text.
@@ -310,7 +407,108 @@ where
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
+
     use super::*;
+
+    type Stream = UnsyncBoxBody<Bytes, std::io::Error>;
+
+    fn stream(frames: Vec<Bytes>, cut: bool) -> Stream {
+        let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> =
+            frames.into_iter().map(|f| Ok(Frame::data(f))).collect();
+        if cut {
+            frames.push(Err(std::io::ErrorKind::ConnectionReset.into()));
+        }
+        UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames)))
+    }
+
+    fn config() -> Config {
+        Config {
+            max_attempts: 2,
+            max_delay: Duration::from_millis(5),
+            backoff: Duration::from_millis(1),
+            max_event_size: 1 << 20,
+        }
+    }
+
+    /// A splice whose resume GETs answer `get`, each with the `Last-Event-ID` it was sent.
+    fn resumable(
+        first: Stream,
+        get: Vec<&'static str>,
+    ) -> (
+        ResumeBody<Stream>,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ) {
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = asked.clone();
+        let reconnect: Reconnect<Stream> = Box::new(move |last_event_id| {
+            log.lock().unwrap().push(last_event_id.to_owned());
+            let frames = get
+                .iter()
+                .map(|f| Bytes::from_static(f.as_bytes()))
+                .collect();
+            let response = http::Response::new(stream(frames, false));
+            Box::pin(async move { Ok(response) })
+        });
+        let body = ResumeBody::resumable(first, reconnect, config(), EventTap::default());
+        (body, asked)
+    }
+
+    const NOTE: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#;
+    const ANSWER: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+
+    /// Every event was parsed and written anew into a frame of its own, even on a stream that
+    /// never broke. Now, until a resume, the target's frames go on as they are: the same
+    /// bytes (the same buffers), split where the target split them.
+    #[tokio::test]
+    async fn an_unbroken_stream_goes_on_frame_for_frame() {
+        let text = format!("id: 1\nretry: 10\ndata: {NOTE}\n\nid: 2\ndata: {ANSWER}\n\n");
+        let text = Bytes::from(text);
+        let frames = vec![text.slice(..7), text.slice(7..90), text.slice(90..)];
+        let (mut body, asked) = resumable(stream(frames.clone(), false), vec![]);
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            got.push(frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(got, frames);
+        for (got, sent) in got.iter().zip(&frames) {
+            assert_eq!(got.as_ptr(), sent.as_ptr(), "the target's own buffer");
+        }
+        assert!(asked.lock().unwrap().is_empty());
+        assert!(body.is_end_stream());
+    }
+
+    /// A stream torn inside an event (mid-line, and at a line's end) and resumed: the caller's
+    /// parser reads each message once, in order; the torn event's first bytes end in an event
+    /// of a type no client reads as JSON-RPC.
+    #[tokio::test]
+    async fn a_stream_torn_inside_an_event_gives_each_message_once_in_order() {
+        for torn in ["id: 2\ndata: {\"jsonrpc\":", "id: 2\n", "data: x\n", "da"] {
+            let first = format!("id: 1\ndata: {NOTE}\n\n{torn}");
+            let first = stream(vec![Bytes::from(first)], true);
+            let replay = vec![
+                "id: 1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"replayed\"}\n\n",
+                "id: 2\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",",
+                "\"params\":{}}\n\nid: 3\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n",
+            ];
+            let (body, asked) = resumable(first, replay);
+            let text = body.collect().await.unwrap().to_bytes();
+            let events = SseParser::parse_all(&text, 1 << 20).unwrap();
+            let messages: Vec<_> = events
+                .iter()
+                .filter(|e| e.event == "message")
+                .map(|e| e.data.as_str())
+                .collect();
+            assert_eq!(messages, [NOTE, NOTE, ANSWER], "torn after {torn:?}");
+            assert!(
+                events
+                    .iter()
+                    .all(|e| e.event == "message" || e.event == TORN_EVENT),
+                "{events:?}"
+            );
+            assert_eq!(asked.lock().unwrap().len(), 1);
+        }
+    }
 
     #[test]
     fn encoded_events_parse_back_to_themselves() {
@@ -339,13 +537,10 @@ mod tests {
             text.extend_from_slice(&encode(event));
         }
         assert_eq!(SseParser::parse_all(&text, 1 << 20).unwrap(), events);
-        assert!(is_response(&events[1]));
-        assert!(!is_response(&events[0]));
-        assert!(!is_response(&SseEvent {
-            event: "message".into(),
-            data: "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\"}".into(),
-            id: None,
-            retry: None
-        }));
+        assert!(is_response(&events[1].data));
+        assert!(!is_response(&events[0].data));
+        assert!(!is_response(
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\"}"
+        ));
     }
 }

@@ -12,7 +12,7 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{ResumeBody, layer::Config, service::GetTemplate};
-use crate::BoxError;
+use crate::{BoxError, protocol::tap::EventTap};
 
 pin_project_lite::pin_project! {
     /// The future of [`Resume`].
@@ -57,9 +57,17 @@ where
             .take()
             .filter(|_| sse && response.status().is_success());
         let config = *this.config;
-        Poll::Ready(Ok(response.map(|body| match get {
-            Some(get) => ResumeBody::resumable(body, get.into_reconnect(), config),
-            None => ResumeBody::passthrough(body),
-        })))
+        let Some(get) = get else {
+            return Poll::Ready(Ok(response.map(ResumeBody::passthrough)));
+        };
+        // The events, for a guard above. A tap from below describes the body this one
+        // wraps, not this one: it is replaced (no caller can set one, it is crate-private).
+        let tap = EventTap::default();
+        let mut response = response;
+        response.extensions_mut().insert(tap.clone());
+        let reconnect = get.into_reconnect();
+        Poll::Ready(Ok(
+            response.map(|body| ResumeBody::resumable(body, reconnect, config, tap))
+        ))
     }
 }

@@ -126,7 +126,7 @@ impl<B: Body> IdempotencyResponseBody<B> {
     {
         let max = recorder.max_result_bytes;
         let describe = |_: &B::Error| String::from("the response body failed");
-        let watch = Observed::new(inner, recorder, sse, max, describe);
+        let watch = Observed::new(inner, recorder, sse, max, describe, None);
         Self {
             kind: ResponseKind::Observed { watch },
         }
