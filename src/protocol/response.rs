@@ -124,9 +124,7 @@ impl ResponseScanner {
     /// The id of the last SSE event seen, if any.
     pub(crate) fn last_event_id(&self) -> Option<&str> {
         match &self.format {
-            Format::Sse(parser) if !parser.last_event_id().is_empty() => {
-                Some(parser.last_event_id())
-            }
+            Format::Sse(parser) if !parser.reconnect_id().is_empty() => Some(parser.reconnect_id()),
             Format::Tapped(tapped) if !tapped.last_event_id.is_empty() => {
                 Some(&tapped.last_event_id)
             }

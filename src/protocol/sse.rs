@@ -86,6 +86,9 @@ pub struct SseParser {
     block_retry: Option<Duration>,
     /// WHATWG last event ID buffer; persists across blocks.
     last_event_id: String,
+    /// WHATWG "last event ID string" of the event source: the buffer as it was at the end of
+    /// the last block, what a reconnection sends.
+    reconnect_id: String,
     /// Latest valid reconnection time seen on the stream.
     retry: Option<Duration>,
     /// `Some(n)` while still at the start of the stream with `n` BOM bytes matched.
@@ -118,6 +121,7 @@ impl SseParser {
             block_id: None,
             block_retry: None,
             last_event_id: String::new(),
+            reconnect_id: String::new(),
             retry: None,
             bom_matched: Some(0),
             after_cr: false,
@@ -151,6 +155,14 @@ impl SseParser {
     /// line's end).
     pub(crate) fn is_mid_line(&self) -> bool {
         !self.line.is_empty() || self.bom_matched.is_some_and(|n| n > 0)
+    }
+
+    /// The id a reconnection sends as `Last-Event-ID` (WHATWG's "last event ID string"): the
+    /// [`last_event_id`](Self::last_event_id) buffer as it stood at the end of the last
+    /// block. An `id` line of a block the stream broke inside does not move it, so a resume
+    /// never skips the event that block was carrying.
+    pub fn reconnect_id(&self) -> &str {
+        &self.reconnect_id
     }
 
     /// The latest valid `retry` (reconnection time) seen on the stream.
@@ -323,6 +335,9 @@ impl SseParser {
 
     /// Handles an empty line: dispatches the block's event if its data buffer is non-empty.
     fn dispatch(&mut self, on_event: Sink<'_>) {
+        if self.reconnect_id != self.last_event_id {
+            self.reconnect_id.clone_from(&self.last_event_id);
+        }
         let id = self.block_id.take();
         let retry = self.block_retry.take();
         let event_type = std::mem::take(&mut self.event_type);
@@ -384,6 +399,47 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The id a reconnection sends moves at a block's end, not at its `id` line: a stream
+    /// broken inside the block of event 2 resumes from 1 and gets event 2 again.
+    #[test]
+    fn the_reconnect_id_moves_only_when_a_block_ends() {
+        let mut parser = SseParser::new();
+        let mut events = 0;
+        parser
+            .push(
+                b"id: 1
+data: a
+
+id: 2
+data: b",
+                |_| events += 1,
+            )
+            .unwrap();
+        assert_eq!(
+            (events, parser.last_event_id(), parser.reconnect_id()),
+            (1, "2", "1")
+        );
+        parser
+            .push(
+                b"
+
+",
+                |_| events += 1,
+            )
+            .unwrap();
+        assert_eq!((events, parser.reconnect_id()), (2, "2"));
+        // A block without data moves it too (WHATWG sets the event source's id first).
+        parser
+            .push(
+                b"id: 3
+
+",
+                |_| events += 1,
+            )
+            .unwrap();
+        assert_eq!((events, parser.reconnect_id()), (2, "3"));
+    }
     use proptest::collection::vec;
     use proptest::option::of;
     use proptest::prelude::*;

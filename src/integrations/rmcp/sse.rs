@@ -146,7 +146,7 @@ impl SseBody {
         });
         // A block without data is not an event, but its id and retry are: rmcp resumes from
         // the id (rmcp's own parser passes such blocks on as events without data).
-        let id = parser.last_event_id();
+        let id = parser.reconnect_id();
         let id_changed = announced_id.as_deref().unwrap_or_default() != id;
         let retry_changed = parser.retry() != *announced_retry;
         if id_changed || retry_changed {
