@@ -391,6 +391,37 @@ pub(crate) fn json_kind(value: &Value) -> &'static str {
     }
 }
 
+/// The visitor methods for a JSON value that is not an object or an array: each binds `$kind`
+/// to what the value is (as [`json_kind`] names it) and returns `$value`.
+macro_rules! visit_scalars {
+    ($kind:pat => $value:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            let $kind = "a boolean";
+            Ok($value)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            let $kind = "a number";
+            Ok($value)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            let $kind = "a number";
+            Ok($value)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            let $kind = "a number";
+            Ok($value)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            let $kind = "a string";
+            Ok($value)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            let $kind = "null";
+            Ok($value)
+        }
+    };
+}
+
 /// Parses the top level: an object or an array of them.
 struct TopLevel;
 
@@ -424,34 +455,7 @@ impl<'de> Visitor<'de> for TopLevel {
     }
 
     // Scalars at the top level parse fine and are rejected as "not an object" afterwards.
-    fn visit_bool<E>(self, _: bool) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
-            "a boolean",
-        ))))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
-            "a number",
-        ))))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
-            "a number",
-        ))))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
-            "a number",
-        ))))
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object(
-            "a string",
-        ))))
-    }
-    fn visit_unit<E>(self) -> Result<Parsed, E> {
-        Ok(Parsed::Single(Box::new(Envelope::not_an_object("null"))))
-    }
+    visit_scalars!(kind => Parsed::Single(Box::new(Envelope::not_an_object(kind))));
 }
 
 /// One message: its envelope members read, `params` read member by member.
@@ -515,24 +519,7 @@ impl<'de> Visitor<'de> for MessageSeed {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(Envelope::not_an_object("an array"))
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("a boolean"))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("a number"))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("a number"))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("a number"))
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("a string"))
-    }
-    fn visit_unit<E>(self) -> Result<Envelope, E> {
-        Ok(Envelope::not_an_object("null"))
-    }
+    visit_scalars!(kind => Envelope::not_an_object(kind));
 }
 
 /// A message's `params`: an object read member by member, `arguments` straight into its
@@ -589,24 +576,7 @@ impl<'de> Visitor<'de> for ParamsSeed<'_> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(Params::Other)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Params, E> {
-        Ok(Params::Other)
-    }
+    visit_scalars!(_ => Params::Other);
 }
 
 /// Builds a [`Value`] like serde_json does, and notes the first object key seen twice
