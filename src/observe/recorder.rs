@@ -277,7 +277,15 @@ pub(crate) fn write_from_drop(write: Write) {
 }
 
 /// [`write_from_drop`], with the task's handle when there is a runtime.
-pub(crate) fn spawn_finishing(write: Write) -> Pending {
+///
+/// The write is polled once in place first: one done at once (a memory ledger's) needs no task
+/// of its own, since nothing is left that a dropped body could cut, and the caller is spared a
+/// spawn and a wake-up from another worker thread. One that is not done goes on as a task.
+pub(crate) fn spawn_finishing(mut write: Write) -> Pending {
+    let mut in_place = Context::from_waker(std::task::Waker::noop());
+    if write.as_mut().poll(&mut in_place).is_ready() {
+        return None;
+    }
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => Some(handle.spawn(FinishOnDrop(Some(write)))),
         Err(_) => {
