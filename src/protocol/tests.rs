@@ -382,3 +382,53 @@ fn a_resume_key_is_the_stream_and_the_event_id() {
     assert_ne!(a, key("h/mcp", None, "0/3"));
     assert_ne!(a, key("h/mcp", Some("s1"), "0/4"));
 }
+
+/// Found by the helper of issue 15: `result` / `error` members and a non-object `params` were
+/// skipped with `IgnoredAny`, which checks neither the recursion limit, nor a number's range,
+/// nor lone surrogates, nor duplicate keys. The body then classified, but the tree of its
+/// arguments (a re-parse of the whole body) failed and read as `{}`: fingerprint rules and
+/// hooks saw no arguments, and two different calls fingerprinted alike.
+#[test]
+fn every_member_of_a_tools_call_body_is_parsed_as_a_value_would_be() {
+    let call = r#""jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}"#;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let skipped_values = [
+        "1E400".to_owned(),
+        deep.clone(),
+        r#""\ud800""#.to_owned(),
+        r#"{"k":1,"k":2}"#.to_owned(),
+    ];
+    let mut bodies = Vec::new();
+    for junk in &skipped_values {
+        bodies.push(format!(r#"{{{call},"result":{junk}}}"#));
+        bodies.push(format!(r#"{{{call},"error":{junk}}}"#));
+        // Another message of a batch, its `params` an array.
+        bodies.push(format!(
+            r#"[{{{call}}},{{"jsonrpc":"2.0","id":2,"method":"ping","params":[{junk}]}}]"#
+        ));
+    }
+    let h = headers(&[("MCP-Protocol-Version", "2025-03-26")]);
+    for body in &bodies {
+        match classify(&Method::POST, &h, body.as_bytes()) {
+            Err(_) => {}
+            Ok(request) => {
+                let call = match request.kind {
+                    RequestKind::Message(Message::ToolCall(call)) => call,
+                    RequestKind::Batch(messages) => match messages.into_iter().next() {
+                        Some(Message::ToolCall(call)) => call,
+                        other => panic!("{body}: {other:?}"),
+                    },
+                    other => panic!("{body}: {other:?}"),
+                };
+                assert_eq!(
+                    serde_json::Value::Object(call.arguments().clone()),
+                    json!({"a": 1}),
+                    "{body}"
+                );
+            }
+        }
+    }    // A duplicate key anywhere in a tools/call's message is refused, `result` included.
+    let body = format!(r#"{{{call},"result":{{"k":1,"k":2}}}}"#);
+    let err = classify(&Method::POST, &h, body.as_bytes()).unwrap_err();
+    assert!(matches!(err, ClassifyError::DuplicateKey(_)), "{err:?}");
+}
