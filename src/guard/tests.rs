@@ -419,8 +419,10 @@ mod over_resume {
                     let body = UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames)));
                     return Ok::<_, BoxError>(sse(body, 200));
                 }
-                let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> =
-                    first_frames.into_iter().map(|b| Ok(Frame::data(b))).collect();
+                let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> = first_frames
+                    .into_iter()
+                    .map(|b| Ok(Frame::data(b)))
+                    .collect();
                 if broken {
                     frames.push(Err(std::io::ErrorKind::ConnectionReset.into()));
                 }

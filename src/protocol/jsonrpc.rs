@@ -577,7 +577,10 @@ impl<'de> Visitor<'de> for ParamsSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Params, A::Error> {
         // Parsed as values, not skipped (see `MessageSeed`'s `result`).
-        while seq.next_element_seed(TrackDuplicates(&mut *self.0))?.is_some() {}
+        while seq
+            .next_element_seed(TrackDuplicates(&mut *self.0))?
+            .is_some()
+        {}
         Ok(Params::Other)
     }
     visit_scalars!(_ => Params::Other);

@@ -390,7 +390,8 @@ fn a_resume_key_is_the_stream_and_the_event_id() {
 /// hooks saw no arguments, and two different calls fingerprinted alike.
 #[test]
 fn every_member_of_a_tools_call_body_is_parsed_as_a_value_would_be() {
-    let call = r#""jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}"#;
+    let call =
+        r#""jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}"#;
     let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
     let skipped_values = [
         "1E400".to_owned(),
@@ -427,7 +428,7 @@ fn every_member_of_a_tools_call_body_is_parsed_as_a_value_would_be() {
                 );
             }
         }
-    }    // A duplicate key anywhere in a tools/call's message is refused, `result` included.
+    } // A duplicate key anywhere in a tools/call's message is refused, `result` included.
     let body = format!(r#"{{{call},"result":{{"k":1,"k":2}}}}"#);
     let err = classify(&Method::POST, &h, body.as_bytes()).unwrap_err();
     assert!(matches!(err, ClassifyError::DuplicateKey(_)), "{err:?}");
@@ -438,7 +439,9 @@ fn every_member_of_a_tools_call_body_is_parsed_as_a_value_would_be() {
 #[test]
 fn duplicate_keys_in_odd_places_and_spellings_are_refused() {
     let call = |rest: &str| {
-        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{rest}}}}}"#)
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{rest}}}}}"#
+        )
     };
     for body in [
         r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"t"}}"#.to_owned(),
@@ -496,7 +499,11 @@ fn edge_numbers_and_nesting_agree_with_the_tree_path() {
     .map(|n| format!(r#"{{"n":[{n}],"m":{{"k":{n}}}}}"#))
     .collect();
     for depth in [100, 124, 125, 126, 127] {
-        arguments.push(format!(r#"{{"d":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth)));
+        arguments.push(format!(
+            r#"{{"d":{}1{}}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ));
     }
     for arguments in &arguments {
         let body = format!(
