@@ -609,3 +609,28 @@ fn a_duplicate_key_anywhere_in_the_arguments_is_refused_in_either_order() {
         );
     }
 }
+
+/// Found by the helper of issue 15: a `result` member the message parse skipped without
+/// checking (`1E400` is out of a double's range) let the body classify while its tree form
+/// could not be re-parsed and read as `{}`; with fingerprint rules (which use the tree) two
+/// calls with different arguments were one intent.
+#[test]
+fn with_rules_two_calls_with_different_arguments_never_fingerprint_alike() {
+    let rules = FingerprintRules::new().drop("/note");
+    let fingerprint = |amount: u32| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"amount":{amount}}}}},"result":1E400}}"#
+        );
+        let Ok(request) = protocol::classify(&Method::POST, &HeaderMap::new(), body.as_bytes())
+        else {
+            return None; // refused: never fingerprinted
+        };
+        let RequestKind::Message(Message::ToolCall(call)) = request.kind else {
+            panic!("not a tools/call")
+        };
+        Some(key().fingerprint(record(Value::Null).call_arguments(&call), &rules))
+    };
+    if let (Some(one), Some(other)) = (fingerprint(1), fingerprint(1_000_000)) {
+        assert_ne!(one, other);
+    }
+}

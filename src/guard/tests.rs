@@ -302,4 +302,214 @@ mod over_resume {
         assert!(record.result_reference.is_some(), "{record:?}");
         assert!(record.delivered_at.is_none());
     }
+
+    /// One event of the attack property's target: its id, and the message it carries.
+    fn encode_event(id: usize, data: &str, style: u8) -> String {
+        let eol = ["\n", "\r", "\r\n"][usize::from(style % 3)];
+        let mut out = String::new();
+        if style & 4 != 0 {
+            out.push_str(&format!(": keep-alive{eol}"));
+        }
+        out.push_str(&format!("id: {id}{eol}"));
+        if style & 8 != 0 {
+            out.push_str(&format!("event: message{eol}"));
+        }
+        if style & 16 != 0 {
+            out.push_str(&format!("retry: 1{eol}"));
+        }
+        out.push_str(&format!("data: {data}{eol}{eol}"));
+        out
+    }
+
+    /// The messages of the attack property: notes (with non-ASCII text, to split inside
+    /// UTF-8), then the answer.
+    fn attack_messages(notes: usize) -> Vec<String> {
+        let mut messages: Vec<String> = (0..notes)
+            .map(|i| {
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"n":{i},"t":"é😀"}}}}"#
+                )
+            })
+            .collect();
+        messages.push(ANSWER.to_owned());
+        messages
+    }
+
+    fn split_at(text: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut frames = Vec::new();
+        let mut start = 0;
+        for cut in cuts.into_iter().chain([text.len()]) {
+            if cut > start {
+                frames.push(Bytes::copy_from_slice(&text[start..cut]));
+                start = cut;
+            }
+        }
+        frames
+    }
+
+    /// A guard over a resume layer over a target whose POST stream breaks at `cut` and whose
+    /// GET replays every event after `Last-Event-ID`: the caller's bytes (up to an error)
+    /// and the ledger.
+    async fn call_replaying(
+        notes: usize,
+        styles: Vec<u8>,
+        bom: bool,
+        cut: usize,
+        cuts: Vec<usize>,
+        replay_all: bool,
+        get_cut: Option<usize>,
+    ) -> (MemoryLedger, Vec<u8>, bool, bool) {
+        let messages = attack_messages(notes);
+        let mut first = String::new();
+        if bom {
+            first.push('\u{feff}');
+        }
+        let mut first_event_end = 0;
+        for (i, m) in messages.iter().enumerate() {
+            first.push_str(&encode_event(i + 1, m, styles[i % styles.len()]));
+            if i == 0 {
+                first_event_end = first.len();
+            }
+        }
+        let cut = cut % (first.len() + 1);
+        // A break after the first event ended has a cursor to resume from.
+        let resumable = cut >= first_event_end;
+        let first_frames = split_at(&first.as_bytes()[..cut], &cuts);
+        let broken = cut < first.len();
+        let ledger = MemoryLedger::new();
+        let contracts = ContractRegistry::builder()
+            .tool("deploy", ToolContract::irreversible())
+            .build()
+            .unwrap();
+        let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let target = service_fn(move |request: Request<GuardRequestBody>| {
+            let (messages, first_frames, cuts) =
+                (messages.clone(), first_frames.clone(), cuts.clone());
+            let gets = gets.clone();
+            async move {
+                if request.method() == Method::GET {
+                    let after: usize = request
+                        .headers()
+                        .get("last-event-id")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(0);
+                    // A target that replays from further back than asked: the splice drops
+                    // what it delivered.
+                    let after = if replay_all { 0 } else { after };
+                    let mut replay = String::new();
+                    for (i, m) in messages.iter().enumerate().skip(after) {
+                        replay.push_str(&encode_event(i + 1, m, 0));
+                    }
+                    // The first resume breaks too, at `get_cut`.
+                    let first_get = gets.fetch_add(1, Ordering::SeqCst) == 0;
+                    let end = match get_cut {
+                        Some(c) if first_get => c % (replay.len() + 1),
+                        _ => replay.len(),
+                    };
+                    let mut frames = split_at(&replay.as_bytes()[..end], &cuts)
+                        .into_iter()
+                        .map(|b| Ok(Frame::data(b)))
+                        .collect::<Vec<Result<_, std::io::Error>>>();
+                    if end < replay.len() {
+                        frames.push(Err(std::io::ErrorKind::ConnectionReset.into()));
+                    }
+                    let body = UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames)));
+                    return Ok::<_, BoxError>(sse(body, 200));
+                }
+                let mut frames: Vec<Result<Frame<Bytes>, std::io::Error>> = first_frames
+                    .into_iter()
+                    .map(|b| Ok(Frame::data(b)))
+                    .collect();
+                if broken {
+                    frames.push(Err(std::io::ErrorKind::ConnectionReset.into()));
+                }
+                Ok(sse(
+                    UnsyncBoxBody::new(StreamBody::new(tokio_stream::iter(frames))),
+                    200,
+                ))
+            }
+        });
+        let guard = GuardLayer::new(
+            ledger.clone(),
+            contracts,
+            FingerprintKey::from_bytes(&[7; 32]).unwrap(),
+        )
+        .layer(
+            ResumeLayer::new()
+                .backoff(Duration::from_millis(1))
+                .max_attempts(3)
+                .layer(target),
+        );
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "deploy", "arguments": {"version": "1"}}});
+        let mut request = post_request(call);
+        request
+            .headers_mut()
+            .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+        let response = guard.oneshot(request).await.unwrap();
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        let mut failed = false;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => bytes.extend_from_slice(&frame.into_data().unwrap()),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        drop(body);
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        (ledger, bytes, failed, resumable)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever the framing, the line endings, the BOM, comments, `retry:` and where the
+        /// stream breaks: the caller reads each message at most once, in order, all of them
+        /// when the answer came; the ledger says `completed` with the result exactly when the
+        /// caller got the answer, `unknown` otherwise.
+        #[test]
+        fn a_stream_broken_anywhere_and_resumed_gives_each_message_once_and_the_right_outcome(
+            notes in 0usize..4,
+            styles in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..5),
+            bom in proptest::prelude::any::<bool>(),
+            cut in proptest::prelude::any::<usize>(),
+            cuts in proptest::collection::vec(proptest::prelude::any::<usize>(), 0..6),
+            replay_all in proptest::prelude::any::<bool>(),
+            get_cut in proptest::option::of(proptest::prelude::any::<usize>()),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let expected = attack_messages(notes);
+            let (ledger, bytes, failed, resumable) =
+                runtime.block_on(call_replaying(notes, styles, bom, cut, cuts, replay_all, get_cut));
+            let got: Vec<String> = messages(&bytes)
+                .into_iter()
+                .filter(|m| !m.is_empty())
+                .collect();
+            proptest::prop_assert!(got.len() <= expected.len(), "{got:?}");
+            proptest::prop_assert_eq!(&got[..], &expected[..got.len()]);
+            let answered = got.last().map(String::as_str) == Some(ANSWER);
+            if resumable {
+                proptest::prop_assert_eq!(&got, &expected);
+            }
+            let record = runtime.block_on(ledger.list()).unwrap().remove(0);
+            if answered {
+                proptest::prop_assert_eq!(record.state, ExecutionState::Completed);
+                proptest::prop_assert!(record.result_reference.is_some(), "{:?}", record);
+            } else {
+                proptest::prop_assert!(failed, "no answer and no error");
+                proptest::prop_assert_eq!(record.state, ExecutionState::Unknown, "{:?}", got);
+            }
+        }
+    }
 }

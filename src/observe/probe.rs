@@ -40,10 +40,16 @@ impl ResultProbe {
         .deserialize(&mut deserializer)
         .and_then(|()| deserializer.end())
         .is_ok();
-        let fields = if readable && !fields.malformed {
-            fields
-        } else {
+        if !readable {
+            // serde_json refused a value the struct skips unread (`IgnoredAny` checks neither
+            // strings, nor a number's range, nor the nesting limit): rare, so read the fields
+            // as the struct does, and have the text scanned (the pass stopped before its end).
+            return Self::by_struct(raw);
+        }
+        let fields = if fields.malformed {
             Fields::default()
+        } else {
+            fields
         };
         Self {
             is_error: fields.is_error.unwrap_or(false),
@@ -51,6 +57,30 @@ impl ResultProbe {
                 .task_id
                 .filter(|_| fields.result_type.as_deref() == Some("task")),
             maybe_wide: wide,
+        }
+    }
+}
+
+impl ResultProbe {
+    /// The fields as `#[derive(Deserialize)]` reads them, and `maybe_wide` set: the reading
+    /// of a result the one pass could not finish.
+    fn by_struct(raw: &str) -> Self {
+        #[derive(serde::Deserialize)]
+        struct ToolResult {
+            #[serde(rename = "isError", default)]
+            is_error: Option<bool>,
+            #[serde(rename = "resultType", default)]
+            result_type: Option<String>,
+            #[serde(rename = "taskId", default)]
+            task_id: Option<String>,
+        }
+        let result = serde_json::from_str::<ToolResult>(raw).ok();
+        Self {
+            is_error: result.as_ref().and_then(|r| r.is_error).unwrap_or(false),
+            task_id: result
+                .filter(|r| r.result_type.as_deref() == Some("task"))
+                .and_then(|r| r.task_id),
+            maybe_wide: true,
         }
     }
 }
@@ -373,6 +403,27 @@ mod tests {
         ] {
             let probe = ResultProbe::read(raw);
             assert_eq!((probe.is_error, probe.task_id), by_struct(raw), "{raw}");
+        }
+    }
+
+    /// Found by the helper of issue 15: the struct skips members it does not name unread
+    /// (`IgnoredAny` checks neither strings, nor a number's range, nor the nesting limit),
+    /// the probe parsed them and gave up on the whole result: a tool error whose text held a
+    /// lone surrogate (what JavaScript's `JSON.stringify` writes for a string cut inside a
+    /// pair) read as no error, and a wide integer after such a member went unnoticed.
+    #[test]
+    fn members_the_struct_skips_unread_change_nothing_the_probe_reads() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for skipped in [r#""\ud800""#, "1E400", deep.as_str()] {
+            for raw in [
+                format!(r#"{{"isError":true,"content":[{{"type":"text","text":{skipped}}}]}}"#),
+                format!(r#"{{"x":{skipped},"resultType":"task","taskId":"t-1"}}"#),
+            ] {
+                let probe = ResultProbe::read(&raw);
+                assert_eq!((probe.is_error, probe.task_id), by_struct(&raw), "{raw}");
+            }
+            let raw = format!(r#"{{"x":{skipped},"n":18446744073709551617}}"#);
+            assert!(ResultProbe::read(&raw).maybe_wide, "{raw}");
         }
     }
 

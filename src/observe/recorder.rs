@@ -560,4 +560,17 @@ pub(crate) mod tests {
         assert!(kept && !record.is_error);
         assert_eq!(record.correlation.task_id.as_deref(), Some("t-9"));
     }
+
+    /// Found by the helper of issue 15: a lone surrogate the one pass refused (the envelope
+    /// and the struct skip it unread) ended the pass before the wide integer after it, and the
+    /// memory ledger kept that result; the tool's `isError` read as `false` too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_result_the_one_pass_cannot_finish_is_still_checked_for_wide_integers() {
+        let (kept, record, _) = record_answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\ud800"}],"isError":true,"n":18446744073709551617}}"#,
+        )
+        .await;
+        assert!(!kept, "a wide integer literal is not kept");
+        assert!(record.is_error);
+    }
 }

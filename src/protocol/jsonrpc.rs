@@ -505,8 +505,11 @@ impl<'de> Visitor<'de> for MessageSeed {
                     envelope.method = Some(map.next_value_seed(TrackDuplicates(duplicate))?)
                 }
                 "params" => envelope.params = Some(map.next_value_seed(ParamsSeed(duplicate))?),
+                // Parsed as a value, not skipped: `IgnoredAny` checks neither the recursion
+                // limit nor a number's range nor lone surrogates, and a body that parses here
+                // must parse again when a call's arguments are read as a tree.
                 "result" | "error" => {
-                    map.next_value::<IgnoredAny>()?;
+                    drop(map.next_value_seed(TrackDuplicates(duplicate))?);
                     envelope.answers = true;
                 }
                 _ => drop(map.next_value_seed(TrackDuplicates(duplicate))?),
@@ -573,7 +576,11 @@ impl<'de> Visitor<'de> for ParamsSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Params, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        // Parsed as values, not skipped (see `MessageSeed`'s `result`).
+        while seq
+            .next_element_seed(TrackDuplicates(&mut *self.0))?
+            .is_some()
+        {}
         Ok(Params::Other)
     }
     visit_scalars!(_ => Params::Other);

@@ -89,6 +89,9 @@ pub struct SseParser {
     /// WHATWG "last event ID string" of the event source: the buffer as it was at the end of
     /// the last block, what a reconnection sends.
     reconnect_id: String,
+    /// A block has ended on this stream: [`reconnect_id`](Self::reconnect_id) is the stream's
+    /// own word (an empty one is a reset), not the parser's initial state.
+    block_ended: bool,
     /// Latest valid reconnection time seen on the stream.
     retry: Option<Duration>,
     /// `Some(n)` while still at the start of the stream with `n` BOM bytes matched.
@@ -122,6 +125,7 @@ impl SseParser {
             block_retry: None,
             last_event_id: String::new(),
             reconnect_id: String::new(),
+            block_ended: false,
             retry: None,
             bom_matched: Some(0),
             after_cr: false,
@@ -163,6 +167,13 @@ impl SseParser {
     /// never skips the event that block was carrying.
     pub fn reconnect_id(&self) -> &str {
         &self.reconnect_id
+    }
+
+    /// Whether a block has ended on this stream, so that [`reconnect_id`](Self::reconnect_id)
+    /// is what the stream set (an empty one after an `id` line with no value: a reset, no
+    /// cursor), not the nothing a parser starts with.
+    pub(crate) fn has_ended_a_block(&self) -> bool {
+        self.block_ended
     }
 
     /// The latest valid `retry` (reconnection time) seen on the stream.
@@ -335,6 +346,7 @@ impl SseParser {
 
     /// Handles an empty line: dispatches the block's event if its data buffer is non-empty.
     fn dispatch(&mut self, on_event: Sink<'_>) {
+        self.block_ended = true;
         if self.reconnect_id != self.last_event_id {
             self.reconnect_id.clone_from(&self.last_event_id);
         }

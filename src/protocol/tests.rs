@@ -382,3 +382,158 @@ fn a_resume_key_is_the_stream_and_the_event_id() {
     assert_ne!(a, key("h/mcp", None, "0/3"));
     assert_ne!(a, key("h/mcp", Some("s1"), "0/4"));
 }
+
+/// Found by the helper of issue 15: `result` / `error` members and a non-object `params` were
+/// skipped with `IgnoredAny`, which checks neither the recursion limit, nor a number's range,
+/// nor lone surrogates, nor duplicate keys. The body then classified, but the tree of its
+/// arguments (a re-parse of the whole body) failed and read as `{}`: fingerprint rules and
+/// hooks saw no arguments, and two different calls fingerprinted alike.
+#[test]
+fn every_member_of_a_tools_call_body_is_parsed_as_a_value_would_be() {
+    let call =
+        r#""jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1}}"#;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let skipped_values = [
+        "1E400".to_owned(),
+        deep.clone(),
+        r#""\ud800""#.to_owned(),
+        r#"{"k":1,"k":2}"#.to_owned(),
+    ];
+    let mut bodies = Vec::new();
+    for junk in &skipped_values {
+        bodies.push(format!(r#"{{{call},"result":{junk}}}"#));
+        bodies.push(format!(r#"{{{call},"error":{junk}}}"#));
+        // Another message of a batch, its `params` an array.
+        bodies.push(format!(
+            r#"[{{{call}}},{{"jsonrpc":"2.0","id":2,"method":"ping","params":[{junk}]}}]"#
+        ));
+    }
+    let h = headers(&[("MCP-Protocol-Version", "2025-03-26")]);
+    for body in &bodies {
+        match classify(&Method::POST, &h, body.as_bytes()) {
+            Err(_) => {}
+            Ok(request) => {
+                let call = match request.kind {
+                    RequestKind::Message(Message::ToolCall(call)) => call,
+                    RequestKind::Batch(messages) => match messages.into_iter().next() {
+                        Some(Message::ToolCall(call)) => call,
+                        other => panic!("{body}: {other:?}"),
+                    },
+                    other => panic!("{body}: {other:?}"),
+                };
+                assert_eq!(
+                    serde_json::Value::Object(call.arguments().clone()),
+                    json!({"a": 1}),
+                    "{body}"
+                );
+            }
+        }
+    } // A duplicate key anywhere in a tools/call's message is refused, `result` included.
+    let body = format!(r#"{{{call},"result":{{"k":1,"k":2}}}}"#);
+    let err = classify(&Method::POST, &h, body.as_bytes()).unwrap_err();
+    assert!(matches!(err, ClassifyError::DuplicateKey(_)), "{err:?}");
+}
+
+/// A duplicate key in any member of a tools/call, however it is spelled, is refused; keys
+/// that differ (UTF-16 order unlike UTF-8 order) are canonicalised as the tree writer does.
+#[test]
+fn duplicate_keys_in_odd_places_and_spellings_are_refused() {
+    let call = |rest: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{rest}}}}}"#
+        )
+    };
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"t"}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","\u0069d":1,"id":1,"method":"tools/call","params":{"name":"t"}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"},"params":{"name":"t"}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"tools/call","params":{"name":"t"}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"},"x":{"a":1,"a":1}}"#.to_owned(),
+        call(r#""arguments":{},"arguments":{}"#),
+        call(r#""argument\u0073":{},"arguments":{}"#),
+        call(r#""name":"u""#),
+        call(r#""arguments":{"😀":1,"\ud83d\ude00":2}"#),
+        call(r#""arguments":{"x":[[{"":1,"":2}]]}"#),
+        call(r#""_meta":{"a":1,"\u0061":2}"#),
+        call(r#""_meta":[{"a":1,"a":2}]"#),
+        call(r#""task":{"ttl":1,"ttl":2}"#),
+        call(r#""requestState":{"a":{"b":1,"b":1}}"#),
+        call(r#""requestState":1,"requestState":2"#),
+    ] {
+        let err = classify(&Method::POST, &HeaderMap::new(), body.as_bytes()).unwrap_err();
+        assert!(matches!(err, ClassifyError::DuplicateKey(_)), "{body}: {err:?}");
+    }
+    let body = call(r#""arguments":{"😀":1,"\uffff":2,"é":3,"a":4,"":5}"#);
+    let request = classify(&Method::POST, &HeaderMap::new(), body.as_bytes()).unwrap();
+    let call = tool_call(request);
+    assert_eq!(
+        call.canonical_arguments(),
+        crate::fingerprint::canonical_json(&serde_json::Value::Object(call.arguments().clone()))
+    );
+}
+
+/// Numbers at the edges, and nesting at serde_json's limit: the canonical arguments are the
+/// tree's, and the wide-integer rule is the old one (the tree and the body).
+#[test]
+fn edge_numbers_and_nesting_agree_with_the_tree_path() {
+    let mut arguments: Vec<String> = [
+        "9007199254740992",
+        "9007199254740993",
+        "-9007199254740993",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-18446744073709551617",
+        "-0",
+        "-0.0",
+        "1e19",
+        "1.8446744073709552e19",
+        "0.1",
+        "5e-324",
+        "1.7976931348623157e308",
+    ]
+    .iter()
+    .map(|n| format!(r#"{{"n":[{n}],"m":{{"k":{n}}}}}"#))
+    .collect();
+    for depth in [100, 124, 125, 126, 127] {
+        arguments.push(format!(
+            r#"{{"d":{}1{}}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ));
+    }
+    for arguments in &arguments {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{arguments}}}}}"#
+        );
+        let old = serde_json::from_str::<serde_json::Value>(&body);
+        let new = classify(&Method::POST, &HeaderMap::new(), body.as_bytes());
+        let (Ok(old), Ok(new)) = (old, new.as_ref()) else {
+            assert_eq!(
+                serde_json::from_str::<serde_json::Value>(&body).is_ok(),
+                new.is_ok(),
+                "{arguments}"
+            );
+            continue;
+        };
+        let call = match &new.kind {
+            RequestKind::Message(Message::ToolCall(call)) => call,
+            other => panic!("{other:?}"),
+        };
+        let tree = old["params"]["arguments"].as_object().unwrap();
+        assert_eq!(call.arguments(), tree, "{arguments}");
+        assert_eq!(
+            call.canonical_arguments(),
+            crate::fingerprint::canonical_json(&serde_json::Value::Object(tree.clone())),
+            "{arguments}"
+        );
+        assert_eq!(
+            call.has_integer_beyond_64_bits(),
+            has_integer_beyond_64_bits(tree, body.as_bytes()),
+            "{arguments}"
+        );
+    }
+}

@@ -188,8 +188,12 @@ where
                 }
             }
         });
+        // The cursor follows the stream's own, a reset (`id` with no value) included: a
+        // resume from the id before it would have the target replay what came after it, which
+        // went on without ids and cannot be told apart. A fresh stream that has ended no
+        // block yet leaves the cursor alone.
         let id = parser.reconnect_id();
-        if !id.is_empty() && id != last_event_id {
+        if parser.has_ended_a_block() && id != last_event_id {
             last_event_id.clear();
             last_event_id.push_str(id);
         }
@@ -511,6 +515,48 @@ mod tests {
             assert_eq!(*asked.lock().unwrap(), ["1"], "torn after {torn:?}");
         }
     }
+
+    /// An `id` line with no value resets the cursor (WHATWG: the next reconnection sends no
+    /// `Last-Event-ID`). The splice took the cursor once per frame and skipped an empty one:
+    /// when the reset came in a frame of its own it resumed from the id before the reset, and
+    /// the target replayed the event after it, which the caller had: it read it twice.
+    /// Found by the attack15 helper.
+    #[tokio::test]
+    async fn a_reset_id_is_no_cursor_to_resume_from_however_the_frames_fall() {
+        let text = format!("id: 1\ndata: {NOTE}\n\nid\ndata: {ANSWER_B}\n\ndata: {{");
+        let split = text.find("id\n").unwrap();
+        for frames in [
+            vec![Bytes::from(text.clone())],
+            vec![
+                Bytes::from(text[..split].to_owned()),
+                Bytes::from(text[split..].to_owned()),
+            ],
+        ] {
+            let replay = vec![
+                "data: {\"jsonrpc\":\"2.0\",\"method\":\"b\"}\n\n",
+                "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[]}}\n\n",
+            ];
+            let (mut body, asked) = resumable(stream(frames, true), replay);
+            let mut text = Vec::new();
+            let mut failed = false;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => text.extend_from_slice(&frame.into_data().unwrap()),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            let events = SseParser::parse_all(&text, 1 << 20).unwrap();
+            let b = events.iter().filter(|e| e.data == ANSWER_B).count();
+            assert_eq!(b, 1, "{events:?}");
+            assert!(asked.lock().unwrap().is_empty(), "no cursor, no resume");
+            assert!(failed, "the break reaches the caller");
+        }
+    }
+
+    const ANSWER_B: &str = r#"{"jsonrpc":"2.0","method":"b"}"#;
 
     #[test]
     fn encoded_events_parse_back_to_themselves() {
