@@ -39,6 +39,11 @@ fn bench(c: &mut Criterion) {
     group.bench_function("baseline_sha256_of_body", |b| {
         b.iter(|| Sha256::digest(black_box(&body)))
     });
+    // What any one JSON parse of the body costs at least: serde_json reading it through,
+    // keeping nothing. The classify + fingerprint path cannot go below it.
+    group.bench_function("serde_json_skim_of_body", |b| {
+        b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(&body)).unwrap())
+    });
     group.bench_function("fingerprint_parsed_call", |b| {
         b.iter_batched(
             || record(arguments.clone()),
