@@ -132,18 +132,21 @@ fn write_number(n: &Number, out: &mut Vec<u8>) {
     }
 }
 
+// An integer of magnitude up to 2^53 is the double it names, and ECMAScript prints an integral
+// double below 10^21 as its plain decimal digits: `itoa` writes those without the float
+// formatter.
 fn write_u64(u: u64, out: &mut Vec<u8>) {
     if u > MAX_EXACT_DOUBLE_INTEGER {
         return write_wide_integer(&u.to_string(), out);
     }
-    write_double(u as f64, out)
+    out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
 }
 
 fn write_i64(i: i64, out: &mut Vec<u8>) {
     if i.unsigned_abs() > MAX_EXACT_DOUBLE_INTEGER {
         return write_wide_integer(&i.to_string(), out);
     }
-    write_double(i as f64, out)
+    out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
 fn write_f64(double: f64, out: &mut Vec<u8>) {
