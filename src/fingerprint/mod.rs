@@ -44,7 +44,6 @@
 //! It finds a possibly related execution; it is never sent to a server. The key sent is the
 //! [`ExecutionId`](crate::ExecutionId).
 
-mod jcs;
 mod path;
 mod rules;
 
@@ -54,13 +53,12 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value};
 use sha2::Sha256;
 
-pub(crate) use jcs::{BorrowedKey, CanonicalSeed, Noticed};
 pub use path::{ArgPath, InvalidArgPath};
 pub use rules::{FingerprintRules, Normalizer};
 
 use crate::{
     context::{Actor, CredentialRef, IntentScope, Target},
-    protocol::ToolCall,
+    protocol::{ToolCall, jcs},
 };
 
 type HmacSha256 = Hmac<Sha256>;

@@ -9,7 +9,7 @@ use serde::{
 use serde_json::{Map, Value};
 
 use super::ClassifyError;
-use crate::fingerprint::{BorrowedKey, CanonicalSeed, Noticed};
+use super::jcs::{BorrowedKey, CanonicalSeed, Noticed};
 
 /// A JSON-RPC request id: a string or an integer.
 ///

@@ -27,6 +27,7 @@
 //! - Malformed input is a [`ClassifyError`], never a panic.
 
 pub(crate) mod headers;
+pub(crate) mod jcs;
 mod jsonrpc;
 mod media;
 mod numbers;

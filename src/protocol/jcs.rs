@@ -13,7 +13,7 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// Appends the canonical form of `value` to `out`.
-pub(super) fn write(value: &Value, out: &mut Vec<u8>) {
+pub(crate) fn write(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
@@ -71,7 +71,7 @@ fn write_members<'a>(members: impl Iterator<Item = (&'a String, &'a Value)>, out
 
 /// A member of an object built without a `Value`: the canonical action record.
 #[derive(Debug)]
-pub(super) enum Field<'a> {
+pub(crate) enum Field<'a> {
     /// A string.
     Str(&'a str),
     /// A JSON object.
@@ -81,7 +81,7 @@ pub(super) enum Field<'a> {
 }
 
 /// Writes an object from fields already sorted in canonical order.
-pub(super) fn write_fields(fields: &[(&str, Field<'_>)], out: &mut Vec<u8>) {
+pub(crate) fn write_fields(fields: &[(&str, Field<'_>)], out: &mut Vec<u8>) {
     out.push(b'{');
     for (i, (name, field)) in fields.iter().enumerate() {
         if i > 0 {
@@ -281,7 +281,7 @@ impl<'de> Visitor<'de> for CanonicalSeed<'_> {
         Ok(())
     }
     fn visit_f64<E>(mut self, v: f64) -> Result<(), E> {
-        self.noticed.wide_double |= crate::protocol::may_be_rounded_integer(v);
+        self.noticed.wide_double |= super::may_be_rounded_integer(v);
         // serde_json turns a non-finite number into an error before any visitor sees it.
         write_f64(v, self.entered("a number"));
         Ok(())
