@@ -437,7 +437,20 @@ impl Ledger for PostgresLedger {
         let Some(chain) = self.core.partition_of_execution(id).await? else {
             return Err(LedgerError::NotFound(id));
         };
-        self.submit(chain, |reply| Write::Append(event, reply))
+        self.submit(chain, |reply| Write::Append(event, None, reply))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        let id = event.execution_id;
+        let Some(chain) = self.core.partition_of_execution(id).await? else {
+            return Err(LedgerError::NotFound(id));
+        };
+        self.submit(chain, |reply| Write::Append(event, result, reply))
             .await
     }
 

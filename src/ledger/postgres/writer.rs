@@ -58,8 +58,10 @@ pub(super) enum Write {
         Option<Dispatch>,
         oneshot::Sender<Result<Claimed, LedgerError>>,
     ),
+    /// An event, with a result to keep beside it (a `completed`'s, in the same transaction).
     Append(
         LedgerEvent,
+        Option<Bytes>,
         oneshot::Sender<Result<ExecutionRecord, LedgerError>>,
     ),
 }
@@ -305,13 +307,13 @@ impl Core {
                             }
                             let _ = reply.send(result);
                         }
-                        (Write::Append(_, reply), Done::Append(result)) => {
+                        (Write::Append(_, _, reply), Done::Append(result)) => {
                             let _ = reply.send(result);
                         }
                         (Write::Claim(_, _, reply), Done::Append(_)) => {
                             let _ = reply.send(Err(mismatch()));
                         }
-                        (Write::Append(_, reply), Done::Claim(_)) => {
+                        (Write::Append(_, _, reply), Done::Claim(_)) => {
                             let _ = reply.send(Err(mismatch()));
                         }
                     }
@@ -324,7 +326,7 @@ impl Core {
                         Write::Claim(_, _, reply) => {
                             let _ = reply.send(Err(error));
                         }
-                        Write::Append(_, reply) => {
+                        Write::Append(_, _, reply) => {
                             let _ = reply.send(Err(error));
                         }
                     }
@@ -417,6 +419,7 @@ impl Core {
             done,
             events,
             new_owners,
+            results: kept,
         } = apply_batch(batch, &heads, &mut index, &self.registered_owners());
 
         if events.is_empty() && new_owners.is_empty() {
@@ -502,9 +505,29 @@ impl Core {
             &head_hashes,
         ]);
         let owner_params: [&(dyn ToSql + Sync); 2] = [&new_owners, &lease];
+        let store_result = if kept.is_empty() {
+            None
+        } else {
+            Some(
+                client
+                    .prepare_cached(&sql.store_result)
+                    .await
+                    .map_err(write_failed)?,
+            )
+        };
+        let result_params: Vec<[&(dyn ToSql + Sync); 3]> = kept
+            .iter()
+            .map(|(reference, id, bytes)| [reference as &(dyn ToSql + Sync), id, bytes])
+            .collect();
         let mut writes: Vec<PgFuture<'_>> = Vec::new();
         if !seqs.is_empty() {
             writes.push(Box::pin(client.query(&write_stmt, &write_params)));
+        }
+        // After the executions' rows, which the results reference.
+        if let Some(store_result) = &store_result {
+            for params in &result_params {
+                writes.push(Box::pin(client.query(store_result, params)));
+            }
         }
         if !new_owners.is_empty() {
             writes.push(Box::pin(client.query(&renew_owners, &owner_params)));
@@ -597,7 +620,7 @@ fn what_it_reads(batch: &[Queued]) -> (Vec<String>, Vec<String>, Vec<String>, Ve
     let mut seen_intents = HashSet::new();
     for Queued { write, .. } in batch {
         match write {
-            Write::Append(event, _) => {
+            Write::Append(event, _, _) => {
                 if seen_ids.insert(event.execution_id) {
                     append_ids.push(event.execution_id.to_string());
                 }
@@ -636,6 +659,8 @@ struct Applied {
     events: Vec<(u16, LedgerEvent, bool)>,
     /// Owners whose lease the transaction takes (or renews).
     new_owners: Vec<String>,
+    /// Results to keep: reference, execution, bytes (each beside its `completed`).
+    results: Vec<(String, String, Vec<u8>)>,
 }
 
 /// Decides every call of a batch whose chain is in `held` from the index ([`Index::claim`],
@@ -650,6 +675,7 @@ fn apply_batch(
     let mut done = Vec::with_capacity(batch.len());
     let mut events = Vec::new();
     let mut new_owners: Vec<String> = Vec::new();
+    let mut results = Vec::new();
     for Queued { chain, write, .. } in batch {
         if !held.contains_key(chain) {
             done.push(None);
@@ -680,9 +706,17 @@ fn apply_batch(
                 }
                 Err(error) => done.push(Some(Done::Claim(Err(error)))),
             },
-            Write::Append(event, _) => {
+            Write::Append(event, result, _) => {
+                // A kept result is named by its `completed` and written in its transaction:
+                // never one without the other.
+                let mut event = event.clone();
+                let kept = result.as_ref().map(|bytes| {
+                    let reference = result_reference(event.execution_id);
+                    event.set_result_reference(reference.clone());
+                    (reference, event.execution_id.to_string(), bytes.to_vec())
+                });
                 // Refused: nothing is written for it, the record stays as it was.
-                let record = match index.append(event) {
+                let record = match index.append(&event) {
                     Ok(record) => record,
                     Err(error) => {
                         done.push(Some(Done::Append(Err(error))));
@@ -702,7 +736,8 @@ fn apply_batch(
                 {
                     new_owners.push(owner.clone());
                 }
-                events.push((*chain, event.clone(), false));
+                results.extend(kept);
+                events.push((*chain, event, false));
                 done.push(Some(Done::Append(Ok(record))));
             }
         }
@@ -711,6 +746,7 @@ fn apply_batch(
         done,
         events,
         new_owners,
+        results,
     }
 }
 
