@@ -148,6 +148,47 @@ mod over_resume {
             .unwrap()
     }
 
+    /// The tests' one `deploy` call (irreversible), through a guard recording in `ledger` over
+    /// a resume layer (up to `max_attempts` resumes) over `target`.
+    async fn deploy_through_resume<S>(
+        ledger: &MemoryLedger,
+        target: S,
+        max_attempts: u32,
+    ) -> Response<impl http_body::Body<Data = Bytes, Error = BoxError>>
+    where
+        S: tower_service::Service<
+                Request<GuardRequestBody>,
+                Response = Response<Stream>,
+                Error = BoxError,
+            > + Clone
+            + Send
+            + 'static,
+        S::Future: Send,
+    {
+        let contracts = ContractRegistry::builder()
+            .tool("deploy", ToolContract::irreversible())
+            .build()
+            .unwrap();
+        let guard = GuardLayer::new(
+            ledger.clone(),
+            contracts,
+            FingerprintKey::from_bytes(&[7; 32]).unwrap(),
+        )
+        .layer(
+            ResumeLayer::new()
+                .backoff(Duration::from_millis(1))
+                .max_attempts(max_attempts)
+                .layer(target),
+        );
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "deploy", "arguments": {"version": "1"}}});
+        let mut request = post_request(call);
+        request
+            .headers_mut()
+            .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
+        guard.oneshot(request).await.unwrap()
+    }
+
     /// A guard over a resume layer over a target whose POST answers `post` (broken after it
     /// when `cut`) and whose GET answers `get` (404 when `None`); with the ledger and the
     /// GETs counted.
@@ -167,10 +208,6 @@ mod over_resume {
         read: bool,
     ) -> (MemoryLedger, Result<Bytes, BoxError>, usize) {
         let ledger = MemoryLedger::new();
-        let contracts = ContractRegistry::builder()
-            .tool("deploy", ToolContract::irreversible())
-            .build()
-            .unwrap();
         let gets = Arc::new(AtomicUsize::new(0));
         let counted = gets.clone();
         let target = service_fn(move |request: Request<GuardRequestBody>| {
@@ -186,24 +223,7 @@ mod over_resume {
                 Ok(sse(stream(post, cut), 200))
             }
         });
-        let guard = GuardLayer::new(
-            ledger.clone(),
-            contracts,
-            FingerprintKey::from_bytes(&[7; 32]).unwrap(),
-        )
-        .layer(
-            ResumeLayer::new()
-                .backoff(Duration::from_millis(1))
-                .max_attempts(1)
-                .layer(target),
-        );
-        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "deploy", "arguments": {"version": "1"}}});
-        let mut request = post_request(call);
-        request
-            .headers_mut()
-            .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
-        let response = guard.oneshot(request).await.unwrap();
+        let response = deploy_through_resume(&ledger, target, 1).await;
         let body = if read {
             response.into_body().collect().await.map(|b| b.to_bytes())
         } else {
@@ -380,10 +400,6 @@ mod over_resume {
         let first_frames = split_at(&first.as_bytes()[..cut], &cuts);
         let broken = cut < first.len();
         let ledger = MemoryLedger::new();
-        let contracts = ContractRegistry::builder()
-            .tool("deploy", ToolContract::irreversible())
-            .build()
-            .unwrap();
         let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let target = service_fn(move |request: Request<GuardRequestBody>| {
             let (messages, first_frames, cuts) =
@@ -432,24 +448,7 @@ mod over_resume {
                 ))
             }
         });
-        let guard = GuardLayer::new(
-            ledger.clone(),
-            contracts,
-            FingerprintKey::from_bytes(&[7; 32]).unwrap(),
-        )
-        .layer(
-            ResumeLayer::new()
-                .backoff(Duration::from_millis(1))
-                .max_attempts(3)
-                .layer(target),
-        );
-        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "deploy", "arguments": {"version": "1"}}});
-        let mut request = post_request(call);
-        request
-            .headers_mut()
-            .insert("mcp-protocol-version", "2025-11-25".parse().unwrap());
-        let response = guard.oneshot(request).await.unwrap();
+        let response = deploy_through_resume(&ledger, target, 3).await;
         let mut body = response.into_body();
         let mut bytes = Vec::new();
         let mut failed = false;

@@ -433,14 +433,11 @@ impl Ledger for PostgresLedger {
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        let id = event.execution_id;
-        let Some(chain) = self.core.partition_of_execution(id).await? else {
-            return Err(LedgerError::NotFound(id));
-        };
-        self.submit(chain, |reply| Write::Append(event, None, reply))
-            .await
+        self.complete(event, None).await
     }
 
+    /// An event and the result it keeps, in one transaction ([`append`](Self::append) is
+    /// this without a result).
     async fn complete(
         &self,
         event: LedgerEvent,
