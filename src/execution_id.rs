@@ -20,6 +20,17 @@ use ulid::{Generator, Ulid};
 /// The name of the header that carries an execution's key on a dispatch.
 pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
+/// The `params._meta` key that carries an execution's key where there are no headers (stdio,
+/// any transport that is not HTTP), when a contract or the guard asks for it
+/// ([`ToolContract::execution_id_in_meta`](crate::contract::ToolContract::execution_id_in_meta),
+/// [`GuardLayer::execution_id_in_meta`](crate::guard::GuardLayer::execution_id_in_meta)).
+///
+/// Named by the `_meta` key rules of the MCP specification: a prefix of dot-separated labels
+/// and a slash, outside the reserved `io.modelcontextprotocol/` and `dev.mcp/`. Its value is
+/// the key as a string (`act_01J…`). `_meta` never enters a fingerprint, so the key does not
+/// either; the server half reads it when a `tools/call` carries no `Idempotency-Key` header.
+pub const EXECUTION_ID_META_KEY: &str = "io.github.mcp-replay-guard/execution-id";
+
 const PREFIX: &str = "act_";
 
 /// The identity of one execution of a tool action: `act_` + a ULID.

@@ -171,8 +171,8 @@ pub mod simulation;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
 pub use execution_id::{
-    ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat, InvalidExecutionId,
-    InvalidIdempotencyKey,
+    EXECUTION_ID_META_KEY, ExecutionId, IDEMPOTENCY_KEY, IdempotencyKey, IdempotencyKeyFormat,
+    InvalidExecutionId, InvalidIdempotencyKey,
 };
 
 /// Default bound on a buffered request body, in the guard and in the server half.

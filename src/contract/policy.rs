@@ -65,6 +65,7 @@ impl ContractRegistry {
 /// retention = "7d"
 /// keep_results = true
 /// max_result_bytes = 65536
+/// execution_id_in_meta = true
 ///
 /// [tools.deploy_release.fingerprint]
 /// drop = ["/note"]
@@ -122,6 +123,10 @@ pub struct ToolPolicy {
     /// Largest kept result.
     #[serde(default)]
     pub max_result_bytes: Option<usize>,
+    /// Send the execution's key in `params._meta` too
+    /// ([`ToolContract::execution_id_in_meta`]).
+    #[serde(default)]
+    pub execution_id_in_meta: Option<bool>,
     /// Fingerprint rules.
     #[serde(default)]
     pub fingerprint: FingerprintRules,
@@ -153,6 +158,9 @@ impl Policy {
             }
             if let Some(max) = tool.max_result_bytes {
                 contract = contract.max_result_bytes(max);
+            }
+            if let Some(send) = tool.execution_id_in_meta {
+                contract = contract.execution_id_in_meta(send);
             }
             builder = builder.tool(name, contract);
         }

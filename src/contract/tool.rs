@@ -23,6 +23,7 @@ pub struct ToolContract {
     fingerprint: FingerprintRules,
     keep_results: bool,
     max_result_bytes: usize,
+    execution_id_in_meta: Option<bool>,
     pub(super) probe: Option<Arc<dyn StatusProbe>>,
 }
 
@@ -43,6 +44,7 @@ impl ToolContract {
             fingerprint: FingerprintRules::new(),
             keep_results: true,
             max_result_bytes: Self::DEFAULT_MAX_RESULT_BYTES,
+            execution_id_in_meta: None,
             probe: None,
         }
     }
@@ -97,6 +99,21 @@ impl ToolContract {
     pub fn max_result_bytes(mut self, max: usize) -> Self {
         self.max_result_bytes = max;
         self
+    }
+
+    /// Whether each dispatch of this tool also carries its key in the request's
+    /// `params._meta` under [`EXECUTION_ID_META_KEY`](crate::EXECUTION_ID_META_KEY), for a
+    /// target that sees no headers (a stdio server). Unset, the guard's
+    /// [`execution_id_in_meta`](crate::guard::GuardLayer::execution_id_in_meta) decides;
+    /// `false` keeps it out even when the guard puts it into every call.
+    pub fn execution_id_in_meta(mut self, send: bool) -> Self {
+        self.execution_id_in_meta = Some(send);
+        self
+    }
+
+    /// What [`execution_id_in_meta`](Self::execution_id_in_meta) set, if anything.
+    pub fn sends_execution_id_in_meta(&self) -> Option<bool> {
+        self.execution_id_in_meta
     }
 
     /// The status probe that settles an unknown outcome of this (recoverable) tool.

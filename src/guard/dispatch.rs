@@ -11,7 +11,7 @@ use super::{
 };
 
 use crate::{
-    IDEMPOTENCY_KEY, IdempotencyKey,
+    EXECUTION_ID_META_KEY, IDEMPOTENCY_KEY, IdempotencyKey,
     decide::classify::{ErrorClass, classify_error, refused_before_running},
     ledger::{EventKind, ExecutionRecord, ExecutionState},
     observe::{Polled, Settlement},
@@ -45,6 +45,12 @@ where
                 .headers
                 .insert(IDEMPOTENCY_KEY, key.to_header_value(self.config.key_format));
         }
+        // Never part of the fingerprint, which was taken from the caller's body.
+        let bytes = match intent.key_in_meta {
+            true => protocol::meta::with_meta_string(&bytes, EXECUTION_ID_META_KEY, key.as_str())
+                .unwrap_or(bytes),
+            false => bytes,
+        };
         tracing::info!(attempt = record.attempts, "dispatched");
         let (body, polled) = GuardRequestBody::new(bytes);
         let mut response = match self.send(Request::from_parts(parts, body)).await {

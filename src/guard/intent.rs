@@ -32,6 +32,8 @@ pub(super) struct Intent {
     pub(super) retention: Duration,
     pub(super) keep_results: bool,
     pub(super) max_result_bytes: usize,
+    /// Each dispatch carries its key in `params._meta` too.
+    pub(super) key_in_meta: bool,
     pub(super) session_id: Option<String>,
     pub(super) client_info: Option<ClientInfo>,
     pub(super) caller_key: Option<IdempotencyKey>,
@@ -141,6 +143,9 @@ where
             retention: contract.retention_duration(),
             keep_results: contract.keeps_results(),
             max_result_bytes: contract.max_result_size(),
+            key_in_meta: contract
+                .sends_execution_id_in_meta()
+                .unwrap_or(config.execution_id_in_meta),
             session_id,
             client_info,
             caller_key,

@@ -29,6 +29,7 @@ pub(super) struct Config {
     pub(super) attach_timeout: Duration,
     pub(super) drain_timeout: Duration,
     pub(super) key_format: IdempotencyKeyFormat,
+    pub(super) execution_id_in_meta: bool,
     pub(super) owner: String,
 }
 
@@ -82,6 +83,7 @@ impl GuardLayer {
                 attach_timeout: Duration::from_secs(30),
                 drain_timeout: Duration::from_secs(60),
                 key_format: IdempotencyKeyFormat::Raw,
+                execution_id_in_meta: false,
                 owner,
             }),
             inflight: Arc::default(),
@@ -90,6 +92,16 @@ impl GuardLayer {
 
     fn config(&mut self) -> &mut Config {
         Arc::make_mut(&mut self.config)
+    }
+
+    /// Put each dispatch's key into the request's `params._meta` too, under
+    /// [`EXECUTION_ID_META_KEY`](crate::EXECUTION_ID_META_KEY), for every tool whose contract
+    /// does not say otherwise ([`ToolContract::execution_id_in_meta`](crate::contract::ToolContract::execution_id_in_meta)).
+    /// Off by default: the `Idempotency-Key` header carries it over HTTP, and only a target
+    /// that sees no headers (a stdio server behind [`crate::relay`]) needs it in the body.
+    pub fn execution_id_in_meta(mut self, send: bool) -> Self {
+        self.config().execution_id_in_meta = send;
+        self
     }
 
     /// The default actor (a request's [`Actor`] extension overrides it).

@@ -30,6 +30,7 @@ pub(crate) mod headers;
 pub(crate) mod jcs;
 mod jsonrpc;
 mod media;
+pub(crate) mod meta;
 mod numbers;
 pub(crate) mod response;
 pub mod sse;

@@ -49,6 +49,7 @@ pub(super) struct Config {
     pub(super) retention: Duration,
     pub(super) in_flight: InFlight,
     pub(super) max_body_bytes: usize,
+    pub(super) key_from_meta: bool,
     pub(super) drain_timeout: Duration,
     pub(super) target: Option<Target>,
     pub(super) owner: String,
@@ -100,6 +101,7 @@ impl IdempotencyLayer {
                 retention: Self::DEFAULT_RETENTION,
                 in_flight: InFlight::Conflict,
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                key_from_meta: false,
                 drain_timeout: Duration::from_secs(60),
                 target: None,
                 owner: format!("server:{}", ExecutionId::new().ulid()),
@@ -132,6 +134,16 @@ impl IdempotencyLayer {
     /// Bound on a keyed request body and on a response that is kept for replay.
     pub fn max_body_bytes(mut self, max: usize) -> Self {
         self.config().max_body_bytes = max;
+        self
+    }
+
+    /// Also honour a key carried in a `tools/call`'s `params._meta` under
+    /// [`EXECUTION_ID_META_KEY`](crate::EXECUTION_ID_META_KEY), as the client guard sends it
+    /// to a target without headers ([`GuardLayer::execution_id_in_meta`](crate::guard::GuardLayer::execution_id_in_meta)).
+    /// The header wins when a call carries both. Off by default: with it on, every `POST` body
+    /// is read, not only those that carry the header.
+    pub fn key_from_meta(mut self, read: bool) -> Self {
+        self.config().key_from_meta = read;
         self
     }
 

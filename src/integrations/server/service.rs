@@ -20,7 +20,8 @@ use super::{
     layer::{Config, InFlight},
 };
 use crate::{
-    Actor, BoxError, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target, answer,
+    Actor, BoxError, EXECUTION_ID_META_KEY, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
+    answer,
     contract::RetryClass,
     decide::{
         classify::refused_before_running,
@@ -178,7 +179,9 @@ impl<S> Call<S> {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        if request.method() != Method::POST || !request.headers().contains_key(IDEMPOTENCY_KEY) {
+        let may_be_keyed =
+            request.headers().contains_key(IDEMPOTENCY_KEY) || self.config.key_from_meta;
+        if request.method() != Method::POST || !may_be_keyed {
             let response = self
                 .send(request.map(IdempotencyRequestBody::passthrough))
                 .await?;
@@ -224,7 +227,20 @@ impl<S> Call<S> {
             let response = self.send(request).await?;
             return Ok(response.map(IdempotencyResponseBody::passthrough));
         };
-        let key = match IdempotencyKey::from_header(&parts.headers[IDEMPOTENCY_KEY]) {
+        let key = match parts.headers.get(IDEMPOTENCY_KEY) {
+            Some(header) => IdempotencyKey::from_header(header),
+            None => match protocol::meta::meta_string(call.meta.as_ref(), EXECUTION_ID_META_KEY) {
+                Some(key) => IdempotencyKey::new(key),
+                // Neither spelling of a key: an unkeyed call, run as it is.
+                None => {
+                    let request =
+                        Request::from_parts(parts, IdempotencyRequestBody::buffered(bytes));
+                    let response = self.send(request).await?;
+                    return Ok(response.map(IdempotencyResponseBody::passthrough));
+                }
+            },
+        };
+        let key = match key {
             Ok(key) => key,
             Err(error) => {
                 return answered(answer::jsonrpc_error(
