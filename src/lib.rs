@@ -164,6 +164,7 @@ pub mod integrations;
 pub mod ledger;
 mod observe;
 pub mod protocol;
+pub mod relay;
 pub mod replay_policy;
 pub mod resume;
 #[cfg(feature = "simulation")]

@@ -33,6 +33,7 @@ pub(crate) fn with_meta_string(body: &[u8], key: &str, value: &str) -> Option<By
 }
 
 /// `_meta[key]` of a request's parsed `_meta`, when it is a string.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) fn meta_string<'a>(meta: Option<&'a Map<String, Value>>, key: &str) -> Option<&'a str> {
     meta?.get(key)?.as_str()
 }

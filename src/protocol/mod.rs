@@ -33,6 +33,7 @@ mod media;
 pub(crate) mod meta;
 mod numbers;
 pub(crate) mod response;
+pub(crate) mod shape;
 pub mod sse;
 pub(crate) mod tap;
 pub(crate) mod tools_list;

@@ -12,6 +12,9 @@ pub(crate) fn nothing_was_sent(error: &(dyn StdError + 'static)) -> bool {
 /// Whether this one link of an error chain, its sources aside, proves that nothing was sent;
 /// for a walk that weighs other errors on the way (a guard's own verdict) before going on.
 pub(crate) fn nothing_was_sent_here(error: &(dyn StdError + 'static)) -> bool {
+    if error.is::<NotWritten>() {
+        return true;
+    }
     if let Some(io) = error.downcast_ref::<std::io::Error>() {
         return io.kind() == std::io::ErrorKind::ConnectionRefused;
     }
@@ -19,6 +22,12 @@ pub(crate) fn nothing_was_sent_here(error: &(dyn StdError + 'static)) -> bool {
         .downcast_ref::<hyper_util::client::legacy::Error>()
         .is_some_and(hyper_util::client::legacy::Error::is_connect)
 }
+
+/// A message transport's proof that not one byte of a message was written (its peer was gone
+/// before the write began): what a connect error proves over HTTP.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; nothing was written")]
+pub(crate) struct NotWritten(pub(crate) String);
 
 #[cfg(test)]
 mod tests {

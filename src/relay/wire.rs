@@ -1,0 +1,247 @@
+//! The wire: a tower service that writes one JSON-RPC message to a message transport and
+//! answers with the response the transport later reads for its id.
+//!
+//! Whoever drives the transport takes each [`Outgoing`] message from the [`WireQueue`],
+//! writes it, and says how that went; and hands every response it reads to
+//! [`Wire::answer`]. Over this service the guard (and the server half) run unchanged: a
+//! message is an HTTP `POST` of its bytes, a response an `application/json` body.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header::CONTENT_TYPE};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use tokio::sync::{mpsc, oneshot};
+use tower_service::Service;
+
+use crate::{
+    BoxError,
+    protocol::{
+        RequestId,
+        shape::{Shape, shape_of},
+        transport::NotWritten,
+    },
+};
+
+/// How many messages wait for the transport before a sender waits too.
+const QUEUE: usize = 64;
+
+/// One message for the transport to write, and the one who waits to hear how that went.
+#[derive(Debug)]
+pub struct Outgoing {
+    message: Bytes,
+    written: oneshot::Sender<Result<(), BoxError>>,
+}
+
+impl Outgoing {
+    /// The message, one JSON-RPC object, without a line ending.
+    pub fn message(&self) -> &Bytes {
+        &self.message
+    }
+
+    /// Every byte of the message was written (and flushed).
+    pub fn written(self) {
+        let _ = self.written.send(Ok(()));
+    }
+
+    /// Not one byte was written: the peer was gone before the write began. A guarded call
+    /// that gets this is `not_sent`, safe to continue.
+    pub fn not_written(self, why: impl Into<String>) {
+        let _ = self.written.send(Err(NotWritten(why.into()).into()));
+    }
+
+    /// The write failed part of the way, or in a way that does not prove nothing left: the
+    /// outcome of a guarded call is `unknown`.
+    pub fn failed(self, error: impl Into<BoxError>) {
+        let _ = self.written.send(Err(error.into()));
+    }
+}
+
+/// The messages the wire has for its transport, in the order they are to be written.
+#[derive(Debug)]
+pub struct WireQueue(mpsc::Receiver<Outgoing>);
+
+impl WireQueue {
+    /// The next message to write; `None` once every [`Wire`] is gone.
+    pub async fn next(&mut self) -> Option<Outgoing> {
+        self.0.recv().await
+    }
+
+    /// Refuses, unwritten, every message that waits now; for a transport whose peer is gone.
+    pub fn refuse_waiting(&mut self, why: &str) {
+        while let Ok(outgoing) = self.0.try_recv() {
+            outgoing.not_written(why);
+        }
+    }
+}
+
+/// Each waiting request, with the number of its exchange: an exchange that ends takes out only
+/// its own entry, never that of a later request that reused the id.
+#[derive(Debug, Default)]
+struct Waiting {
+    by_id: HashMap<RequestId, (u64, oneshot::Sender<Result<Bytes, BoxError>>)>,
+    next: u64,
+}
+
+/// The service that sends messages over a transport; clones share the transport.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    queue: mpsc::Sender<Outgoing>,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+/// Why a request that was written got no answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the peer went away after the request was written and before it answered")]
+pub struct PeerGone;
+
+impl Wire {
+    /// A wire, and the queue its transport writes from.
+    pub fn new() -> (Self, WireQueue) {
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        let wire = Self {
+            queue,
+            waiting: Arc::default(),
+        };
+        (wire, WireQueue(receiver))
+    }
+
+    /// Hands a response the transport read to the request that waits for it. `Err` gives the
+    /// message back when no request waits for its id (it is someone else's).
+    pub fn answer(&self, id: &RequestId, message: Bytes) -> Result<(), Bytes> {
+        let waiter = self.lock().by_id.remove(id);
+        match waiter {
+            Some((_, waiter)) => waiter
+                .send(Ok(message))
+                .map_err(|back| back.unwrap_or_default()),
+            None => Err(message),
+        }
+    }
+
+    /// Fails the request that waits for `id`, if one does, with `error`: its answer came but
+    /// cannot be handed on (over the size bound, say). A guarded call's outcome is then
+    /// `unknown`: the answer was lost, not refused.
+    pub fn fail(&self, id: &RequestId, error: impl Into<BoxError>) -> bool {
+        let waiter = self.lock().by_id.remove(id);
+        waiter.is_some_and(|(_, waiter)| waiter.send(Err(error.into())).is_ok())
+    }
+
+    /// Whether a request with this id waits for its answer.
+    pub fn is_waiting(&self, id: &RequestId) -> bool {
+        self.lock().by_id.contains_key(id)
+    }
+
+    /// The transport's peer went away: every request written and not answered fails with
+    /// [`PeerGone`] (an unknown outcome, for a guarded call).
+    pub fn peer_gone(&self) {
+        self.lock().by_id.clear();
+    }
+
+    /// Writes one message that waits for no answer (a notification, a response), in order
+    /// with every other message sent through this wire. `Err` when the transport is gone.
+    pub async fn send(&self, message: Bytes) -> Result<(), BoxError> {
+        let (written, result) = oneshot::channel();
+        self.queue
+            .send(Outgoing { message, written })
+            .await
+            .map_err(|_| NotWritten("the transport is closed".into()))?;
+        result
+            .await
+            .unwrap_or_else(|_| Err(NotWritten("the transport dropped the message".into()).into()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn exchange(self, message: Bytes) -> Result<Response<Full<Bytes>>, BoxError> {
+        let id = match shape_of(&message) {
+            Shape::Request(id) => Some(id),
+            _ => None,
+        };
+        let answer = match &id {
+            Some(id) => {
+                let (tx, rx) = oneshot::channel();
+                let mut waiting = self.lock();
+                if waiting.by_id.contains_key(id) {
+                    return Err(NotWritten(format!(
+                        "a request with JSON-RPC id {} is already waiting for its answer",
+                        serde_json::to_string(id).unwrap_or_default()
+                    ))
+                    .into());
+                }
+                let number = waiting.next;
+                waiting.next += 1;
+                waiting.by_id.insert(id.clone(), (number, tx));
+                Some((rx, Unwait(self.waiting.clone(), id.clone(), number)))
+            }
+            None => None,
+        };
+        self.send(message).await?;
+        let Some((answer, _unwait)) = answer else {
+            return Ok(respond(StatusCode::ACCEPTED, Bytes::new()));
+        };
+        let message = answer.await.map_err(|_| PeerGone)??;
+        Ok(respond(StatusCode::OK, message))
+    }
+}
+
+/// Takes a request out of the waiting table when its exchange ends or is dropped.
+struct Unwait(Arc<Mutex<Waiting>>, RequestId, u64);
+
+impl Drop for Unwait {
+    fn drop(&mut self) {
+        let mut waiting = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting
+            .by_id
+            .get(&self.1)
+            .is_some_and(|(n, _)| *n == self.2)
+        {
+            waiting.by_id.remove(&self.1);
+        }
+    }
+}
+
+fn respond(status: StatusCode, message: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(message));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl<B> Service<Request<B>> for Wire
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let wire = self.clone();
+        Box::pin(async move {
+            let message = request
+                .into_body()
+                .collect()
+                .await
+                .map_err(Into::into)?
+                .to_bytes();
+            wire.exchange(message).await
+        })
+    }
+}
