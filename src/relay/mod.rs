@@ -25,6 +25,7 @@
 //! from, and the [`ClientQueue`] of what goes to the client. `replay-guard stdio` and
 //! [`integrations::rmcp::GuardedTransport`](crate::integrations) are two such drivers.
 
+pub mod lines;
 mod wire;
 
 use bytes::Bytes;
