@@ -5,6 +5,7 @@
 //! replay-guard demo                          # the main job on an embedded server: exit 0 iff the guard deployed once
 //! replay-guard call --url URL --tool NAME --args JSON [--ledger PATH] [--policy FILE] [--class C] [--ca-cert PEM] …
 //! replay-guard proxy --listen ADDR --upstream URL [--ledger PATH] [--policy FILE] [--ca-cert PEM] [--tls-cert PEM --tls-key PEM] [--actor-header NAME | --actor A] [--header K:V …]
+//! replay-guard stdio [--ledger PATH] [--policy FILE] [--restart] [--execution-id-in-meta] -- COMMAND [ARGS…]
 //! replay-guard audit verify PATH [--expect-head SEQ:HASH]  # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
 //! replay-guard audit head PATH               # the head to anchor elsewhere: SEQ:sha256:HEX
 //! replay-guard audit show PATH [EXECUTION]   # the investigation timeline (all executions without an id)
@@ -26,6 +27,7 @@ mod deploy_server;
 mod mcp_http;
 mod options;
 mod proxy;
+mod stdio;
 mod tls;
 
 use std::{
@@ -71,6 +73,9 @@ enum Command {
     Call(call::CallArgs),
     /// Run a Streamable HTTP reverse proxy that guards every MCP client behind it.
     Proxy(proxy::ProxyArgs),
+    /// Guard a stdio MCP server: run it as a child and relay its JSON-RPC lines, guarding
+    /// every `tools/call` (an MCP host launches this in place of the server).
+    Stdio(stdio::StdioArgs),
     /// Check and read the audit trail.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -241,6 +246,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args, cli.json).await,
         Command::Call(args) => call::run(args, cli.json).await,
         Command::Proxy(args) => proxy::run(args).await,
+        Command::Stdio(args) => stdio::run(args).await,
         Command::Audit(AuditCommand::Verify {
             ledger,
             expect_head,

@@ -34,10 +34,22 @@ use crate::{
 const QUEUE: usize = 64;
 
 /// One message for the transport to write, and the one who waits to hear how that went.
+///
+/// An `Outgoing` dropped without a word (its writer was cancelled part of the way) counts as
+/// [`failed`](Self::failed): its bytes may have left.
 #[derive(Debug)]
 pub struct Outgoing {
     message: Bytes,
-    written: oneshot::Sender<Result<(), BoxError>>,
+    written: Option<oneshot::Sender<Result<(), BoxError>>>,
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        if let Some(written) = self.written.take() {
+            let dropped = "the transport dropped the message while it was writing it";
+            let _ = written.send(Err(dropped.into()));
+        }
+    }
 }
 
 impl Outgoing {
@@ -48,25 +60,40 @@ impl Outgoing {
 
     /// Every byte of the message was written (and flushed).
     pub fn written(self) {
-        let _ = self.written.send(Ok(()));
+        self.tell(Ok(()));
+    }
+
+    fn tell(mut self, result: Result<(), BoxError>) {
+        if let Some(written) = self.written.take() {
+            let _ = written.send(result);
+        }
     }
 
     /// Not one byte was written: the peer was gone before the write began. A guarded call
     /// that gets this is `not_sent`, safe to continue.
     pub fn not_written(self, why: impl Into<String>) {
-        let _ = self.written.send(Err(NotWritten(why.into()).into()));
+        self.tell(Err(NotWritten(why.into()).into()));
     }
 
     /// The write failed part of the way, or in a way that does not prove nothing left: the
     /// outcome of a guarded call is `unknown`.
     pub fn failed(self, error: impl Into<BoxError>) {
-        let _ = self.written.send(Err(error.into()));
+        self.tell(Err(error.into()));
     }
 }
 
 /// The messages the wire has for its transport, in the order they are to be written.
+///
+/// Dropped, it refuses, unwritten, every message still waiting in it.
 #[derive(Debug)]
 pub struct WireQueue(mpsc::Receiver<Outgoing>);
+
+impl Drop for WireQueue {
+    fn drop(&mut self) {
+        self.0.close();
+        self.refuse_waiting("the transport is closed");
+    }
+}
 
 impl WireQueue {
     /// The next message to write; `None` once every [`Wire`] is gone.
@@ -149,7 +176,10 @@ impl Wire {
     pub async fn send(&self, message: Bytes) -> Result<(), BoxError> {
         let (written, result) = oneshot::channel();
         self.queue
-            .send(Outgoing { message, written })
+            .send(Outgoing {
+                message,
+                written: Some(written),
+            })
             .await
             .map_err(|_| NotWritten("the transport is closed".into()))?;
         result

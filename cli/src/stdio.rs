@@ -1,0 +1,387 @@
+//! `replay-guard stdio -- <command> [args…]`: the guard in front of a stdio MCP server.
+//!
+//! An MCP host launches this in place of the server. It starts the server as its child and
+//! relays newline-delimited JSON-RPC both ways ([`mcp_replay_guard::relay`]): every line
+//! untouched except `tools/call`, which is guarded (recorded `dispatched`, durably, before its
+//! line is written to the child; every repeat decided from the ledger), and the guard's own
+//! answers. Logs go to stderr, as the child's stderr does; stdout carries only JSON-RPC.
+//!
+//! When the child exits with calls in flight, each is answered with the guard's honest answer
+//! for its id (outcome unknown, its execution ID, what a repeat will do). Then the wrapper
+//! exits with the child's status, or, with `--restart`, starts the child again, replays the
+//! host's `initialize` (under an id of its own, its answer kept from the host) and
+//! `notifications/initialized`, and goes on: messages waiting to be written go to the new
+//! child. With a shared `--ledger`, a host that starts the wrapper again and repeats a call
+//! is told the same execution.
+
+use std::{
+    borrow::Cow,
+    ffi::OsString,
+    path::Path,
+    process::{ExitCode, ExitStatus, Stdio},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use mcp_replay_guard::{
+    DEFAULT_MAX_BODY_BYTES, Target,
+    relay::{
+        Relay, WireQueue,
+        lines::{Line, read_line, write_line, write_queue},
+    },
+};
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufRead, BufReader},
+    process::{Child, ChildStdin, ChildStdout, Command},
+};
+
+use crate::options::GuardOptions;
+
+/// How long the replayed `initialize` may take on a restarted child.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a child that closed its stdout is given to exit before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// A child that lived less than this, `MAX_QUICK_EXITS` times in a row, is not started again.
+const QUICK_EXIT: Duration = Duration::from_secs(2);
+const MAX_QUICK_EXITS: u32 = 5;
+
+#[derive(Debug, Args)]
+pub struct StdioArgs {
+    #[command(flatten)]
+    pub guard: GuardOptions,
+    /// Start the server again when it exits (after answering its calls in flight), replaying
+    /// the host's `initialize`. Five exits in a row within two seconds of starting end the
+    /// wrapper.
+    #[arg(long)]
+    pub restart: bool,
+    /// Also put each dispatch's execution ID into the request's `params._meta`, under
+    /// `io.github.mcp-replay-guard/execution-id`, for every tool whose policy entry does not
+    /// say otherwise (`execution_id_in_meta`); a server that honours it (the crate's server
+    /// half) runs a re-sent call once.
+    #[arg(long)]
+    pub execution_id_in_meta: bool,
+    /// The name of the server in the ledger (default `stdio:<program file name>`). The
+    /// arguments never enter it: they may hold secrets.
+    #[arg(long, value_name = "NAME")]
+    pub target: Option<String>,
+    /// The longest line taken from the host or the server, in bytes. A longer request is
+    /// refused unsent; a longer answer is not relayed (its call's outcome is unknown).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_line_bytes: usize,
+    /// How long a repeat waits for an attempt of the same execution that is still in flight.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub attach_timeout: Duration,
+    /// The server's command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// The host's `initialize`, kept to replay on a restarted child.
+type Initialize = Arc<Mutex<Option<Bytes>>>;
+
+pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
+    let (program, program_args) = args
+        .command
+        .split_first()
+        .context("give the server's command after `--`")?;
+    let target = match &args.target {
+        Some(target) => target.clone(),
+        None => format!(
+            "stdio:{}",
+            Path::new(program)
+                .file_name()
+                .unwrap_or(program)
+                .to_string_lossy()
+        ),
+    };
+    let contracts = args.guard.contracts(None)?;
+    let layer = args
+        .guard
+        .layer(contracts, args.attach_timeout)?
+        .target(Target::from(target.as_str()))
+        .execution_id_in_meta(args.execution_id_in_meta)
+        .max_body_bytes(args.max_line_bytes);
+    let max = args.max_line_bytes;
+    let (relay, wire_queue, mut client_queue) = Relay::new(&layer);
+
+    // Everything for the host goes out here, one line each, in the order it is ready.
+    let to_host = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(message) = client_queue.next().await {
+            if let Err(error) = write_line(&mut stdout, message.message()).await {
+                tracing::warn!(%error, "the host's stdout is closed; answers from now on stay undelivered");
+                break;
+            }
+            if let Err(error) = message.delivered().await {
+                tracing::error!(%error, "an answer was written but its delivery was not recorded");
+            }
+        }
+    });
+    let initialize = Initialize::default();
+    let (host_done, host_closed) = tokio::sync::watch::channel(false);
+    let from_host = tokio::spawn(read_host(relay.clone(), initialize.clone(), max, host_done));
+
+    let mut child = Server::start(program, program_args).with_context(|| {
+        format!(
+            "cannot start the server {}; nothing was sent",
+            Path::new(program).display()
+        )
+    })?;
+    let status = supervise(
+        &args,
+        &relay,
+        wire_queue,
+        &initialize,
+        host_closed,
+        &mut child,
+    )
+    .await;
+
+    // The host gets an answer for every request it sent; then the wrapper ends.
+    from_host.abort();
+    drop(relay);
+    let _ = to_host.await;
+    let code = match status {
+        Some(status) => status
+            .code()
+            .and_then(|code| u8::try_from(code).ok())
+            .unwrap_or(1),
+        None => 1,
+    };
+    // tokio's stdin reads on a thread of its own that a runtime cannot stop: leave at once.
+    std::process::exit(i32::from(code));
+}
+
+/// Lines from the host, until it closes its stdin.
+async fn read_host(
+    relay: Relay,
+    initialize: Initialize,
+    max: usize,
+    done: tokio::sync::watch::Sender<bool>,
+) {
+    let mut stdin = BufReader::new(tokio::io::stdin());
+    loop {
+        match read_line(&mut stdin, max).await {
+            Ok(Some(Line::Message(message))) => {
+                if is_initialize(&message) {
+                    *initialize.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(message.clone());
+                }
+                relay.from_client(message).await;
+            }
+            Ok(Some(Line::TooLong(prefix))) => relay.client_message_too_large(&prefix, max).await,
+            Ok(None) => break,
+            Err(error) => {
+                tracing::warn!(%error, "reading the host's stdin failed");
+                break;
+            }
+        }
+    }
+    let _ = done.send(true);
+}
+
+fn is_initialize(message: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Method<'_>>(message)
+        .is_ok_and(|m| m.method.as_deref() == Some("initialize"))
+}
+
+/// One run of the server process.
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    started: Instant,
+}
+
+impl Server {
+    fn start(program: &OsString, args: &[OsString]) -> std::io::Result<Self> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            unreachable!("both pipes were asked for");
+        };
+        tracing::info!(pid = child.id(), "the server started");
+        Ok(Self {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits for the child to exit, killing it after a grace period (it closed its stdout
+    /// or stopped reading: it can answer nothing more).
+    async fn exit(&mut self) -> Option<ExitStatus> {
+        drop(self.stdin.take());
+        match tokio::time::timeout(EXIT_GRACE, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                self.child.wait().await.ok()
+            }
+        }
+    }
+}
+
+/// Why one run of the server ended.
+enum Ended {
+    /// The server closed its stdout, or writing to its stdin failed: it is gone.
+    ServerGone,
+    /// The host closed its stdin: the server's stdin is closed too.
+    HostClosed,
+}
+
+/// Relays between the host and the child until the host is gone, or the child is and is not
+/// to be started again; the last child's exit status.
+async fn supervise(
+    args: &StdioArgs,
+    relay: &Relay,
+    mut wire_queue: WireQueue,
+    initialize: &Initialize,
+    mut host_closed: tokio::sync::watch::Receiver<bool>,
+    server: &mut Server,
+) -> Option<ExitStatus> {
+    let max = args.max_line_bytes;
+    let mut quick_exits = 0;
+    let mut restarts = 0u64;
+    loop {
+        let ended = match server.stdin.as_mut() {
+            Some(stdin) => tokio::select! {
+                _ = write_queue(&mut wire_queue, stdin) => Ended::ServerGone,
+                _ = read_server(relay, &mut server.stdout, max) => Ended::ServerGone,
+                _ = host_closed.wait_for(|closed| *closed) => Ended::HostClosed,
+            },
+            None => Ended::ServerGone,
+        };
+        drop(server.stdin.take());
+        // What the server answered before it went is still in its stdout: read to the end.
+        // After the host closed, that is MCP's stdio shutdown (the server sees its stdin close
+        // and exits), and the answers to what is still in flight come first.
+        match ended {
+            Ended::HostClosed => read_server(relay, &mut server.stdout, max).await,
+            Ended::ServerGone => {
+                let rest = read_server(relay, &mut server.stdout, max);
+                let _ = tokio::time::timeout(EXIT_GRACE, rest).await;
+            }
+        }
+        let status = server.exit().await;
+        relay.server_gone();
+        let lived = server.started.elapsed();
+        match status {
+            Some(status) => tracing::warn!(%status, ?lived, "the server exited"),
+            None => tracing::warn!(?lived, "the server exited; its status is not known"),
+        }
+        if matches!(ended, Ended::HostClosed) || !args.restart || *host_closed.borrow() {
+            return status;
+        }
+        quick_exits = if lived < QUICK_EXIT {
+            quick_exits + 1
+        } else {
+            0
+        };
+        if quick_exits >= MAX_QUICK_EXITS {
+            tracing::error!(
+                exits = quick_exits,
+                "the server exited {MAX_QUICK_EXITS} times in a row within {QUICK_EXIT:?} of starting; not starting it again"
+            );
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(100) * 2u32.pow(quick_exits.min(5))).await;
+        restarts += 1;
+        let (program, program_args) = args.command.split_first()?;
+        let replayed = initialize
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match Server::start(program, program_args) {
+            Ok(started) => *server = started,
+            Err(error) => {
+                tracing::error!(%error, "the server could not be started again");
+                return status;
+            }
+        }
+        if let Some(initialize) = replayed
+            && let Err(error) = replay_initialize(server, &initialize, restarts, max, relay).await
+        {
+            tracing::error!(%error, "the restarted server did not take the host's initialize");
+            // Counted as an exit right after starting: the loop ends it and maybe tries again.
+            drop(server.stdin.take());
+            continue;
+        }
+        tracing::warn!(restarts, "the server was started again");
+    }
+}
+
+/// Lines from the server, to the relay, until its stdout ends.
+async fn read_server<R: AsyncBufRead + Unpin>(relay: &Relay, stdout: &mut R, max: usize) {
+    loop {
+        match read_line(stdout, max).await {
+            Ok(Some(Line::Message(message))) => relay.from_server(message).await,
+            Ok(Some(Line::TooLong(prefix))) => relay.server_message_too_large(&prefix, max),
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "reading the server's stdout failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Sends the host's `initialize` to a restarted server under an id of the wrapper's own, waits
+/// for its answer (kept from the host, which has its own), and sends
+/// `notifications/initialized`. What else the server says meanwhile goes to the host.
+async fn replay_initialize(
+    server: &mut Server,
+    initialize: &[u8],
+    restarts: u64,
+    max: usize,
+    relay: &Relay,
+) -> anyhow::Result<()> {
+    let id = format!("replay-guard-initialize-{restarts}");
+    let mut message: Value =
+        serde_json::from_slice(initialize).context("the kept initialize is not JSON")?;
+    message["id"] = json!(id);
+    let stdin = server.stdin.as_mut().context("the server has no stdin")?;
+    write_line(stdin, message.to_string().as_bytes()).await?;
+    let answered = async {
+        loop {
+            match read_line(&mut server.stdout, max).await? {
+                Some(Line::Message(line)) => {
+                    let reply: Value = serde_json::from_slice(&line).unwrap_or(Value::Null);
+                    if reply.get("id") == Some(&json!(id)) && reply.get("method").is_none() {
+                        if let Some(error) = reply.get("error") {
+                            anyhow::bail!("the server refused initialize: {error}");
+                        }
+                        return Ok(());
+                    }
+                    relay.from_server(line).await;
+                }
+                Some(Line::TooLong(_)) => {}
+                None => anyhow::bail!("the server closed its stdout before it answered"),
+            }
+        }
+    };
+    tokio::time::timeout(INITIALIZE_TIMEOUT, answered)
+        .await
+        .context("the server did not answer initialize in time")??;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let stdin = server.stdin.as_mut().context("the server has no stdin")?;
+    write_line(stdin, initialized.to_string().as_bytes()).await?;
+    Ok(())
+}
