@@ -86,7 +86,8 @@ impl IdempotencyLayer {
     /// JSON-RPC error that says its outcome is unknown (it may have run), never that it
     /// failed; a keyed call is recorded `unknown`, and a repeat of its key is refused with
     /// [`KEY_OUTCOME_UNKNOWN`](super::KEY_OUTCOME_UNKNOWN). A request not yet written is
-    /// answered that nothing was sent. Then this returns.
+    /// answered that nothing was sent (a keyed call among them is still recorded `unknown`:
+    /// the layer takes any failure of the service below it for one). Then this returns.
     ///
     /// When the client's input ends, the answers still owed are written, the server's input is
     /// closed, and this returns. An I/O error writing to the client ends it too (after the
@@ -217,7 +218,9 @@ where
                 let owed = owed.clone();
                 tokio::spawn(async move {
                     let answer = exchange(service, message, &id).await;
-                    to_client.write(&answer).await;
+                    if !answer.is_empty() {
+                        to_client.write(&answer).await;
+                    }
                     drop(owed);
                 });
             }
