@@ -29,8 +29,8 @@ pub mod lines;
 mod wire;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
+use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_layer::Layer;
@@ -172,19 +172,9 @@ impl Relay {
     /// One message from the server: the answer to a request the relay wrote, or something
     /// for the client (a notification, a server request, an answer to nobody's request).
     pub async fn from_server(&self, message: Bytes) {
-        let message = match shape_of(&message) {
-            Shape::Response(Some(id)) => match self.wire.answer(&id, message) {
-                Ok(()) => return,
-                Err(message) => message,
-            },
-            Shape::Unreadable(why) => {
-                // Never passed on: a client reading JSON-RPC lines could take it for anything.
-                tracing::warn!(%why, "a message from the server was dropped");
-                return;
-            }
-            _ => message,
-        };
-        self.push(message, None).await;
+        if let Some(message) = self.wire.route(message) {
+            self.push(message, None).await;
+        }
     }
 
     /// The server went away (its process ended, its transport closed): every request written
@@ -211,20 +201,7 @@ impl Relay {
     /// prefix), that request's answer is lost: a guarded call's outcome is `unknown`, and the
     /// client gets the guard's honest answer for it.
     pub fn server_message_too_large(&self, prefix: &[u8], max: usize) {
-        let id = protocol::shape::id_in_prefix(prefix);
-        let failed = id.as_ref().is_some_and(|id| {
-            self.wire.fail(
-                id,
-                format!(
-                    "the server's answer is longer than the {max}-byte bound and was not relayed"
-                ),
-            )
-        });
-        tracing::warn!(
-            max,
-            answered_a_request = failed,
-            "a message from the server over the size bound was dropped"
-        );
+        self.wire.answer_too_large(prefix, max);
     }
 
     /// Answers the client with a JSON-RPC error for `id` (`None`: for a request that could not
@@ -241,18 +218,7 @@ impl Relay {
     /// One request through the guard and the wire; its answer, or none for an answer with no
     /// body (there is none for a request, but the guard's pass-through would give it).
     async fn exchange(&self, message: Bytes, id: RequestId) -> Option<ToClient> {
-        let mut request = Request::post(RELAY_URI)
-            .body(Full::new(message.clone()))
-            .ok()?;
-        let headers = request.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
+        let request = Wire::request(RELAY_URI, message.clone());
         let error = match self.guard.clone().oneshot(request).await {
             Ok(response) => {
                 let execution = response.extensions().get::<ExecutionId>().copied();

@@ -187,6 +187,60 @@ impl Wire {
             .unwrap_or_else(|_| Err(NotWritten("the transport dropped the message".into()).into()))
     }
 
+    /// One message the transport read from its peer: handed to the request that waits for it
+    /// (`None`), or given back for the other side (a notification, a peer's request, an answer
+    /// to nobody's request). A message that is not JSON-RPC is dropped (`None`): a reader of
+    /// JSON-RPC lines could take it for anything.
+    pub(crate) fn route(&self, message: Bytes) -> Option<Bytes> {
+        match shape_of(&message) {
+            Shape::Response(Some(id)) => self.answer(&id, message).err(),
+            Shape::Unreadable(why) => {
+                tracing::warn!(%why, "a message from the peer was dropped");
+                None
+            }
+            _ => Some(message),
+        }
+    }
+
+    /// A message from the peer over the transport's bound of `max` bytes, of which `prefix`
+    /// is the start: never handed on. When it answers a waiting request (its id is in the
+    /// prefix), that request fails: its answer was lost (an unknown outcome). Whether one did.
+    pub(crate) fn answer_too_large(&self, prefix: &[u8], max: usize) -> bool {
+        let id = crate::protocol::shape::id_in_prefix(prefix);
+        let failed = id.as_ref().is_some_and(|id| {
+            self.fail(
+                id,
+                format!(
+                    "the server's answer is longer than the {max}-byte bound and was not relayed"
+                ),
+            )
+        });
+        tracing::warn!(
+            max,
+            answered_a_request = failed,
+            "a message from the server over the size bound was dropped"
+        );
+        failed
+    }
+
+    /// The HTTP request a layer over the wire sees for one message: a `POST` of its bytes to
+    /// `uri`, `application/json`, accepting JSON or SSE (as an MCP client's would).
+    pub(crate) fn request(uri: &str, message: Bytes) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(message));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = http::Uri::try_from(uri).unwrap_or_default();
+        let headers = request.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        request
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -97,12 +97,14 @@
 
 mod body;
 mod layer;
+mod lines;
 mod service;
 #[cfg(test)]
 mod tests;
 
 pub use body::{IdempotencyRequestBody, IdempotencyResponseBody};
 pub use layer::{ExtractPrincipal, IdempotencyLayer, InFlight};
+pub use lines::MAX_SERVER_LINE_BYTES;
 pub use service::{
     IDEMPOTENT_REPLAYED, Idempotency, KEY_IN_FLIGHT, KEY_NOT_RECORDED, KEY_OUTCOME_UNKNOWN,
     KEY_REUSED, ResponseFuture,
