@@ -7,6 +7,27 @@
 //! intent (or the server half's key) for a second run, so it is given only to statuses that
 //! mean the server refused the call before the tool ran.
 
+/// JSON-RPC error code of the server half: the `Idempotency-Key` was first used for another
+/// call (HTTP 422). The call was not run.
+pub const KEY_REUSED: i64 = -32081;
+/// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` is
+/// still running (HTTP 409).
+pub const KEY_IN_FLIGHT: i64 = -32082;
+/// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` may
+/// have run but its answer was not kept; it is not run again under this key (HTTP 409).
+pub const KEY_OUTCOME_UNKNOWN: i64 = -32083;
+/// JSON-RPC error code of the server half: the key could not be recorded, so the call was not
+/// run (HTTP 503).
+pub const KEY_NOT_RECORDED: i64 = -32084;
+
+/// Whether a JSON-RPC error answering a `tools/call` leaves open that the tool ran. Any other
+/// JSON-RPC error is a refusal (an unknown tool, bad params: MCP reports a tool's own failure
+/// in its result), and so is `failed`. Over HTTP the server half's 409 says so already; over a
+/// transport without statuses (stdio) only the code does.
+pub(crate) fn error_may_have_run(code: i64) -> bool {
+    matches!(code, KEY_IN_FLIGHT | KEY_OUTCOME_UNKNOWN)
+}
+
 /// What the status of a `tools/call` answer says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StatusClass {

@@ -149,9 +149,10 @@ impl Recorder {
         let ledger = self.ledger.clone();
         let (id, status) = (self.execution_id, self.status);
         let (keep, max) = (self.keep_results, self.max_result_bytes);
+        let attempt = self.attempt;
         let settle = self.settle.take();
         Box::pin(async move {
-            let settlement = record_outcome(&*ledger, id, status, keep, max, answer).await;
+            let settlement = record_outcome(&*ledger, id, status, attempt, keep, max, answer).await;
             if let Some(settle) = settle {
                 settle(settlement);
             }
@@ -421,6 +422,7 @@ pub(crate) async fn record_outcome(
     ledger: &dyn Ledger,
     id: ExecutionId,
     status: u16,
+    attempt: Option<u32>,
     keep: bool,
     max: usize,
     answer: TargetAnswer,
@@ -438,12 +440,22 @@ pub(crate) async fn record_outcome(
             (raw, is_error, maybe_wide)
         }
         TargetAnswer::Error { code } => {
-            let reason = format!("the server answered the call with JSON-RPC error {code}");
-            let failed = EventKind::Failed {
-                target_status: Some(status),
-                reason,
+            let kind = if crate::decide::classify::error_may_have_run(code) {
+                EventKind::Unknown {
+                    target_status: Some(status),
+                    attempt,
+                    reason: format!(
+                        "the server answered the call with JSON-RPC error {code}: its idempotency \
+                         layer says the call may have run"
+                    ),
+                }
+            } else {
+                EventKind::Failed {
+                    target_status: Some(status),
+                    reason: format!("the server answered the call with JSON-RPC error {code}"),
+                }
             };
-            append_logged(ledger, id, failed).await;
+            append_logged(ledger, id, kind).await;
             return Settlement::Other;
         }
     };
@@ -511,7 +523,7 @@ pub(crate) mod tests {
         let id = dispatched(&ledger).await;
         let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();
         let before = LEXICAL_SCANS.with(std::cell::Cell::get);
-        let settlement = record_outcome(&ledger, id, 200, true, usize::MAX, answer).await;
+        let settlement = record_outcome(&ledger, id, 200, None, true, usize::MAX, answer).await;
         let scans = LEXICAL_SCANS.with(std::cell::Cell::get) - before;
         let kept = matches!(
             settlement,
@@ -572,5 +584,32 @@ pub(crate) mod tests {
         .await;
         assert!(!kept, "a wide integer literal is not kept");
         assert!(record.is_error);
+    }
+
+    /// Found by attacking issue 16: over stdio there is no HTTP status, so the server half's
+    /// "the first request with this key may have run" (-32083) and "is still running" (-32082)
+    /// reached the guard as plain JSON-RPC errors and were recorded `failed`, which frees the
+    /// intent: the next repeat ran as a new execution, under a new key, and the tool ran twice.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_half_error_that_says_the_call_may_have_run_is_unknown_not_failed() {
+        use crate::decide::classify::{
+            KEY_IN_FLIGHT, KEY_NOT_RECORDED, KEY_OUTCOME_UNKNOWN, KEY_REUSED,
+        };
+        for (code, state) in [
+            (KEY_OUTCOME_UNKNOWN, ExecutionState::Unknown),
+            (KEY_IN_FLIGHT, ExecutionState::Unknown),
+            (KEY_REUSED, ExecutionState::Failed),
+            (KEY_NOT_RECORDED, ExecutionState::Failed),
+            (-32602, ExecutionState::Failed),
+        ] {
+            let ledger = MemoryLedger::new();
+            let id = dispatched(&ledger).await;
+            let message =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":{code},"message":"m"}}}}"#);
+            let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();
+            record_outcome(&ledger, id, 200, Some(1), true, usize::MAX, answer).await;
+            let record = ledger.get(id).await.unwrap().unwrap();
+            assert_eq!(record.state, state, "JSON-RPC error {code}");
+        }
     }
 }
