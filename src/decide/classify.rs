@@ -7,18 +7,13 @@
 //! intent (or the server half's key) for a second run, so it is given only to statuses that
 //! mean the server refused the call before the tool ran.
 
-/// JSON-RPC error code of the server half: the `Idempotency-Key` was first used for another
-/// call (HTTP 422). The call was not run.
-pub const KEY_REUSED: i64 = -32081;
 /// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` is
-/// still running (HTTP 409).
-pub const KEY_IN_FLIGHT: i64 = -32082;
+/// still running (HTTP 409). Public as `integrations::server::KEY_IN_FLIGHT`.
+pub(crate) const KEY_IN_FLIGHT: i64 = -32082;
 /// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` may
-/// have run but its answer was not kept; it is not run again under this key (HTTP 409).
-pub const KEY_OUTCOME_UNKNOWN: i64 = -32083;
-/// JSON-RPC error code of the server half: the key could not be recorded, so the call was not
-/// run (HTTP 503).
-pub const KEY_NOT_RECORDED: i64 = -32084;
+/// have run but its answer was not kept (HTTP 409). Public as
+/// `integrations::server::KEY_OUTCOME_UNKNOWN`.
+pub(crate) const KEY_OUTCOME_UNKNOWN: i64 = -32083;
 
 /// Whether a JSON-RPC error answering a `tools/call` leaves open that the tool ran. Any other
 /// JSON-RPC error is a refusal (an unknown tool, bad params: MCP reports a tool's own failure

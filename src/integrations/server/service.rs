@@ -34,9 +34,16 @@ use crate::{
     protocol::{self, Era, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
 };
 
-pub use crate::decide::classify::{
-    KEY_IN_FLIGHT, KEY_NOT_RECORDED, KEY_OUTCOME_UNKNOWN, KEY_REUSED,
-};
+/// JSON-RPC error code: the `Idempotency-Key` was first used for another call (HTTP 422).
+pub const KEY_REUSED: i64 = -32081;
+/// JSON-RPC error code: the first request with the `Idempotency-Key` is still running
+/// (HTTP 409).
+pub const KEY_IN_FLIGHT: i64 = crate::decide::classify::KEY_IN_FLIGHT;
+/// JSON-RPC error code: the first request with the `Idempotency-Key` may have run but its
+/// answer was not kept; it is not run again under this key (HTTP 409).
+pub const KEY_OUTCOME_UNKNOWN: i64 = crate::decide::classify::KEY_OUTCOME_UNKNOWN;
+/// JSON-RPC error code: the key could not be recorded, so the call was not run (HTTP 503).
+pub const KEY_NOT_RECORDED: i64 = -32084;
 
 /// Header on a replayed answer: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: http::HeaderName =
