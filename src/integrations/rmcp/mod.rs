@@ -1,5 +1,7 @@
-//! An rmcp [`StreamableHttpClient`] over any tower service, so that an rmcp client runs over a
-//! tower stack: [`GuardLayer`](crate::guard::GuardLayer) in front of a hyper client, say.
+//! The guard for rmcp clients: [`GuardedTransport`] around any rmcp client transport (a child
+//! process over stdio, an in-memory duplex, Streamable HTTP), and an rmcp
+//! [`StreamableHttpClient`] over any tower service, so that an rmcp client runs over a tower
+//! stack: [`GuardLayer`](crate::guard::GuardLayer) in front of a hyper client, say.
 //!
 //! rmcp's Streamable HTTP transport is generic over its HTTP backend, the
 //! [`StreamableHttpClient`] trait, and ships backends for reqwest and Unix sockets only.
@@ -405,8 +407,10 @@ mod response;
 mod sse;
 #[cfg(test)]
 mod tests;
+mod transport;
 
 pub use error::TowerClientError;
 use request::{Outgoing, send};
 use response::{auth_challenge, read_post_response, status_error, unexpected_content_type};
 use sse::{RefusedResumes, SseBody, StreamKey};
+pub use transport::{GuardedTransport, GuardedTransportError};
