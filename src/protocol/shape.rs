@@ -59,6 +59,23 @@ pub(crate) fn shape_of(bytes: &[u8]) -> Shape {
     }
 }
 
+/// The request a `notifications/cancelled` cancels (`params.requestId`), when `bytes` is one.
+pub(crate) fn cancelled_request(bytes: &[u8]) -> Option<RequestId> {
+    #[derive(Deserialize)]
+    struct Cancelled<'a> {
+        #[serde(borrow)]
+        method: &'a str,
+        params: Params,
+    }
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "requestId")]
+        request_id: RequestId,
+    }
+    let message: Cancelled<'_> = serde_json::from_slice(bytes).ok()?;
+    (message.method == "notifications/cancelled").then_some(message.params.request_id)
+}
+
 /// The `id` of a message of which only the first bytes are at hand (a line over the size
 /// bound): found when it comes among the top-level members before the cut, as rmcp and most
 /// servers write it (`{"jsonrpc":"2.0","id":7,"result":…`).
@@ -99,6 +116,16 @@ pub(crate) fn id_in_prefix(prefix: &[u8]) -> Option<RequestId> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cancellation_names_its_request() {
+        let cancel = br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"r","reason":"x"}}"#;
+        assert_eq!(cancelled_request(cancel), Some("r".into()));
+        let other =
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"requestId":1}}"#;
+        assert_eq!(cancelled_request(other), None);
+        assert_eq!(cancelled_request(b"{}"), None);
+    }
+
     #[test]
     fn an_id_is_found_before_the_cut_and_only_there() {
         let full =

@@ -26,6 +26,8 @@
 //! [`integrations::rmcp::GuardedTransport`](crate::integrations) are two such drivers.
 
 pub mod lines;
+#[cfg(test)]
+mod tests;
 mod wire;
 
 use bytes::Bytes;
@@ -35,7 +37,7 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_layer::Layer;
 
-pub use wire::{Outgoing, PeerGone, Wire, WireQueue};
+pub use wire::{Cancelled, Outgoing, PeerGone, Wire, WireQueue};
 
 use crate::{
     ExecutionId,
@@ -141,7 +143,7 @@ impl Relay {
                 });
             }
             Shape::Notification | Shape::Response(_) => {
-                if let Err(error) = self.wire.send(message).await {
+                if let Err(error) = self.wire.notify(message).await {
                     tracing::warn!(%error, "a notification or response for the server was not written");
                 }
             }

@@ -129,6 +129,11 @@ pub struct Wire {
 #[error("the peer went away after the request was written and before it answered")]
 pub struct PeerGone;
 
+/// Why a request's wait ended without its answer: the client cancelled it.
+#[derive(Debug, thiserror::Error)]
+#[error("the client cancelled the request after it was written; the server need not answer it")]
+pub struct Cancelled;
+
 impl Wire {
     /// A wire, and the queue its transport writes from.
     pub fn new() -> (Self, WireQueue) {
@@ -171,9 +176,25 @@ impl Wire {
         self.lock().by_id.clear();
     }
 
-    /// Writes one message that waits for no answer (a notification, a response), in order
-    /// with every other message sent through this wire. `Err` when the transport is gone.
-    pub async fn send(&self, message: Bytes) -> Result<(), BoxError> {
+    /// Writes one message from the client that waits for no answer (a notification, a
+    /// response to a server request), in order with every other message sent through this
+    /// wire. `Err` when the transport is gone.
+    ///
+    /// A `notifications/cancelled` also ends the wait of the request it cancels: the server
+    /// need not answer it (MCP), and its outcome is unknown (the tool may have run in part),
+    /// never left waiting. An answer that comes anyway goes to the client, who ignores it.
+    pub async fn notify(&self, message: Bytes) -> Result<(), BoxError> {
+        let cancelled = crate::protocol::shape::cancelled_request(&message);
+        self.send(message).await?;
+        if let Some(id) = cancelled {
+            self.fail(&id, Cancelled);
+        }
+        Ok(())
+    }
+
+    /// Writes one message, in order with every other message sent through this wire; `Err`
+    /// when the transport is gone.
+    async fn send(&self, message: Bytes) -> Result<(), BoxError> {
         let (written, result) = oneshot::channel();
         self.queue
             .send(Outgoing {

@@ -225,7 +225,7 @@ where
                 });
             }
             Shape::Notification | Shape::Response(_) => {
-                if let Err(error) = wire.send(message).await {
+                if let Err(error) = wire.notify(message).await {
                     tracing::warn!(%error, "a notification or response for the server was not written");
                 }
             }

@@ -1,0 +1,128 @@
+//! The relay over a wire driven by hand: what the transport's driver sees, and what the
+//! client is answered.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::{
+    contract::{ContractRegistry, ToolContract},
+    fingerprint::FingerprintKey,
+    ledger::{ExecutionState, Ledger, MemoryLedger},
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn relay() -> (Relay, WireQueue, ClientQueue, MemoryLedger) {
+    let ledger = MemoryLedger::new();
+    let contracts = ContractRegistry::builder()
+        .tool("deploy", ToolContract::irreversible())
+        .build()
+        .unwrap();
+    let layer = GuardLayer::new(
+        ledger.clone(),
+        contracts,
+        FingerprintKey::generate().unwrap(),
+    );
+    let (relay, wire, client) = Relay::new(&layer);
+    (relay, wire, client, ledger)
+}
+
+fn line(value: &Value) -> Bytes {
+    Bytes::from(value.to_string())
+}
+
+async fn next_for_client(client: &mut ClientQueue) -> Value {
+    let message = tokio::time::timeout(WAIT, client.next())
+        .await
+        .expect("an answer for the client in time")
+        .expect("the relay is open");
+    serde_json::from_slice(message.message()).unwrap()
+}
+
+/// Found by attacking issue 16: a server need not answer a request the client cancelled
+/// (MCP's `notifications/cancelled`), so the guarded call waited for an answer that never
+/// came; its execution stayed in flight and every repeat waited for it.
+#[tokio::test]
+async fn a_cancelled_call_is_unknown_not_left_waiting() {
+    let (relay, mut wire, mut client, ledger) = relay();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {"v": 1}}});
+    relay.from_client(line(&call)).await;
+    let written = tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap();
+    written.written();
+
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 1, "reason": "the user stopped it"}});
+    let sending = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.from_client(line(&cancel)).await }
+    });
+    let cancel = tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(cancel.message()).unwrap()["method"],
+        "notifications/cancelled",
+        "the cancellation goes to the server untouched"
+    );
+    cancel.written();
+    sending.await.unwrap();
+
+    let answer = next_for_client(&mut client).await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    let execution = answer["result"]["structuredContent"]["mcp_replay_guard"]["execution_id"]
+        .as_str()
+        .expect("the guard's own answer, with the execution")
+        .parse()
+        .unwrap();
+    let record = ledger.get(execution).await.unwrap().unwrap();
+    assert_eq!(record.state, ExecutionState::Unknown);
+}
+
+#[tokio::test]
+async fn a_call_written_before_its_server_went_away_is_answered_unknown() {
+    let (relay, mut wire, mut client, ledger) = relay();
+    let call = json!({"jsonrpc": "2.0", "id": "a", "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {}}});
+    relay.from_client(line(&call)).await;
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .written();
+    // Wait until the exchange waits for its answer, then the server goes.
+    while !relay.wire.is_waiting(&"a".into()) {
+        tokio::task::yield_now().await;
+    }
+    relay.server_gone();
+    let answer = next_for_client(&mut client).await;
+    let guard = &answer["result"]["structuredContent"]["mcp_replay_guard"];
+    assert_eq!(guard["state"], "unknown", "{answer}");
+    let execution = guard["execution_id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        ledger.get(execution).await.unwrap().unwrap().state,
+        ExecutionState::Unknown
+    );
+}
+
+#[tokio::test]
+async fn a_call_the_transport_never_wrote_is_not_sent_and_says_so() {
+    let (relay, wire, mut client, ledger) = relay();
+    drop(wire);
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {}}});
+    relay.from_client(line(&call)).await;
+    let answer = next_for_client(&mut client).await;
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not sent"), "{answer}");
+    let executions = ledger.list().await.unwrap();
+    assert_eq!(executions.len(), 1);
+    assert_eq!(executions[0].state, ExecutionState::NotSent);
+}
