@@ -398,3 +398,33 @@ async fn a_broken_stream_is_resumed_with_last_event_id_and_not_resent() {
     assert_eq!(record.correlation.last_event_id, resumes[0].last_event_id);
     client.cancel().await.unwrap();
 }
+
+/// `GuardedTransport` is transport-neutral: around rmcp's own Streamable HTTP transport (over a
+/// plain hyper client, no guard below it), a guarded call runs once, is recorded delivered, and
+/// a repeat inside its link window while it is in the ledger is decided there.
+#[tokio::test]
+async fn the_guarded_transport_works_around_rmcps_streamable_http_transport() {
+    use http_body_util::Full;
+    use mcp_replay_guard::integrations::rmcp::GuardedTransport;
+
+    let server = TestServer::start().await;
+    let ledger = MemoryLedger::new();
+    let guard = GuardLayer::new(
+        ledger.clone(),
+        registry(),
+        FingerprintKey::from_bytes(&[7; 32]).unwrap(),
+    );
+    let http = StreamableHttpClientTransport::with_client(
+        TowerHttpClient::new(hyper_client_with_body::<Full<bytes::Bytes>>()),
+        StreamableHttpClientTransportConfig::with_uri(server.url.clone()),
+    );
+    let client = ().serve(GuardedTransport::new(&guard, http)).await.unwrap();
+
+    let result = deploy(&client, "catalog", "2026.12.01").await.unwrap();
+    assert_eq!(text(&result), "deployed catalog 2026.12.01");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
+    assert_eq!(record.tool, "deploy_release");
+    assert_eq!(record.attempts, 1);
+    client.cancel().await.unwrap();
+}
