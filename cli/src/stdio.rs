@@ -70,8 +70,9 @@ pub struct StdioArgs {
     /// arguments never enter it: they may hold secrets.
     #[arg(long, value_name = "NAME")]
     pub target: Option<String>,
-    /// The longest line taken from the host or the server, in bytes. A longer request is
-    /// refused unsent; a longer answer is not relayed (its call's outcome is unknown).
+    /// The longest line taken from the host or the server, in bytes (at least 1024). A longer
+    /// request is refused unsent; a longer answer is not relayed (its call's outcome is
+    /// unknown).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_line_bytes: usize,
     /// How long a repeat waits for an attempt of the same execution that is still in flight.
@@ -85,7 +86,14 @@ pub struct StdioArgs {
 /// The host's `initialize`, kept to replay on a restarted child.
 type Initialize = Arc<Mutex<Option<Bytes>>>;
 
+/// The smallest `--max-line-bytes`: an `initialize` must fit.
+const MIN_LINE_BYTES: usize = 1024;
+
 pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.max_line_bytes >= MIN_LINE_BYTES,
+        "--max-line-bytes must be at least {MIN_LINE_BYTES} (an initialize must fit); nothing was started"
+    );
     let (program, program_args) = args
         .command
         .split_first()

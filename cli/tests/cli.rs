@@ -156,3 +156,29 @@ fn readme_carries_the_example_policy_verbatim() {
         "README's policy example differs from examples/policy.toml"
     );
 }
+
+/// `stdio` refuses what it cannot run before it starts anything: exit 2 and a message that
+/// says so.
+#[test]
+fn stdio_refuses_a_bound_too_small_and_a_server_it_cannot_start() {
+    for (args, says) in [
+        (
+            vec!["stdio", "--max-line-bytes", "10", "--", "true"],
+            "--max-line-bytes must be at least 1024",
+        ),
+        (
+            vec!["stdio", "--", "/nonexistent/mcp-server"],
+            "cannot start the server /nonexistent/mcp-server; nothing was sent",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "stdout stays clean: {args:?}");
+    }
+}
