@@ -1,0 +1,595 @@
+//! `replay-guard stdio` end to end, as real processes: the built binary in front of
+//! `examples/stdio_server` (an rmcp stdio server whose effects file is the count of side
+//! effects), driven over the wrapper's own stdin/stdout either by rmcp's real client (over the
+//! child's pipes, `transport-async-rw`, so that the test keeps the process and its exit code)
+//! or, where the bytes on stdout are the point, by newline JSON-RPC written by the test.
+
+#[path = "../../tests/support/stdio_example.rs"]
+#[allow(unexpected_cfgs)] // it asks for the library's features; this package has two of them
+mod stdio_example;
+#[path = "../../tests/support/temp.rs"]
+#[allow(dead_code)] // only `temp_dir`
+mod temp;
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use rmcp::{
+    ServiceExt,
+    model::{CallToolRequestParams, CallToolResult},
+    service::{RoleClient, RunningService},
+};
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    process::{Child, ChildStdin, ChildStdout, Command},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_replay-guard");
+const WAIT: Duration = Duration::from_secs(30);
+/// The relay's own refusals (`mcp_replay_guard::relay::RELAY_ERROR`).
+const RELAY_ERROR: i64 = -32603;
+
+/// One test's files: the guard's ledger, the policy, the server's effects, pid, fault-once
+/// and ledger files, and the wrapper's stderr (kept for a failing test).
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    fn new(name: &str, policy: &str) -> Self {
+        let dir = temp::temp_dir("cli-stdio", name);
+        std::fs::write(dir.join("policy.toml"), policy).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    /// The effect lines the server wrote (the ground truth).
+    fn effects(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("effects"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The pid the server wrote once it hung after its effect (polled with a deadline).
+    async fn hung_server_pid(&self) -> String {
+        let pid_file = self.dir.join("pid");
+        tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(pid) = std::fs::read_to_string(&pid_file)
+                    && !pid.trim().is_empty()
+                {
+                    return pid.trim().to_owned();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server never hung after its effect; see {:?}", self.dir))
+    }
+
+    /// SIGKILLs the hung server and clears its pid file.
+    async fn kill_hung_server(&self) {
+        let pid = self.hung_server_pid().await;
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .unwrap();
+        assert!(killed.success(), "kill -9 {pid}");
+        std::fs::remove_file(self.dir.join("pid")).unwrap();
+    }
+
+    /// `replay-guard --json ledger list` of the guard's ledger.
+    fn ledger_list(&self) -> Vec<Value> {
+        ledger_list(&self.path("ledger.jsonl"))
+    }
+
+    /// `replay-guard stdio --ledger … --policy … EXTRA… -- stdio_server`, with the server's
+    /// environment `env` (inherited by every child it starts).
+    fn wrapper(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
+        let mut command = Command::new(BIN);
+        command
+            .arg("stdio")
+            .args(["--ledger", &self.path("ledger.jsonl")])
+            .args(["--policy", &self.path("policy.toml")])
+            .args(extra)
+            .arg("--")
+            .arg(stdio_example::example_binary())
+            .env("RUST_LOG", "warn")
+            .env("EFFECTS_FILE", self.path("effects"))
+            .env("FAULT_ONCE_FILE", self.path("fault-once"))
+            .env("PID_FILE", self.path("pid"))
+            .env_remove("FAULT")
+            .env_remove("LEDGER")
+            .env_remove("HUGE_BYTES")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("stderr"))
+                    .unwrap(),
+            )
+            .kill_on_drop(true);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.spawn().expect("replay-guard starts")
+    }
+}
+
+/// `replay-guard --json ledger list PATH`.
+fn ledger_list(path: &str) -> Vec<Value> {
+    let out = std::process::Command::new(BIN)
+        .args(["--json", "ledger", "list", path])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits for the wrapper to exit; its code.
+async fn exit_code(child: &mut Child) -> Option<i32> {
+    tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the wrapper exits")
+        .unwrap()
+        .code()
+}
+
+/// rmcp's client over the wrapper's stdio.
+async fn rmcp_client(child: &mut Child) -> RunningService<RoleClient, ()> {
+    let stdout = child.stdout.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    tokio::time::timeout(WAIT, ().serve((stdout, stdin)))
+        .await
+        .expect("initialize in time")
+        .expect("initialize through the wrapper")
+}
+
+fn tool_call(tool: &str, arguments: Value) -> CallToolRequestParams {
+    let Value::Object(arguments) = arguments else {
+        unreachable!()
+    };
+    CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments)
+}
+
+/// The guard's record in an answer it gave itself.
+fn guard_record(result: &CallToolResult) -> Value {
+    let structured = result
+        .structured_content
+        .clone()
+        .unwrap_or_else(|| panic!("no structuredContent: {result:?}"));
+    structured["mcp_replay_guard"].clone()
+}
+
+fn text(result: &CallToolResult) -> String {
+    serde_json::to_value(result).unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn deploy() -> Value {
+    json!({"service": "catalog", "version": "2026.07.22"})
+}
+
+/// a. An irreversible call whose server was SIGKILLed after the effect and before its answer:
+/// the host hears the outcome is unknown (with the execution ID), the wrapper exits non-zero,
+/// and a new wrapper on the same ledger holds the repeat for review under the same execution.
+#[tokio::test]
+async fn a_killed_server_leaves_an_irreversible_call_held_under_one_execution_id() {
+    let files = Files::new("killed", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let mut wrapper = files.wrapper(&[], &[("FAULT", "hang_after_effect")]);
+    let client = rmcp_client(&mut wrapper).await;
+    let (first, ()) = tokio::join!(
+        tokio::time::timeout(WAIT, client.call_tool(tool_call("deploy", deploy()))),
+        files.kill_hung_server(),
+    );
+    let first = first
+        .expect("an answer, not a hang")
+        .expect("a CallToolResult, not a JSON-RPC error");
+    assert_eq!(first.is_error, Some(true), "{first:?}");
+    let record = guard_record(&first);
+    let execution = record["execution_id"].as_str().expect("an execution id");
+    assert!(execution.starts_with("act_"), "{record}");
+    assert!(text(&first).contains("unknown"), "{}", text(&first));
+    assert_eq!(files.effects().len(), 1, "the deploy ran once");
+    let code = exit_code(&mut wrapper).await;
+    assert!(code.is_some_and(|c| c != 0), "the wrapper exited {code:?}");
+    drop(client);
+
+    // A new wrapper (the host started again) on the same ledger, the same call.
+    let mut again = files.wrapper(&[], &[]);
+    let client = rmcp_client(&mut again).await;
+    let repeat = tokio::time::timeout(WAIT, client.call_tool(tool_call("deploy", deploy())))
+        .await
+        .expect("in time")
+        .expect("a CallToolResult");
+    assert_eq!(repeat.is_error, Some(true), "{repeat:?}");
+    let held = guard_record(&repeat);
+    assert_eq!(
+        held["execution_id"], execution,
+        "the same execution: {held}"
+    );
+    assert_eq!(held["state"], "needs_review", "{held}");
+    assert!(
+        text(&repeat).contains("NOT sent again"),
+        "{}",
+        text(&repeat)
+    );
+    assert_eq!(files.effects().len(), 1, "never deployed twice");
+    let records = files.ledger_list();
+    assert_eq!(records.len(), 1, "{records:?}");
+    client.cancel().await.unwrap();
+    assert_eq!(exit_code(&mut again).await, Some(0));
+}
+
+/// b. An idempotent call with `--execution-id-in-meta --restart`: the server is SIGKILLed after
+/// the effect; the repeat goes to the restarted child under the same `_meta` key, and the
+/// honouring server (its ledger shared across restarts) does not run it again.
+#[tokio::test]
+async fn an_idempotent_call_is_resent_to_the_restarted_child_under_the_same_key() {
+    let files = Files::new("restart", "[tools.set_flag]\nclass = \"idempotent\"\n");
+    let server_ledger = files.path("server-ledger.jsonl");
+    let mut wrapper = files.wrapper(
+        &["--restart", "--execution-id-in-meta"],
+        &[("FAULT", "hang_after_effect"), ("LEDGER", &server_ledger)],
+    );
+    let client = rmcp_client(&mut wrapper).await;
+    let flag = json!({"name": "beta", "value": true});
+    let (first, ()) = tokio::join!(
+        tokio::time::timeout(WAIT, client.call_tool(tool_call("set_flag", flag.clone()))),
+        files.kill_hung_server(),
+    );
+    let first = first.expect("an answer").expect("a CallToolResult");
+    assert_eq!(first.is_error, Some(true), "{first:?}");
+    let execution = guard_record(&first)["execution_id"]
+        .as_str()
+        .expect("an execution id")
+        .to_owned();
+    assert_eq!(files.effects().len(), 1);
+    // The server half recorded the call under the key the guard put in `_meta`.
+    let server_records = std::fs::read_to_string(&server_ledger).unwrap();
+    assert!(
+        server_records.contains(&execution),
+        "the key in _meta is the execution ID"
+    );
+
+    // The repeat, through the same wrapper: re-sent to the restarted child under the same
+    // `_meta` key. The server half knows that key from the killed child's attempt (its ledger
+    // outlives it), and says so instead of running the tool again; the guard relays that.
+    let repeat = tokio::time::timeout(WAIT, client.call_tool(tool_call("set_flag", flag)))
+        .await
+        .expect("an answer, not a hang");
+    let Err(rmcp::ServiceError::McpError(refused)) = repeat else {
+        panic!("the server half's refusal: {repeat:?}");
+    };
+    assert_eq!(refused.code.0, -32083, "KEY_OUTCOME_UNKNOWN: {refused:?}");
+    // The server names its own execution; that one was keyed with the guard's execution ID.
+    let server_execution = refused
+        .message
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .find(|word| word.starts_with("act_"))
+        .unwrap_or_else(|| panic!("no execution named: {refused:?}"));
+    let server_records = ledger_list(&server_ledger);
+    let keyed = server_records
+        .iter()
+        .find(|r| r["execution_id"] == server_execution)
+        .unwrap_or_else(|| panic!("{server_execution} in {server_records:?}"));
+    assert_eq!(keyed["idempotency_key"], execution.as_str(), "{keyed}");
+    assert_eq!(files.effects().len(), 1, "the honouring server ran it once");
+    let records = files.ledger_list();
+    assert_eq!(records.len(), 1, "one execution: {records:?}");
+    assert_eq!(records[0]["execution_id"], execution.as_str());
+    assert_eq!(records[0]["attempts"], 2, "dispatched twice: {records:?}");
+    assert_eq!(records[0]["state"], "unknown", "{records:?}");
+    assert!(
+        wrapper.try_wait().unwrap().is_none(),
+        "the wrapper serves on"
+    );
+    // The restarted child serves other calls.
+    let read = tokio::time::timeout(
+        WAIT,
+        client.call_tool(tool_call("read_flag", json!({"name": "beta"}))),
+    )
+    .await
+    .expect("in time")
+    .expect("a result");
+    assert_eq!(text(&read), "beta is true");
+    client.cancel().await.unwrap();
+    assert_eq!(exit_code(&mut wrapper).await, Some(0));
+}
+
+// ---- newline JSON-RPC written by the test ------------------------------------------------
+
+/// The host end of a wrapper, in raw lines: every line the wrapper prints must be JSON.
+struct Host {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: tokio::io::Lines<BufReader<ChildStdout>>,
+    /// Every message read, in order.
+    seen: Vec<Value>,
+}
+
+impl Host {
+    fn new(mut child: Child) -> Self {
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            stdout,
+            seen: Vec::new(),
+        }
+    }
+
+    async fn send_line(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    async fn send(&mut self, message: &Value) {
+        self.send_line(&message.to_string()).await;
+    }
+
+    /// The next line (`None` at the end of stdout); a line that is not JSON fails the test.
+    async fn next(&mut self) -> Option<Value> {
+        let line = tokio::time::timeout(WAIT, self.stdout.next_line())
+            .await
+            .expect("a line from the wrapper in time")
+            .unwrap()?;
+        let message: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+            panic!("stdout carried a line that is not JSON ({e}): {line:.200}")
+        });
+        self.seen.push(message.clone());
+        Some(message)
+    }
+
+    async fn next_message(&mut self) -> Value {
+        self.next().await.expect("the wrapper's stdout is open")
+    }
+
+    async fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        let answer = self.next_message().await;
+        assert_eq!(answer["id"], id, "{answer}");
+        answer
+    }
+
+    async fn initialize(&mut self) {
+        let answer = self.request(1, "initialize", initialize_params()).await;
+        assert!(answer["result"]["protocolVersion"].is_string(), "{answer}");
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+    }
+
+    /// Closes stdin; the lines left on stdout (each JSON), the ids of every message the
+    /// wrapper printed, and its exit code.
+    async fn finish(mut self) -> (Vec<Value>, Vec<Value>, Option<i32>) {
+        drop(self.stdin.take());
+        let mut rest = Vec::new();
+        while let Some(message) = self.next().await {
+            rest.push(message);
+        }
+        let code = exit_code(&mut self.child).await;
+        let ids = self.seen.iter().map(|m| m["id"].clone()).collect();
+        (rest, ids, code)
+    }
+}
+
+fn initialize_params() -> Value {
+    json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "cli-stdio-test", "version": "1"},
+    })
+}
+
+fn set_flag_call(id: i64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "set_flag", "arguments": {"name": "beta", "value": true}}})
+}
+
+/// c. What the host sends that cannot be relayed is answered, nothing of it reaches the
+/// server, and the wrapper serves on.
+#[tokio::test]
+async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
+    let files = Files::new("bad-input", "[tools.set_flag]\nclass = \"idempotent\"\n");
+    let mut host = Host::new(files.wrapper(&["--max-line-bytes", "2048"], &[]));
+    host.initialize().await;
+
+    // Not JSON.
+    host.send_line("this is not json").await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    assert!(answer["id"].is_null(), "{answer}");
+    let read = host
+        .request(
+            2,
+            "tools/call",
+            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
+        )
+        .await;
+    assert_eq!(
+        read["result"]["content"][0]["text"], "beta is false",
+        "{read}"
+    );
+
+    // A batch of two calls: an error for each id.
+    host.send(&json!([set_flag_call(10), set_flag_call(11)]))
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let answer = host.next_message().await;
+        assert_eq!(answer["error"]["code"], RELAY_ERROR, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("nothing was sent")),
+            "{answer}"
+        );
+        ids.push(answer["id"].as_i64().unwrap());
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [10, 11]);
+    let read = host
+        .request(
+            3,
+            "tools/call",
+            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
+        )
+        .await;
+    assert_eq!(
+        read["result"]["content"][0]["text"], "beta is false",
+        "{read}"
+    );
+
+    // A line over the bound: an error for its id.
+    let mut long = set_flag_call(12);
+    long["params"]["arguments"]["padding"] = json!("p".repeat(10_000));
+    host.send(&long).await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["id"], 12, "{answer}");
+    assert_eq!(answer["error"]["code"], RELAY_ERROR, "{answer}");
+    let read = host
+        .request(
+            4,
+            "tools/call",
+            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
+        )
+        .await;
+    assert_eq!(
+        read["result"]["content"][0]["text"], "beta is false",
+        "{read}"
+    );
+
+    assert_eq!(
+        files.effects(),
+        Vec::<String>::new(),
+        "nothing reached the server"
+    );
+    let (rest, ids, code) = host.finish().await;
+    assert_eq!(rest, Vec::<Value>::new(), "nothing more on stdout");
+    let want: Vec<Value> = [
+        json!(1),
+        Value::Null,
+        json!(2),
+        json!(10),
+        json!(11),
+        json!(3),
+    ]
+    .into_iter()
+    .chain([json!(12), json!(4)])
+    .collect();
+    let mut got = ids;
+    got[3..5].sort_by_key(|id| id.as_i64());
+    assert_eq!(got, want, "one answer for each request, nothing else");
+    assert_eq!(code, Some(0));
+    // Only the three `read_flag` calls became executions (unlisted: irreversible).
+    let tools: Vec<Value> = files
+        .ledger_list()
+        .iter()
+        .map(|r| r["tool"].clone())
+        .collect();
+    assert_eq!(
+        tools,
+        vec![json!("read_flag"); 3],
+        "no set_flag execution began"
+    );
+}
+
+/// d. A child that exits at once: the host's pending `initialize` is answered with a
+/// JSON-RPC error, and the wrapper exits with the child's code.
+#[tokio::test]
+async fn a_child_that_exits_at_once_answers_initialize_and_passes_its_exit_code_on() {
+    let files = Files::new("exit-at-once", "");
+    let mut host = Host::new(files.wrapper(&[], &[("FAULT", "exit_at_once")]));
+    host.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": initialize_params()}))
+        .await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert!(
+        answer["error"]["code"].is_i64(),
+        "a JSON-RPC error: {answer}"
+    );
+    assert!(answer.get("result").is_none(), "{answer}");
+    // The wrapper ends by itself, with the child's code: stdout closes.
+    assert_eq!(host.next().await, None);
+    assert_eq!(exit_code(&mut host.child).await, Some(3));
+}
+
+/// d. A child that writes a line that is not JSON: dropped, never relayed; serving goes on.
+#[tokio::test]
+async fn a_child_writing_garbage_is_ignored_and_serving_goes_on() {
+    let files = Files::new("garbage", "[tools.set_flag]\nclass = \"idempotent\"\n");
+    let mut host = Host::new(files.wrapper(&[], &[("FAULT", "garbage")]));
+    host.initialize().await;
+    host.send(&set_flag_call(2)).await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert!(
+        answer["result"]["content"][0]["text"].is_string(),
+        "{answer}"
+    );
+    assert_eq!(files.effects().len(), 1);
+    let (rest, ids, code) = host.finish().await;
+    assert_eq!(rest, Vec::<Value>::new());
+    // Only the two answers reached stdout, both JSON (`next` parses every line).
+    assert_eq!(ids, [json!(1), json!(2)]);
+    assert_eq!(code, Some(0));
+}
+
+/// e. An answer over `--max-line-bytes`: not relayed; the host gets the guard's uncertain
+/// answer for its id, and nothing else.
+#[tokio::test]
+async fn an_answer_over_the_line_bound_becomes_the_uncertain_answer() {
+    let files = Files::new("huge", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let mut host = Host::new(files.wrapper(
+        &["--max-line-bytes", "65536"],
+        &[("FAULT", "huge_answer"), ("HUGE_BYTES", "200000")],
+    ));
+    host.initialize().await;
+    let answer = host
+        .request(
+            2,
+            "tools/call",
+            json!({"name": "deploy", "arguments": deploy()}),
+        )
+        .await;
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let record = &answer["result"]["structuredContent"]["mcp_replay_guard"];
+    let execution = record["execution_id"].as_str().expect("an execution id");
+    assert!(execution.starts_with("act_"), "{record}");
+    assert!(
+        answer.to_string().len() < 65536,
+        "the huge answer itself was not relayed"
+    );
+    assert_eq!(files.effects().len(), 1, "the deploy ran once");
+    // The repeat is held, not run again.
+    let repeat = host
+        .request(
+            3,
+            "tools/call",
+            json!({"name": "deploy", "arguments": deploy()}),
+        )
+        .await;
+    assert_eq!(
+        repeat["result"]["structuredContent"]["mcp_replay_guard"]["execution_id"], execution,
+        "{repeat}"
+    );
+    assert_eq!(files.effects().len(), 1, "never deployed twice");
+    let (rest, ids, code) = host.finish().await;
+    assert_eq!(rest, Vec::<Value>::new(), "nothing else on stdout");
+    assert_eq!(ids, [json!(1), json!(2), json!(3)], "one line per request");
+    assert_eq!(code, Some(0));
+}
