@@ -10,6 +10,11 @@
 
 mod support;
 
+/// The stdio column: the example stdio server needs the `server` feature.
+#[cfg(feature = "server")]
+#[path = "fault_matrix/stdio.rs"]
+mod stdio;
+
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
