@@ -41,7 +41,14 @@ const QUEUE: usize = 64;
 pub struct Outgoing {
     message: Bytes,
     written: Option<oneshot::Sender<Result<(), BoxError>>>,
+    /// The request's entry in the waiting table, marked taken when a transport takes the
+    /// message from the queue.
+    request: Option<Taken>,
 }
+
+/// A request's place in the waiting table: `(table, id, exchange number)`.
+#[derive(Debug)]
+struct Taken(Arc<Mutex<Waiting>>, RequestId, u64);
 
 impl Drop for Outgoing {
     fn drop(&mut self) {
@@ -96,9 +103,20 @@ impl Drop for WireQueue {
 }
 
 impl WireQueue {
-    /// The next message to write; `None` once every [`Wire`] is gone.
+    /// The next message to write; `None` once every [`Wire`] is gone. From here on its writer
+    /// may write it: a request taken is failed by [`Wire::peer_gone`], one still waiting in the
+    /// queue is not (it goes to the next peer, or is refused unwritten).
     pub async fn next(&mut self) -> Option<Outgoing> {
-        self.0.recv().await
+        let mut outgoing = self.0.recv().await?;
+        if let Some(Taken(waiting, id, number)) = outgoing.request.take() {
+            let mut waiting = waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = waiting.by_id.get_mut(&id)
+                && entry.number == number
+            {
+                entry.taken = true;
+            }
+        }
+        Some(outgoing)
     }
 
     /// Refuses, unwritten, every message that waits now; for a transport whose peer is gone.
@@ -113,8 +131,16 @@ impl WireQueue {
 /// its own entry, never that of a later request that reused the id.
 #[derive(Debug, Default)]
 struct Waiting {
-    by_id: HashMap<RequestId, (u64, oneshot::Sender<Result<Bytes, BoxError>>)>,
+    by_id: HashMap<RequestId, Entry>,
     next: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    number: u64,
+    /// A transport took the message from the queue: it may have been written.
+    taken: bool,
+    answer: oneshot::Sender<Result<Bytes, BoxError>>,
 }
 
 /// The service that sends messages over a transport; clones share the transport.
@@ -150,7 +176,8 @@ impl Wire {
     pub fn answer(&self, id: &RequestId, message: Bytes) -> Result<(), Bytes> {
         let waiter = self.lock().by_id.remove(id);
         match waiter {
-            Some((_, waiter)) => waiter
+            Some(waiter) => waiter
+                .answer
                 .send(Ok(message))
                 .map_err(|back| back.unwrap_or_default()),
             None => Err(message),
@@ -162,7 +189,7 @@ impl Wire {
     /// `unknown`: the answer was lost, not refused.
     pub fn fail(&self, id: &RequestId, error: impl Into<BoxError>) -> bool {
         let waiter = self.lock().by_id.remove(id);
-        waiter.is_some_and(|(_, waiter)| waiter.send(Err(error.into())).is_ok())
+        waiter.is_some_and(|waiter| waiter.answer.send(Err(error.into())).is_ok())
     }
 
     /// Whether a request with this id waits for its answer.
@@ -171,9 +198,11 @@ impl Wire {
     }
 
     /// The transport's peer went away: every request written and not answered fails with
-    /// [`PeerGone`] (an unknown outcome, for a guarded call).
+    /// [`PeerGone`] (an unknown outcome, for a guarded call). A request still waiting in the
+    /// [`WireQueue`] was written to nobody: it stays, for the next peer the queue is written
+    /// to, or to be refused unwritten when the queue is dropped.
     pub fn peer_gone(&self) {
-        self.lock().by_id.clear();
+        self.lock().by_id.retain(|_, entry| !entry.taken);
     }
 
     /// Writes one message from the client that waits for no answer (a notification, a
@@ -195,11 +224,18 @@ impl Wire {
     /// Writes one message, in order with every other message sent through this wire; `Err`
     /// when the transport is gone.
     async fn send(&self, message: Bytes) -> Result<(), BoxError> {
+        self.send_taken(message, None).await
+    }
+
+    /// [`Self::send`], for a request whose waiting-table entry is marked taken when a
+    /// transport takes the message from the queue.
+    async fn send_taken(&self, message: Bytes, request: Option<Taken>) -> Result<(), BoxError> {
         let (written, result) = oneshot::channel();
         self.queue
             .send(Outgoing {
                 message,
                 written: Some(written),
+                request,
             })
             .await
             .map_err(|_| NotWritten("the transport is closed".into()))?;
@@ -284,12 +320,22 @@ impl Wire {
                 }
                 let number = waiting.next;
                 waiting.next += 1;
-                waiting.by_id.insert(id.clone(), (number, tx));
+                waiting.by_id.insert(
+                    id.clone(),
+                    Entry {
+                        number,
+                        taken: false,
+                        answer: tx,
+                    },
+                );
                 Some((rx, Unwait(self.waiting.clone(), id.clone(), number)))
             }
             None => None,
         };
-        self.send(message).await?;
+        let taken = answer
+            .as_ref()
+            .map(|(_, Unwait(waiting, id, number))| Taken(waiting.clone(), id.clone(), *number));
+        self.send_taken(message, taken).await?;
         let Some((answer, _unwait)) = answer else {
             return Ok(respond(StatusCode::ACCEPTED, Bytes::new()));
         };
@@ -307,7 +353,7 @@ impl Drop for Unwait {
         if waiting
             .by_id
             .get(&self.1)
-            .is_some_and(|(n, _)| *n == self.2)
+            .is_some_and(|entry| entry.number == self.2)
         {
             waiting.by_id.remove(&self.1);
         }

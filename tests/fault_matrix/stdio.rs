@@ -16,6 +16,7 @@ use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
     guard::GuardLayer,
     ledger::{FileLedger, Ledger},
+    protocol::RequestId,
     relay::{
         ClientQueue, Relay, WireQueue,
         lines::{self, Line},
@@ -475,4 +476,110 @@ async fn fault_matrix_stdio() {
         wrong.len(),
         wrong.join("\n")
     );
+}
+
+/// A call still waiting in the wire queue when the child went was never written to it: it
+/// goes to the next child (as `replay-guard stdio --restart` does with what waits, after
+/// replaying the host's initialize), and its answer is that child's, once. `server_gone`
+/// fails only what a writer took from the queue.
+#[tokio::test]
+async fn a_call_queued_when_the_child_went_gets_the_next_childs_answer_once() {
+    let class = Class::Irreversible;
+    let (dir, path) = super::temp_ledger("stdio-queued");
+    let files = Files { dir: dir.clone() };
+    let ledger = FileLedger::open(&path).expect("open the ledger");
+    let (name, _) = tool(class);
+    let registry = ContractRegistry::builder()
+        .tool(name, contract(class))
+        .build()
+        .expect("a valid contract");
+    let layer = GuardLayer::new(
+        ledger.clone(),
+        registry,
+        ledger.fingerprint_key().expect("fingerprint key"),
+    );
+    let (relay, mut queue, answers) = Relay::new(&layer);
+    let mut agent = Agent {
+        relay: relay.clone(),
+        answers,
+    };
+    // The call is dispatched and waits in the queue (nobody writes it: the child it was meant
+    // for has just gone); then the driver learns the child is gone.
+    agent.call(1, class).await;
+    let wire = relay.guard().get_ref();
+    tokio::time::timeout(WAIT, async {
+        while !wire.is_waiting(&RequestId::from(1)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the call reaches the wire");
+    relay.server_gone();
+
+    // The next child: the host's initialize replayed on its stdin directly (its answer kept
+    // from the agent), then the queue written to it.
+    let mut child = files.command().spawn().expect("the example starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let initialize = json!({"jsonrpc": "2.0", "id": "replay-initialize", "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "fault-matrix", "version": "1"}}});
+    lines::write_line(&mut stdin, initialize.to_string().as_bytes())
+        .await
+        .unwrap();
+    let Ok(Some(Line::Message(_initialized))) = lines::read_line(&mut stdout, MAX_LINE).await
+    else {
+        panic!("no initialize answer");
+    };
+    let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    lines::write_line(&mut stdin, notification.to_string().as_bytes())
+        .await
+        .unwrap();
+    let driver = {
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = lines::write_queue(&mut queue, &mut stdin) => {}
+                _ = read_server(&relay, &mut stdout) => {}
+            }
+        })
+    };
+
+    let answer = agent.answer().await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    // Whatever else the agent is told, until the child's effect is on disk and its stdout
+    // has ended.
+    tokio::time::timeout(WAIT, async {
+        while files.effects() < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the call ran on the next child");
+    let _ = child.kill().await;
+    tokio::time::timeout(WAIT, driver).await.unwrap().unwrap();
+    relay.server_gone();
+    // Every relay gone, the client queue ends once it has given out all it had.
+    let Agent {
+        relay: agents,
+        mut answers,
+    } = agent;
+    drop((relay, agents));
+    let mut more = Vec::new();
+    while let Some(message) = tokio::time::timeout(WAIT, answers.next())
+        .await
+        .expect("the client queue ends")
+    {
+        more.push(String::from_utf8_lossy(message.message()).into_owned());
+    }
+    assert_eq!(files.effects(), 1);
+    assert_eq!(
+        (told(&answer), more),
+        (RESULT, Vec::new()),
+        "the call was never written to the child that went; the next one ran it, and its \
+         answer is the one answer for id 1: {answer}"
+    );
+    let records = ledger.list().await.expect("list");
+    assert_eq!(super::render_ledger(&records), "completed, delivered");
+    std::fs::remove_dir_all(&dir).ok();
 }
