@@ -82,25 +82,51 @@ where
 }
 
 /// Writes every message of `queue` to `writer`, one line each, telling each sender how its
-/// write went: not written when the writer failed before the message's first byte, failed
-/// after. Returns at the first write error (the peer is gone) or when the queue ends.
+/// write went: not written when the writer failed before it took the message's first byte
+/// (a broken pipe takes nothing: the peer cannot have read any of it), failed after. Returns
+/// at the first write error (the peer is gone) or when the queue ends.
 pub async fn write_queue<W>(queue: &mut WireQueue, writer: &mut W) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
     while let Some(outgoing) = queue.next().await {
-        match write_line(writer, outgoing.message()).await {
+        let mut taken = 0;
+        let result = write_counted(writer, outgoing.message(), &mut taken).await;
+        match result {
             Ok(()) => outgoing.written(),
             Err(error) => {
-                // A pipe takes a line whole or breaks on it: the peer cannot act on a line
-                // without its end, but a line written in part is not proof of that.
                 let copy = std::io::Error::new(error.kind(), error.to_string());
-                outgoing.failed(error);
+                if taken == 0 {
+                    outgoing.not_written(format!("the peer's input is closed ({error})"));
+                } else {
+                    // A line taken in part: the peer cannot act on a line without its end,
+                    // but that is not proof it read none of it.
+                    outgoing.failed(error);
+                }
                 return Err(copy);
             }
         }
     }
     Ok(())
+}
+
+/// [`write_line`], counting in `taken` the bytes the writer took before any error.
+async fn write_counted<W>(writer: &mut W, message: &[u8], taken: &mut usize) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    for part in [message, b"\n"] {
+        let mut rest = part;
+        while !rest.is_empty() {
+            let n = writer.write(rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            *taken += n;
+            rest = &rest[n..];
+        }
+    }
+    writer.flush().await
 }
 
 #[cfg(test)]
@@ -141,5 +167,22 @@ mod tests {
         let got = lines(b"12345\n123456\n", 5, 2).await;
         assert_eq!(got[0], Line::Message(Bytes::from_static(b"12345")));
         assert!(matches!(got[1], Line::TooLong(_)));
+    }
+
+    /// Found by attacking issue 16: a write to a server that had already gone (a broken
+    /// pipe, not one byte taken) was `failed`, so a call that provably never left was
+    /// `unknown` and an irreversible one was held for review.
+    #[tokio::test]
+    async fn a_message_the_closed_pipe_took_nothing_of_is_not_written() {
+        let (wire, mut queue) = super::super::Wire::new();
+        let (mut ours, theirs) = tokio::io::duplex(64);
+        drop(theirs);
+        let sending = tokio::spawn(async move { wire.notify(Bytes::from_static(b"{}")).await });
+        assert!(write_queue(&mut queue, &mut ours).await.is_err());
+        let error = sending.await.unwrap().unwrap_err();
+        assert!(
+            crate::protocol::transport::nothing_was_sent(&*error),
+            "not written: {error}"
+        );
     }
 }
