@@ -318,6 +318,21 @@ struct Host {
 }
 
 impl Host {
+    /// The wrapper still serves: `read_flag` (id `id`) gets the server's answer.
+    async fn assert_serving(&mut self, id: i64) {
+        let read = self
+            .request(
+                id,
+                "tools/call",
+                json!({"name": "read_flag", "arguments": {"name": "beta"}}),
+            )
+            .await;
+        assert_eq!(
+            read["result"]["content"][0]["text"], "beta is false",
+            "{read}"
+        );
+    }
+
     fn new(mut child: Child) -> Self {
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -412,17 +427,7 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
     let answer = host.next_message().await;
     assert_eq!(answer["error"]["code"], -32700, "{answer}");
     assert!(answer["id"].is_null(), "{answer}");
-    let read = host
-        .request(
-            2,
-            "tools/call",
-            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
-        )
-        .await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "beta is false",
-        "{read}"
-    );
+    host.assert_serving(2).await;
 
     // A batch of two calls: an error for each id.
     host.send(&json!([set_flag_call(10), set_flag_call(11)]))
@@ -441,17 +446,7 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
     }
     ids.sort_unstable();
     assert_eq!(ids, [10, 11]);
-    let read = host
-        .request(
-            3,
-            "tools/call",
-            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
-        )
-        .await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "beta is false",
-        "{read}"
-    );
+    host.assert_serving(3).await;
 
     // A line over the bound: an error for its id.
     let mut long = set_flag_call(12);
@@ -460,17 +455,7 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
     let answer = host.next_message().await;
     assert_eq!(answer["id"], 12, "{answer}");
     assert_eq!(answer["error"]["code"], RELAY_ERROR, "{answer}");
-    let read = host
-        .request(
-            4,
-            "tools/call",
-            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
-        )
-        .await;
-    assert_eq!(
-        read["result"]["content"][0]["text"], "beta is false",
-        "{read}"
-    );
+    host.assert_serving(4).await;
 
     assert_eq!(
         files.effects(),

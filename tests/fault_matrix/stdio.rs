@@ -336,8 +336,9 @@ impl Agent {
     }
 }
 
-async fn run_cell(fault: Fault, class: Class) -> Cell {
-    let (dir, path) = super::temp_ledger(&format!("stdio-{}", class.label()));
+/// A ledger file of its own and a guard over it, for one tool of `class`.
+fn guarded(class: Class, label: &str) -> (PathBuf, Files, FileLedger, GuardLayer) {
+    let (dir, path) = super::temp_ledger(label);
     let files = Files { dir: dir.clone() };
     let ledger = FileLedger::open(&path).expect("open the ledger");
     let (name, _) = tool(class);
@@ -345,14 +346,17 @@ async fn run_cell(fault: Fault, class: Class) -> Cell {
         .tool(name, contract(class))
         .build()
         .expect("a valid contract");
-    let layer = GuardLayer::new(
-        ledger.clone(),
-        registry,
-        ledger.fingerprint_key().expect("fingerprint key"),
-    )
-    .actor(Actor::from("signed-process:com.example.agent"))
-    .intent_scope(IntentScope::from("run:fault-matrix-stdio"))
-    .max_body_bytes(MAX_LINE);
+    let key = ledger.fingerprint_key().expect("fingerprint key");
+    let layer = GuardLayer::new(ledger.clone(), registry, key);
+    (dir, files, ledger, layer)
+}
+
+async fn run_cell(fault: Fault, class: Class) -> Cell {
+    let (dir, files, ledger, layer) = guarded(class, &format!("stdio-{}", class.label()));
+    let layer = layer
+        .actor(Actor::from("signed-process:com.example.agent"))
+        .intent_scope(IntentScope::from("run:fault-matrix-stdio"))
+        .max_body_bytes(MAX_LINE);
     let (relay, mut queue, answers) = Relay::new(&layer);
     let mut agent = Agent {
         relay: relay.clone(),
@@ -485,19 +489,7 @@ async fn fault_matrix_stdio() {
 #[tokio::test]
 async fn a_call_queued_when_the_child_went_gets_the_next_childs_answer_once() {
     let class = Class::Irreversible;
-    let (dir, path) = super::temp_ledger("stdio-queued");
-    let files = Files { dir: dir.clone() };
-    let ledger = FileLedger::open(&path).expect("open the ledger");
-    let (name, _) = tool(class);
-    let registry = ContractRegistry::builder()
-        .tool(name, contract(class))
-        .build()
-        .expect("a valid contract");
-    let layer = GuardLayer::new(
-        ledger.clone(),
-        registry,
-        ledger.fingerprint_key().expect("fingerprint key"),
-    );
+    let (dir, files, ledger, layer) = guarded(class, "stdio-queued");
     let (relay, mut queue, answers) = Relay::new(&layer);
     let mut agent = Agent {
         relay: relay.clone(),
