@@ -143,8 +143,8 @@ impl SshConfig {
         let config = Arc::new(client::Config::default());
         let connected = client::connect(config, (self.host.as_str(), self.port), handler).await;
         let check = seen.lock().map(|mut s| s.take()).unwrap_or(None);
-        let mut handle = match (connected, check) {
-            (Ok(handle), Some(KeyCheck::Accepted(_))) => handle,
+        let (mut handle, host_fingerprint) = match (connected, check) {
+            (Ok(handle), Some(KeyCheck::Accepted(presented))) => (handle, presented),
             (_, Some(KeyCheck::Rejected { presented, reason })) => {
                 return Err(SshError::HostKeyMismatch {
                     host: format!("{}:{}", self.host, self.port),
@@ -153,26 +153,10 @@ impl SshConfig {
                     reason,
                 });
             }
-            (Ok(_), _) => {
-                return Err(SshError::Connect {
-                    host: format!("{}:{}", self.host, self.port),
-                    message: "the host key was never checked".to_owned(),
-                });
+            (Ok(_), None) => {
+                return Err(self.connect_error("the host key was never checked"));
             }
-            (Err(e), _) => {
-                return Err(SshError::Connect {
-                    host: format!("{}:{}", self.host, self.port),
-                    message: e.to_string(),
-                });
-            }
-        };
-        let host_fingerprint = {
-            // The check accepted this key; read it once more for the session's identity.
-            let check = seen.lock().map(|s| s.clone()).unwrap_or(None);
-            match check {
-                Some(KeyCheck::Accepted(f)) => f,
-                _ => self.pin.describe(),
-            }
+            (Err(e), _) => return Err(self.connect_error(e)),
         };
         let hash = handle
             .best_supported_rsa_hash()
@@ -195,7 +179,7 @@ impl SshConfig {
         })
     }
 
-    fn connect_error(&self, e: russh::Error) -> SshError {
+    fn connect_error(&self, e: impl fmt::Display) -> SshError {
         SshError::Connect {
             host: format!("{}:{}", self.host, self.port),
             message: e.to_string(),
