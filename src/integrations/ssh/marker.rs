@@ -15,6 +15,10 @@ const WRAPPER: &str = include_str!("marker.sh");
 /// How much of stdout and of stderr the marker keeps by default: 64 KiB each.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 * 1024;
 
+/// The most [`MarkedCommand::max_output`] accepts: 32 MiB each of stdout and stderr (a record is
+/// read back whole, into memory).
+pub const MAX_OUTPUT_LIMIT: u64 = 32 << 20;
+
 /// A command to run under a marker: the command line, where, and where markers live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkedCommand {
@@ -48,9 +52,10 @@ impl MarkedCommand {
         self
     }
 
-    /// Keep at most this many bytes of stdout and of stderr (the digests cover all of it).
+    /// Keep at most this many bytes of stdout and of stderr (the digests cover all of it),
+    /// up to [`MAX_OUTPUT_LIMIT`].
     pub fn max_output(mut self, bytes: u64) -> Self {
-        self.max_output = bytes;
+        self.max_output = bytes.min(MAX_OUTPUT_LIMIT);
         self
     }
 
@@ -215,6 +220,7 @@ pub async fn run_marked(
             started: matches!(answer, Ok(Answer::Started(_))),
             message: match sent {
                 Err(e) => e.to_string(),
+                Ok(()) if exec.overflowed => "the answer passed the size bound".to_owned(),
                 Ok(()) => format!(
                     "the wrapper's answer ended early (exit status {})",
                     exec.exit_status
@@ -542,6 +548,39 @@ mod tests {
             Answer::Refused(Refusal::Error(_))
         ));
         assert!(!flag.exists());
+    }
+
+    #[test]
+    fn a_claim_without_a_start_is_claimed_and_a_dead_start_is_gone() {
+        let dir = temp_dir("claimed");
+        // The wrapper killed between `mkdir` and writing `started`.
+        std::fs::create_dir_all(dir.join("act_01CLAIM")).unwrap();
+        let out = wrapper(&["status", dir.to_str().unwrap(), "act_01CLAIM"]);
+        assert_eq!(
+            parse_answer(&out).unwrap(),
+            Answer::Status(MarkerStatus::Claimed)
+        );
+        // Killed after `started`: pids that are not alive, no exit.
+        let marker = dir.join("act_01GONE");
+        std::fs::create_dir_all(&marker).unwrap();
+        std::fs::write(marker.join("started"), "pid=999999999\ntime=1\n").unwrap();
+        let out = wrapper(&["status", dir.to_str().unwrap(), "act_01GONE"]);
+        let status = parse_answer(&out).unwrap();
+        assert_eq!(
+            status,
+            Answer::Status(MarkerStatus::Gone {
+                pid: Some(999_999_999),
+                child: None
+            })
+        );
+    }
+
+    #[test]
+    fn max_output_is_bounded() {
+        assert_eq!(
+            MarkedCommand::new("x").max_output(u64::MAX).max_output,
+            MAX_OUTPUT_LIMIT
+        );
     }
 
     #[test]

@@ -49,8 +49,8 @@ mod quote;
 mod session;
 
 pub use marker::{
-    DEFAULT_MAX_OUTPUT, MarkedCommand, MarkerProbe, MarkerRecord, MarkerStatus, read_marker,
-    run_marked,
+    DEFAULT_MAX_OUTPUT, MAX_OUTPUT_LIMIT, MarkedCommand, MarkerProbe, MarkerRecord, MarkerStatus,
+    read_marker, run_marked,
 };
 pub use quote::{UnquotableWord, sh_quote};
 pub use session::{HostKeyPin, SshConfig, SshSession};

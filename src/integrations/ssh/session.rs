@@ -279,12 +279,19 @@ impl fmt::Debug for SshSession {
     }
 }
 
+/// The most a remote answer may hold (stdout and stderr together) before the crate stops
+/// reading it: the wrapper's answers are bounded by [`MAX_OUTPUT_LIMIT`](super::MAX_OUTPUT_LIMIT)
+/// per stream, and a host that sends more is not speaking the wrapper's protocol.
+const MAX_ANSWER_BYTES: usize = 80 << 20;
+
 /// What one remote command printed, and how it ended.
 #[derive(Debug, Default)]
 pub(crate) struct Exec {
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
     pub(crate) exit_status: Option<u32>,
+    /// The answer passed [`MAX_ANSWER_BYTES`] and was cut there.
+    pub(crate) overflowed: bool,
 }
 
 impl SshSession {
@@ -332,6 +339,10 @@ impl SshSession {
     ) -> Result<(), russh::Error> {
         channel.exec(true, line).await?;
         while let Some(msg) = channel.wait().await {
+            if exec.stdout.len() + exec.stderr.len() > MAX_ANSWER_BYTES {
+                exec.overflowed = true;
+                break;
+            }
             match msg {
                 ChannelMsg::Data { data } => exec.stdout.extend_from_slice(&data),
                 ChannelMsg::ExtendedData { data, ext: 1 } => exec.stderr.extend_from_slice(&data),
