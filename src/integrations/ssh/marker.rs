@@ -575,6 +575,30 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_probe_that_cannot_reach_the_host_says_unknown_never_not_applied() {
+        use crate::{contract::RetryClass, ledger::fixtures};
+        let record = fixtures::accepted(&fixtures::claim(RetryClass::Recoverable, "me"));
+        let arguments = serde_json::Map::new();
+        // Port 1 on 127.0.0.1: nothing listens; and no client key either.
+        let config = SshConfig::new(
+            "127.0.0.1",
+            1,
+            "nobody",
+            crate::integrations::ssh::HostKeyPin::fingerprint("SHA256:x"),
+        );
+        let outcome = MarkerProbe::new(config)
+            .probe(ProbeRequest {
+                execution: &record,
+                arguments: &arguments,
+            })
+            .await;
+        assert!(
+            matches!(outcome, ProbeOutcome::Unknown { .. }),
+            "{outcome:?}"
+        );
+    }
+
     #[test]
     fn max_output_is_bounded() {
         assert_eq!(
