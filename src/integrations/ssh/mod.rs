@@ -22,6 +22,45 @@
 //!    the host is identified by its host key's SHA256 fingerprint, as OpenSSH prints it, not by
 //!    the name typed.
 //!
+//! ```no_run
+//! use mcp_replay_guard::{
+//!     ExecutionId,
+//!     contract::{ContractRegistry, ToolContract},
+//!     integrations::ssh::{HostKeyPin, MarkedCommand, MarkerProbe, SshConfig, run_marked},
+//! };
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = SshConfig::new(
+//!     "db1.example.net",
+//!     22,
+//!     "deploy",
+//!     HostKeyPin::fingerprint("SHA256:uaC3p9p25xHCp/Z2bAXsE7M6pW9Bia2RuyaPtRzcFfQ"),
+//! )
+//! .private_key_file("/etc/mcp/deploy_ed25519")?;
+//!
+//! // The client side: the tool is recoverable, and the marker is its status probe.
+//! let contracts = ContractRegistry::builder()
+//!     .tool(
+//!         "restart_service",
+//!         ToolContract::recoverable().status_probe(MarkerProbe::new(config.clone())),
+//!     )
+//!     .build()?;
+//!
+//! // The tool's body: the execution ID of the call, and the command under its marker.
+//! let execution_id: ExecutionId = "act_01KBD3M4000000000000000000".parse()?;
+//! let session = config.connect().await?;
+//! let command = MarkedCommand::new("systemctl restart x").cwd("/srv");
+//! let fingerprint_channel = session.channel(&command); // host key, account, command, cwd
+//! match run_marked(&session, execution_id, &command).await {
+//!     Ok(record) => println!("exit status {}", record.exit_status),
+//!     Err(e) if e.is_outcome_unknown() => { /* read the marker before anything else */ }
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # let _ = (contracts, fingerprint_channel);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Host keys
 //!
 //! The client is [russh](https://docs.rs/russh). Its `Handler::check_server_key` is the only
