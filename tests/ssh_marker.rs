@@ -329,3 +329,39 @@ async fn the_action_channel_names_the_host_key_account_command_and_directory() {
         .unwrap();
     assert_eq!(status.to_probe_outcome(), ProbeOutcome::NotApplied);
 }
+
+#[tokio::test]
+async fn a_host_gone_silent_ends_the_run_as_unknown_by_keepalive() {
+    let Some(()) = sshd_or_skip() else { return };
+    let sshd = Sshd::start("silent").await;
+    let (command, file) = append(&sshd, "sleep 1; ");
+    let id = ExecutionId::new();
+    let forwarder = Forwarder::start(sshd.port).await;
+    let config = sshd
+        .config_on(
+            forwarder.port,
+            HostKeyPin::fingerprint(&sshd.host_fingerprint),
+        )
+        .keepalive(Duration::from_millis(200));
+    let cmd = command.clone();
+    let first = tokio::spawn(async move {
+        let session = config.connect().await.unwrap();
+        run_marked(&session, id, &cmd).await
+    });
+    let probe = probe(&sshd);
+    wait_for(&probe, id, |s| matches!(s, MarkerStatus::Running { .. })).await;
+    // No reset, no close: the host just stops answering.
+    forwarder.mute();
+    let err = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the keepalive ends the wait")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.is_outcome_unknown(), "{err}");
+    wait_for(&probe, id, |s| matches!(s, MarkerStatus::Exited(_))).await;
+    assert!(matches!(
+        repeat(&sshd, id, &command).await,
+        ProbeOutcome::Applied { .. }
+    ));
+    assert_eq!(lines(&file), 1);
+}

@@ -4,6 +4,7 @@ use std::{
     fmt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use russh::{
@@ -73,6 +74,8 @@ pub struct SshConfig {
     account: String,
     key: Option<Arc<PrivateKey>>,
     pin: HostKeyPin,
+    connect_timeout: Duration,
+    keepalive: Duration,
 }
 
 impl fmt::Debug for SshConfig {
@@ -83,6 +86,8 @@ impl fmt::Debug for SshConfig {
             .field("account", &self.account)
             .field("key", &self.key.as_ref().map(|_| "<private key>"))
             .field("pin", &self.pin)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("keepalive", &self.keepalive)
             .finish()
     }
 }
@@ -101,7 +106,25 @@ impl SshConfig {
             account: account.into(),
             key: None,
             pin,
+            connect_timeout: Duration::from_secs(15),
+            keepalive: Duration::from_secs(15),
         }
+    }
+
+    /// How long connecting, the key exchange and authentication may take together (15 s by
+    /// default). Nothing has been sent when it passes.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The keepalive interval (15 s by default): after three unanswered keepalives the
+    /// connection counts as broken, so a host that vanished without a reset ends a
+    /// [`run_marked`](super::run_marked) with [`SshError::OutcomeUnknown`] instead of a wait
+    /// for ever. A command may run longer than this; only the connection's silence counts.
+    pub fn keepalive(mut self, interval: Duration) -> Self {
+        self.keepalive = interval;
+        self
     }
 
     /// Authenticate with this private key.
@@ -127,6 +150,12 @@ impl SshConfig {
 
     /// Open the connection: check the host key against the pin, then authenticate.
     pub async fn connect(&self) -> Result<SshSession, SshError> {
+        tokio::time::timeout(self.connect_timeout, self.connect_now())
+            .await
+            .unwrap_or_else(|_| Err(self.connect_error("timed out")))
+    }
+
+    async fn connect_now(&self) -> Result<SshSession, SshError> {
         let Some(key) = self.key.clone() else {
             return Err(SshError::Key {
                 what: "the client key".to_owned(),
@@ -140,7 +169,11 @@ impl SshConfig {
             port: self.port,
             seen: Arc::clone(&seen),
         };
-        let config = Arc::new(client::Config::default());
+        let config = Arc::new(client::Config {
+            keepalive_interval: Some(self.keepalive),
+            keepalive_max: 3,
+            ..client::Config::default()
+        });
         let connected = client::connect(config, (self.host.as_str(), self.port), handler).await;
         let check = seen.lock().map(|mut s| s.take()).unwrap_or(None);
         let (mut handle, host_fingerprint) = match (connected, check) {
