@@ -100,6 +100,7 @@
 //! | `reqwest` | [`integrations::reqwest`]: `Idempotency-Key` propagation and a retry middleware for reqwest-middleware |
 //! | `postgres` | `ledger::PostgresLedger`: a ledger shared by replicas through PostgreSQL |
 //! | `server` | `integrations::server`: a server-side layer that honours `Idempotency-Key` on `tools/call` |
+//! | `ssh` | `integrations::ssh`: remote commands over SSH (russh) under a durable marker on the host, its status probe, host keys pinned |
 //! | `simulation` | `simulation`: hooks for the crate's deterministic simulator (a simulated clock, a `FileLedger` on a crashable disk); not for production |
 //!
 //! None is on by default.

@@ -6,3 +6,5 @@ pub mod reqwest;
 pub mod rmcp;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "ssh")]
+pub mod ssh;
