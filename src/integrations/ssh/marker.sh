@@ -5,7 +5,7 @@
 # An empty STATE_DIR means "$HOME/.mcp-replay-guard/markers". The marker of one execution is the
 # directory STATE_DIR/EXECUTION_ID; `mkdir` creating it is the claim, so a second run of the same
 # execution is refused. Inside it:
-#   started   pid=<wrapper pid>, time=<epoch seconds>: written before the command starts
+#   started   pid=<wrapper pid>, time=<epoch seconds>: written and synced before the command starts
 #   child     child=<pid of the command>
 #   command   the command line, for review
 #   exit      status, time, sha256 and byte counts of stdout/stderr: written (rename) at the end
@@ -87,6 +87,9 @@ if ! { printf 'pid=%s\ntime=%s\n' "$$" "$(date +%s)" > "$m/started.tmp" && mv "$
   rm -rf "$m"; echo "MRG unwritable $state"; exit 3
 fi
 printf '%s' "$cmd" > "$m/command"
+# Durable before the work: a host that loses power after the command started still shows the
+# marker (GNU and BSD sync take files; a sync without them flushes everything).
+sync "$m/started" "$m" "$state" 2>/dev/null || sync
 echo "MRG started $$"
 if [ -n "$cwd" ]; then
   (cd "$cwd" && exec sh -c "$cmd") < /dev/null > "$m/stdout.full" 2> "$m/stderr.full" &
@@ -108,5 +111,6 @@ rm -f "$m/stdout.full" "$m/stderr.full"
 printf 'status=%s\nended=%s\nstdout_sha256=%s\nstderr_sha256=%s\nstdout_bytes=%s\nstderr_bytes=%s\n' \
   "$status" "$ended" "$od" "$ed" "$ob" "$eb" > "$m/exit.tmp"
 mv "$m/exit.tmp" "$m/exit"
+sync "$m/exit" "$m" 2>/dev/null || sync
 report
 exit 0
