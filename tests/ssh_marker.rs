@@ -13,7 +13,8 @@ use mcp_replay_guard::{
     contract::ProbeOutcome,
     fingerprint::Channel,
     integrations::ssh::{
-        HostKeyPin, MarkedCommand, MarkerProbe, MarkerStatus, read_marker, run_marked,
+        HostKeyPin, MarkedCommand, MarkerProbe, MarkerRecord, MarkerStatus, SshError, read_marker,
+        run_marked,
     },
 };
 use sshd::{Forwarder, Sshd, account, fingerprint_of, sshd_or_skip};
@@ -97,24 +98,44 @@ async fn a_marked_command_runs_once_and_its_repeat_reads_the_marker() {
     }
 }
 
-#[tokio::test]
-async fn a_connection_cut_while_the_command_runs_leaves_one_line() {
-    let Some(()) = sshd_or_skip() else { return };
-    let sshd = Sshd::start("cut-running").await;
-    let (command, file) = append(&sshd, "sleep 2; ");
+/// Starts `command` under a new execution through a TCP forwarder that the test can mute or
+/// cut (what a killed client or a dead network does to the connection), and waits until the
+/// marker says it runs. `keepalive`: the client's, when the test needs a short one.
+async fn run_through_forwarder(
+    sshd: &Sshd,
+    command: &MarkedCommand,
+    keepalive: Option<Duration>,
+) -> (
+    ExecutionId,
+    Forwarder,
+    tokio::task::JoinHandle<Result<MarkerRecord, SshError>>,
+    MarkerProbe,
+) {
     let id = ExecutionId::new();
     let forwarder = Forwarder::start(sshd.port).await;
-    let config = sshd.config_on(
+    let mut config = sshd.config_on(
         forwarder.port,
         HostKeyPin::fingerprint(&sshd.host_fingerprint),
     );
+    if let Some(interval) = keepalive {
+        config = config.keepalive(interval);
+    }
     let cmd = command.clone();
     let first = tokio::spawn(async move {
         let session = config.connect().await.unwrap();
         run_marked(&session, id, &cmd).await
     });
-    let probe = probe(&sshd);
+    let probe = probe(sshd);
     wait_for(&probe, id, |s| matches!(s, MarkerStatus::Running { .. })).await;
+    (id, forwarder, first, probe)
+}
+
+#[tokio::test]
+async fn a_connection_cut_while_the_command_runs_leaves_one_line() {
+    let Some(()) = sshd_or_skip() else { return };
+    let sshd = Sshd::start("cut-running").await;
+    let (command, file) = append(&sshd, "sleep 2; ");
+    let (id, forwarder, first, probe) = run_through_forwarder(&sshd, &command, None).await;
     forwarder.cut();
     let err = first.await.unwrap().unwrap_err();
     assert!(err.is_outcome_unknown() && !err.is_not_started(), "{err}");
@@ -138,19 +159,7 @@ async fn a_connection_cut_after_the_command_finished_leaves_one_line() {
     let Some(()) = sshd_or_skip() else { return };
     let sshd = Sshd::start("cut-finished").await;
     let (command, file) = append(&sshd, "sleep 1; ");
-    let id = ExecutionId::new();
-    let forwarder = Forwarder::start(sshd.port).await;
-    let config = sshd.config_on(
-        forwarder.port,
-        HostKeyPin::fingerprint(&sshd.host_fingerprint),
-    );
-    let cmd = command.clone();
-    let first = tokio::spawn(async move {
-        let session = config.connect().await.unwrap();
-        run_marked(&session, id, &cmd).await
-    });
-    let probe = probe(&sshd);
-    wait_for(&probe, id, |s| matches!(s, MarkerStatus::Running { .. })).await;
+    let (id, forwarder, first, probe) = run_through_forwarder(&sshd, &command, None).await;
     // The host's answer is lost from here on; the command finishes; then the connection dies.
     forwarder.mute();
     wait_for(&probe, id, |s| matches!(s, MarkerStatus::Exited(_))).await;
@@ -335,21 +344,8 @@ async fn a_host_gone_silent_ends_the_run_as_unknown_by_keepalive() {
     let Some(()) = sshd_or_skip() else { return };
     let sshd = Sshd::start("silent").await;
     let (command, file) = append(&sshd, "sleep 1; ");
-    let id = ExecutionId::new();
-    let forwarder = Forwarder::start(sshd.port).await;
-    let config = sshd
-        .config_on(
-            forwarder.port,
-            HostKeyPin::fingerprint(&sshd.host_fingerprint),
-        )
-        .keepalive(Duration::from_millis(200));
-    let cmd = command.clone();
-    let first = tokio::spawn(async move {
-        let session = config.connect().await.unwrap();
-        run_marked(&session, id, &cmd).await
-    });
-    let probe = probe(&sshd);
-    wait_for(&probe, id, |s| matches!(s, MarkerStatus::Running { .. })).await;
+    let (id, forwarder, first, probe) =
+        run_through_forwarder(&sshd, &command, Some(Duration::from_millis(200))).await;
     // No reset, no close: the host just stops answering.
     forwarder.mute();
     let err = tokio::time::timeout(Duration::from_secs(10), first)
