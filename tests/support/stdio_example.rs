@@ -23,12 +23,15 @@ pub fn example_binary() -> &'static Path {
             return PathBuf::from(given);
         }
         let target_dir = profile_dir.parent().expect("the target directory");
+        // Every feature of the package: one left out builds the library and its dependencies
+        // again under another feature set (minutes), where the same set is a no-op.
         let features: Vec<&str> = [
             ("rmcp", cfg!(feature = "rmcp")),
             ("reqwest", cfg!(feature = "reqwest")),
             ("postgres", cfg!(feature = "postgres")),
             ("server", cfg!(feature = "server")),
             ("simulation", cfg!(feature = "simulation")),
+            ("ssh", cfg!(feature = "ssh")),
         ]
         .into_iter()
         .filter_map(|(name, on)| on.then_some(name))
