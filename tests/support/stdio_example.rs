@@ -5,8 +5,8 @@ use std::{
     sync::OnceLock,
 };
 
-/// `target/<profile>/examples/stdio_server`, built once per run of this test binary with the
-/// features this test was built with (so only the example is linked).
+/// `target/<profile>/examples/stdio_server`, built once per run of this test binary (a no-op
+/// after `cargo test --all-features`, which built it).
 pub fn example_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
@@ -23,32 +23,21 @@ pub fn example_binary() -> &'static Path {
             return PathBuf::from(given);
         }
         let target_dir = profile_dir.parent().expect("the target directory");
-        // Every feature of the package: one left out builds the library and its dependencies
-        // again under another feature set (minutes), where the same set is a no-op.
-        let features: Vec<&str> = [
-            ("rmcp", cfg!(feature = "rmcp")),
-            ("reqwest", cfg!(feature = "reqwest")),
-            ("postgres", cfg!(feature = "postgres")),
-            ("server", cfg!(feature = "server")),
-            ("simulation", cfg!(feature = "simulation")),
-            ("ssh", cfg!(feature = "ssh")),
-        ]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = std::process::Command::new(cargo);
         build
             .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // The workspace with every feature, as `cargo test --all-features` builds it (the
+            // README's test command, which builds the examples too): the same feature set is
+            // a no-op, where another (this package's features alone, or the command package's)
+            // would build the library and its dependencies a second time.
             .args([
                 "build",
-                "-p",
-                "mcp-replay-guard",
+                "--workspace",
+                "--all-features",
                 "--example",
                 "stdio_server",
             ])
-            .arg("--features")
-            .arg(features.join(","))
             .arg("--target-dir")
             .arg(target_dir);
         match profile_dir.file_name().and_then(|n| n.to_str()) {
