@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Puts back, one at a time, bugs that were fixed, and runs the simulator on each: every one must be found within the budget (MRG_SIM_SCHEDULES, default
-# 10,000 schedules). Prints, per bug, after how many schedules it was found and what broke.
+# Puts back, one at a time, bugs that were fixed, and runs the simulator on each: every one
+# must be found within the budget (MRG_SIM_SCHEDULES, default 10,000 schedules). Prints, per bug, after how many schedules it was found and what broke.
 # The patches are in tests/sim/mutants/; each is taken back out whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
