@@ -340,7 +340,11 @@ async fn one_key_on_every_path_to_the_server_is_one_call() {
             &key,
         )
         .await;
-        assert_eq!((status, replayed), (StatusCode::OK, true), "{path}: {repeat}");
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::OK, true),
+            "{path}: {repeat}"
+        );
         assert_eq!(repeat["id"], id, "{path}: {repeat}");
         assert_eq!(repeat["result"], first["result"], "{path}");
     }
@@ -366,10 +370,7 @@ async fn one_key_on_every_path_to_the_server_is_one_call() {
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(
-        records[0].target.as_str(),
-        IdempotencyLayer::DEFAULT_TARGET
-    );
+    assert_eq!(records[0].target.as_str(), IdempotencyLayer::DEFAULT_TARGET);
 }
 
 #[tokio::test]
