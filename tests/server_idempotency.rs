@@ -43,8 +43,20 @@ async fn keyed_call(
     args: Value,
     headers: &[(&'static str, &str)],
 ) -> (StatusCode, bool, Value) {
+    keyed_call_at(&server.url, session, id, tool, args, headers).await
+}
+
+/// [`keyed_call`] sent to `url` (the same server under another path, say).
+async fn keyed_call_at(
+    url: &str,
+    session: Option<&str>,
+    id: i64,
+    tool: &str,
+    args: Value,
+    headers: &[(&'static str, &str)],
+) -> (StatusCode, bool, Value) {
     let mut request = post(
-        &server.url,
+        url,
         session,
         PROTOCOL_VERSION,
         tool_call_body(id, tool, args),
@@ -287,6 +299,130 @@ async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
         keyed_call(&server, session.as_deref(), 3, "slow_deploy", args, &key).await;
     assert_eq!((status, replayed), (StatusCode::OK, true), "{later}");
     assert_eq!(later["result"], first["result"]);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+}
+
+/// Paths that all reach the one MCP endpoint of the test server (it serves every path, as
+/// rmcp's service does): a key is one call on all of them.
+const SAME_SERVER_PATHS: [&str; 5] = ["/mcp", "/mcp/", "//mcp", "/MCP", "/other"];
+
+#[tokio::test]
+async fn one_key_on_every_path_to_the_server_is_one_call() {
+    let ledger = MemoryLedger::new();
+    let server = keyed_server(
+        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-paths")];
+    let args = json!({"service": "catalog", "version": "3.0.0"});
+    let url = |path: &str| format!("http://{}{path}", server.addr);
+
+    let (status, replayed, first) = keyed_call_at(
+        &url(SAME_SERVER_PATHS[0]),
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
+    assert_eq!((status, replayed), (StatusCode::OK, false), "{first}");
+    // The same call under the same key on each other path: the kept response, not a run.
+    for (id, path) in (2..).zip(&SAME_SERVER_PATHS[1..]) {
+        let (status, replayed, repeat) = keyed_call_at(
+            &url(path),
+            session.as_deref(),
+            id,
+            "deploy_release",
+            args.clone(),
+            &key,
+        )
+        .await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::OK, true),
+            "{path}: {repeat}"
+        );
+        assert_eq!(repeat["id"], id, "{path}: {repeat}");
+        assert_eq!(repeat["result"], first["result"], "{path}");
+    }
+    // Another call under the key, on each path: 422, not run.
+    for (id, path) in (10..).zip(SAME_SERVER_PATHS) {
+        let other = json!({"service": "catalog", "version": "4.0.0"});
+        let (status, replayed, answer) = keyed_call_at(
+            &url(path),
+            session.as_deref(),
+            id,
+            "deploy_release",
+            other,
+            &key,
+        )
+        .await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::UNPROCESSABLE_ENTITY, false),
+            "{path}: {answer}"
+        );
+        assert_eq!(error_code(&answer), KEY_REUSED, "{path}");
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0].target.as_str(), IdempotencyLayer::DEFAULT_TARGET);
+}
+
+#[tokio::test]
+async fn a_repeat_on_another_path_while_the_first_runs_is_409() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions {
+            slow_tool_delay: Duration::from_millis(500),
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-paths-409")];
+    let args = json!({"service": "catalog"});
+    let first = {
+        let (server_url, session, args) = (server.url.clone(), session.clone(), args.clone());
+        tokio::spawn(async move {
+            let request = with_idempotency_key(
+                post(
+                    &server_url,
+                    session.as_deref(),
+                    PROTOCOL_VERSION,
+                    tool_call_body(1, "slow_deploy", args),
+                ),
+                "k-paths-409",
+            );
+            let response = send(&mut hyper_client(), request).await.unwrap();
+            read_response_to_end(response).await
+        })
+    };
+    assert_eq!(
+        server
+            .state
+            .wait_for_started("slow_deploy", 1, Duration::from_secs(5))
+            .await,
+        1
+    );
+    for (id, path) in (2..).zip(&SAME_SERVER_PATHS[1..]) {
+        let (status, _, busy) = keyed_call_at(
+            &format!("http://{}{path}", server.addr),
+            session.as_deref(),
+            id,
+            "slow_deploy",
+            args.clone(),
+            &key,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{path}: {busy}");
+        assert_eq!(error_code(&busy), KEY_IN_FLIGHT, "{path}");
+    }
+    first.await.unwrap();
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
 }
 

@@ -17,7 +17,10 @@ use mcp_replay_guard::{
         run_marked,
     },
 };
-use sshd::{Forwarder, Sshd, account, fingerprint_of, sshd_or_skip};
+use sshd::{
+    Forwarder, SECOND_ACCOUNT, Sshd, account, fingerprint_of, ids_of, second_account_or_skip,
+    sshd_or_skip,
+};
 
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
@@ -360,4 +363,148 @@ async fn a_host_gone_silent_ends_the_run_as_unknown_by_keepalive() {
         ProbeOutcome::Applied { .. }
     ));
     assert_eq!(lines(&file), 1);
+}
+
+/// Makes `dir` the second account's (`Some((uid, gid))`) or leaves it the login account's, with
+/// `mode`.
+fn hand_over(dir: &Path, owner: Option<(u32, u32)>, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).unwrap();
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The second account, checked to be another account than the one sshd logs the tests in as
+/// (root included: root can read any directory, so ownership must decide, not access).
+fn another_account() -> Option<(u32, u32)> {
+    let other = second_account_or_skip()?;
+    let login = ids_of(&account()).expect("the login account's uid");
+    assert_ne!(other.0, login.0, "{SECOND_ACCOUNT} is the login account");
+    Some(other)
+}
+
+#[tokio::test]
+async fn a_state_dir_the_account_does_not_control_reads_unknown_and_runs_nothing() {
+    let Some(()) = sshd_or_skip() else { return };
+    let Some(other) = another_account() else {
+        return;
+    };
+    let sshd = Sshd::start("uncontrolled").await;
+    let file = sshd.dir.join("f");
+    // (directory, owner, mode, a state dir made in it is refused too): each is a directory where
+    // a marker could vanish after its command ran (renamed by another account, or unreadable),
+    // so "no marker" proves nothing. A state dir made in a sticky directory of the login
+    // account's is its own, and no other account can move it: allowed.
+    let cases = [
+        ("shared-by-another-account", Some(other), 0o1777, true),
+        ("owned-by-another-account", Some(other), 0o700, true),
+        ("shared-sticky", None, 0o1777, false),
+        ("group-writable", None, 0o770, true),
+        ("unreadable", None, 0o000, true),
+    ];
+    for (name, owner, mode, below_refused) in cases {
+        let dir = sshd.dir.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        hand_over(&dir, owner, mode);
+        let state = dir.display().to_string();
+        let command =
+            MarkedCommand::new(format!("echo {name} >> '{}'", file.display())).state_dir(&state);
+        let id = ExecutionId::new();
+
+        let session = sshd.config().connect().await.unwrap();
+        let err = run_marked(&session, id, &command)
+            .await
+            .expect_err("a run in a state dir the account does not control");
+        assert!(
+            err.is_not_started() && err.to_string().contains("sole control"),
+            "{name}: {err}"
+        );
+        let outcome = MarkerProbe::new(sshd.config())
+            .state_dir(&state)
+            .status(id)
+            .await
+            .unwrap()
+            .to_probe_outcome();
+        assert!(
+            matches!(outcome, ProbeOutcome::Unknown { .. }),
+            "{name}: {outcome:?}"
+        );
+        if !below_refused {
+            continue;
+        }
+        // A state dir to be made under such a directory is refused and reads unknown too.
+        let below = format!("{state}/markers");
+        let err = run_marked(&session, id, &command.clone().state_dir(&below))
+            .await
+            .expect_err("a run below a directory the account does not control");
+        assert!(err.is_not_started(), "{name}/markers: {err}");
+        let outcome = MarkerProbe::new(sshd.config())
+            .state_dir(&below)
+            .status(id)
+            .await
+            .unwrap()
+            .to_probe_outcome();
+        assert!(
+            matches!(outcome, ProbeOutcome::Unknown { .. }),
+            "{name}/markers: {outcome:?}"
+        );
+    }
+    assert_eq!(lines(&file), 0, "a command ran");
+}
+
+#[tokio::test]
+async fn a_marker_another_account_moved_away_never_reads_not_applied() {
+    let Some(()) = sshd_or_skip() else { return };
+    let Some(other) = another_account() else {
+        return;
+    };
+    let sshd = Sshd::start("moved-away").await;
+    let shared = sshd.dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let state = shared.join("markers");
+    let file = sshd.dir.join("f");
+    let command = MarkedCommand::new(format!("echo x >> '{}'", file.display()))
+        .state_dir(state.display().to_string());
+    let probe = MarkerProbe::new(sshd.config()).state_dir(state.display().to_string());
+    // Two commands ran under their markers.
+    let (marker_moved, dir_moved) = (ExecutionId::new(), ExecutionId::new());
+    for id in [marker_moved, dir_moved] {
+        let session = sshd.config().connect().await.unwrap();
+        run_marked(&session, id, &command).await.unwrap();
+    }
+    assert_eq!(lines(&file), 2);
+
+    // Then another account holds the directories, shared (mode 1777), and moves a marker away;
+    // what a repeat does next: probe, and re-send only on "not applied".
+    hand_over(&shared, Some(other), 0o1777);
+    hand_over(&state, Some(other), 0o1777);
+    std::fs::rename(
+        state.join(marker_moved.to_string()),
+        shared.join("elsewhere"),
+    )
+    .unwrap();
+    let repeat = async |id: ExecutionId| {
+        let outcome = probe.status(id).await.unwrap().to_probe_outcome();
+        if outcome == ProbeOutcome::NotApplied {
+            let session = sshd.config().connect().await.unwrap();
+            let _ = run_marked(&session, id, &command).await;
+        }
+        outcome
+    };
+    let outcome = repeat(marker_moved).await;
+    assert_eq!(lines(&file), 2, "the command ran again: {outcome:?}");
+    assert!(
+        matches!(outcome, ProbeOutcome::Unknown { .. }),
+        "{outcome:?}"
+    );
+
+    // The whole state directory moved away by the owner of its parent.
+    std::fs::rename(&state, shared.join("elsewhere-too")).unwrap();
+    let outcome = repeat(dir_moved).await;
+    assert_eq!(lines(&file), 2, "the command ran again: {outcome:?}");
+    assert!(
+        matches!(outcome, ProbeOutcome::Unknown { .. }),
+        "{outcome:?}"
+    );
 }

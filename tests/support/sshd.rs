@@ -71,6 +71,57 @@ pub fn account() -> String {
     std::env::var("USER").unwrap_or_else(|_| "root".to_owned())
 }
 
+/// The account the markers tests use as "another account on the host".
+pub const SECOND_ACCOUNT: &str = "mrg-second";
+
+/// The uid and gid of an account, from `id`.
+pub fn ids_of(name: &str) -> Option<(u32, u32)> {
+    let id = |flag: &str| {
+        let out = Command::new("id").args([flag, name]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+    };
+    Some((id("-u")?, id("-g")?))
+}
+
+/// The uid and gid of [`SECOND_ACCOUNT`], made with `useradd` when missing (the tests run as
+/// root). `None` (with the reason printed) when it cannot be made and `CI` is not set; a panic
+/// under CI.
+pub fn second_account_or_skip() -> Option<(u32, u32)> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(ids) = ids_of(SECOND_ACCOUNT) {
+        return Some(ids);
+    }
+    let made = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+        ])
+        .arg(SECOND_ACCOUNT)
+        .output();
+    if let Some(ids) = ids_of(SECOND_ACCOUNT) {
+        return Some(ids);
+    }
+    let why = match made {
+        Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "cannot create the account {SECOND_ACCOUNT} on CI (useradd: {why}): the marker tests \
+         need a second account; run them as root"
+    );
+    eprintln!("skipped: cannot create the account {SECOND_ACCOUNT} (useradd: {why})");
+    None
+}
+
 impl Sshd {
     pub async fn start(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!(

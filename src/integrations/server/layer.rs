@@ -51,7 +51,7 @@ pub(super) struct Config {
     pub(super) max_body_bytes: usize,
     pub(super) key_from_meta: bool,
     pub(super) drain_timeout: Duration,
-    pub(super) target: Option<Target>,
+    pub(super) target: Target,
     pub(super) owner: String,
 }
 
@@ -72,6 +72,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("ledger", &self.config.ledger)
             .field("retention", &self.config.retention)
             .field("in_flight", &self.config.in_flight)
+            .field("target", &self.config.target)
             .field("owner", &self.config.owner)
             .finish_non_exhaustive()
     }
@@ -81,12 +82,19 @@ impl IdempotencyLayer {
     /// Default retention of a key: 24 hours.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
+    /// The name of the server in the ledger (and in a key's slot) when [`target`](Self::target)
+    /// is not set: `/mcp`, the path rmcp's Streamable HTTP examples serve on, and the name keys
+    /// of a server at that path were recorded under before the slot stopped following the
+    /// request path (so those keys stay honoured).
+    pub const DEFAULT_TARGET: &'static str = "/mcp";
+
     /// A layer keeping keys in `ledger`, fingerprinting calls under `key` (keep it stable, like
     /// the ledger: a new key makes every kept call look different, so repeats get 422).
     ///
     /// Defaults: no principal (keys are shared by all unauthenticated callers), 24 h
     /// retention, 409 while the first request runs, 4 MiB request and kept-response limit,
-    /// 60 s to read on a response whose caller went away, target from the request path.
+    /// 60 s to read on a response whose caller went away, [`DEFAULT_TARGET`](Self::DEFAULT_TARGET)
+    /// as the server's name.
     pub fn new(ledger: impl Ledger, key: FingerprintKey) -> Self {
         Self::with_shared_ledger(Arc::new(ledger), key)
     }
@@ -103,7 +111,7 @@ impl IdempotencyLayer {
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 key_from_meta: false,
                 drain_timeout: Duration::from_secs(60),
-                target: None,
+                target: Target::new(Self::DEFAULT_TARGET),
                 owner: format!("server:{}", ExecutionId::new().ulid()),
             }),
         }
@@ -154,9 +162,15 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The name of this server in the ledger (default: the request path).
+    /// The name of this server in the ledger (default: [`DEFAULT_TARGET`](Self::DEFAULT_TARGET)).
+    ///
+    /// A key's slot is (principal, key, target): the request path never enters it, because an
+    /// MCP endpoint (rmcp's service among them) answers the same on every path it is mounted
+    /// at, so `/mcp`, `/mcp/`, `//mcp` and `/MCP` reach one server and one key is one call on
+    /// all of them. Give each layer its own target only when two different servers keep their
+    /// keys in one ledger.
     pub fn target(mut self, target: Target) -> Self {
-        self.config().target = Some(target);
+        self.config().target = target;
         self
     }
 

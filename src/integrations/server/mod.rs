@@ -20,7 +20,11 @@
 //! Both spellings of the key are read: a raw token and the draft's quoted structured-field
 //! string (`"act_01J…"`). A malformed key is HTTP 400. Keys are scoped to the principal that
 //! [`IdempotencyLayer::principal`] extracts (an extension set by an authentication layer, say):
-//! two principals never share a key. Without one, all callers share the key space.
+//! two principals never share a key. Without one, all callers share the key space. The request
+//! path does not scope a key: the slot is (principal, key, the layer's
+//! [`target`](IdempotencyLayer::target)), because an MCP endpoint answers the same on every
+//! path that reaches it (`/mcp`, `/mcp/`, `//mcp`, `/MCP`), so a repeat on another path is
+//! still the repeat.
 //!
 //! # Errors are JSON-RPC, not problem+json
 //!

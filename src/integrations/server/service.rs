@@ -444,10 +444,9 @@ impl Config {
             .and_then(|p| p.principal(parts))
             .unwrap_or_else(|| Actor::new(ANONYMOUS));
         let scope = IntentScope::new(format!("idempotency-key:{key}"));
-        let target = self
-            .target
-            .clone()
-            .unwrap_or_else(|| Target::new(parts.uri.path()));
+        // The layer's own name for the server, never the request path: the inner service
+        // answers the same on every path, so a path must not make a key's repeat a new call.
+        let target = self.target.clone();
         let rules = FingerprintRules::default();
         let slot = self.key.fingerprint(
             ActionRecord::new(

@@ -150,11 +150,20 @@ pub enum MarkerStatus {
     },
     /// The exit status is recorded.
     Exited(MarkerRecord),
+    /// Neither a marker nor its absence can be read: the state directory is not under the
+    /// account's sole control (another account owns it or may write it, it is shared, it has
+    /// an access control list) or it cannot be read and searched. A marker there may have been
+    /// moved away after its command ran, so no marker proves nothing.
+    Unverifiable {
+        /// What the wrapper found.
+        reason: String,
+    },
 }
 
 impl MarkerStatus {
     /// The status as a probe's answer: absent → not applied (safe to send); running → in
-    /// progress; exited → applied, with the record as the result; claimed or gone → unknown.
+    /// progress; exited → applied, with the record as the result; claimed, gone or
+    /// unverifiable → unknown.
     pub fn to_probe_outcome(&self) -> ProbeOutcome {
         match self {
             Self::Absent => ProbeOutcome::NotApplied,
@@ -173,6 +182,9 @@ impl MarkerStatus {
             Self::Exited(record) => ProbeOutcome::Applied {
                 result: Some(record.to_call_tool_result()),
             },
+            Self::Unverifiable { reason } => ProbeOutcome::Unknown {
+                reason: format!("the marker cannot be read as present or absent: {reason}"),
+            },
         }
     }
 }
@@ -189,7 +201,8 @@ fn show(pid: Option<u32>) -> String {
 /// # Errors
 ///
 /// [`SshError::is_not_started`] holds when the command did not run because of this call: the
-/// state directory is not writable, the working directory is missing, or the marker already
+/// state directory is not writable or not under the account's sole control
+/// ([`SshError::StateDirUnsafe`]), the working directory is missing, or the marker already
 /// exists ([`SshError::AlreadyStarted`]: another run of this execution claimed it; probe
 /// it). [`SshError::OutcomeUnknown`] means the command was sent and its end was not seen: the
 /// command may still be running on the host; read the marker ([`read_marker`]) before sending
@@ -309,6 +322,7 @@ impl StatusProbe for MarkerProbe {
 enum Refusal {
     Exists,
     Unwritable(String),
+    Unsafe(String),
     NoCwd(String),
     Error(String),
 }
@@ -318,6 +332,7 @@ impl Refusal {
         match self {
             Self::Exists => SshError::AlreadyStarted(execution_id),
             Self::Unwritable(dir) => SshError::StateDirUnwritable(dir),
+            Self::Unsafe(reason) => SshError::StateDirUnsafe(reason),
             Self::NoCwd(dir) => SshError::NoWorkingDirectory(dir),
             Self::Error(message) => SshError::Protocol(message),
         }
@@ -346,6 +361,7 @@ fn parse_answer(out: &[u8]) -> Result<Answer, SshError> {
         "started" => Ok(Answer::Started(parse_report(rest).ok())),
         "exists" => Ok(Answer::Refused(Refusal::Exists)),
         "unwritable" => Ok(Answer::Refused(Refusal::Unwritable(arg.to_owned()))),
+        "unsafe" => Ok(Answer::Refused(Refusal::Unsafe(arg.to_owned()))),
         "nocwd" => Ok(Answer::Refused(Refusal::NoCwd(arg.to_owned()))),
         "error" => Ok(Answer::Refused(Refusal::Error(arg.to_owned()))),
         _ => parse_report(out)
@@ -359,9 +375,15 @@ fn split_line(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&bytes[..end], &bytes[end + 1..]))
 }
 
-/// A report: `MRG none|claimed|running|gone|exited`, fields, and for `exited` the output.
+/// A report: `MRG none|claimed|running|gone|exited|unknown`, fields, and for `exited` the
+/// output.
 fn parse_report(out: &[u8]) -> Result<MarkerStatus, ()> {
     let (first, mut rest) = split_line(out).ok_or(())?;
+    if let Some(reason) = first.strip_prefix(b"MRG unknown") {
+        return Ok(MarkerStatus::Unverifiable {
+            reason: String::from_utf8_lossy(reason).trim().to_owned(),
+        });
+    }
     let mut fields = Vec::new();
     let mut body = None;
     while let Some((line, after)) = split_line(rest) {
@@ -439,11 +461,48 @@ mod tests {
         out.stdout
     }
 
+    /// A fresh directory only this account may write (whatever the umask), as a state
+    /// directory must be.
     fn temp_dir(name: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("mrg-marker-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_state_dir_others_may_write_is_refused_and_reads_unverifiable() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("shared");
+        let state = dir.join("markers");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o770)).unwrap();
+        let flag = dir.join("ran");
+        let cmd = format!("touch {}", flag.display());
+        let out = wrapper(&["run", state.to_str().unwrap(), "act_01X", "", "9", &cmd]);
+        let Answer::Refused(Refusal::Unsafe(reason)) = parse_answer(&out).unwrap() else {
+            panic!("{}", String::from_utf8_lossy(&out));
+        };
+        assert!(reason.contains("writable by other accounts"), "{reason}");
+        assert!(!flag.exists());
+        let SshError::StateDirUnsafe(why) = Refusal::Unsafe(reason).into_error(ExecutionId::new())
+        else {
+            panic!("not StateDirUnsafe");
+        };
+        assert!(why.contains(state.to_str().unwrap()), "{why}");
+
+        let out = wrapper(&["status", state.to_str().unwrap(), "act_01X"]);
+        let Answer::Status(status @ MarkerStatus::Unverifiable { .. }) =
+            parse_answer(&out).unwrap()
+        else {
+            panic!("{}", String::from_utf8_lossy(&out));
+        };
+        assert!(matches!(
+            status.to_probe_outcome(),
+            ProbeOutcome::Unknown { .. }
+        ));
     }
 
     #[test]

@@ -11,6 +11,11 @@
 #   exit      status, time, sha256 and byte counts of stdout/stderr: written (rename) at the end
 #   stdout, stderr   the output, kept up to MAX_OUTPUT bytes each
 # Every answer on stdout starts with a line "MRG <word>"; the Rust side parses nothing else.
+# "No marker" is an answer only where the account alone could have made or removed one: the
+# state directory must be owned by the account, writable by no other account (no group or
+# other write bit, not sticky-shared, no ACL) and readable and searchable, and the marker's
+# absence is read from a whole listing of it. Anything else reads "MRG unknown", and a run in
+# such a directory is refused before anything starts.
 set -u
 umask 077
 mode=$1
@@ -26,6 +31,89 @@ case $id in
 esac
 m=$state/$id
 
+me=$(id -u)
+
+# Prints why directory $1 is not under this account's sole control and fails, or says nothing.
+# With $2 = parent it is judged as the parent of a state directory that does not exist: owned
+# by the account or root, and no other account can remove an entry of theirs from it (no group
+# or other write bit, or sticky).
+controlled() {
+  info=$(ls -ldnL "$1" 2>/dev/null) || { echo "$1 cannot be examined"; return 1; }
+  set -f
+  set -- "$1" "${2:-}" $info
+  set +f
+  dir=$1 as=$2 perm=$3 owner=$5
+  case $perm in
+    d*) ;;
+    *) echo "$dir is not a directory"; return 1 ;;
+  esac
+  case $perm in
+    ?????w* | ????????w*) others=write ;;
+    *) others= ;;
+  esac
+  case $perm in ?????????[tT]*) sticky=yes ;; *) sticky= ;; esac
+  if [ "$as" = parent ]; then
+    if [ "$owner" != "$me" ] && [ "$owner" != 0 ]; then
+      echo "$dir is owned by uid $owner, not by this account (uid $me) or root"; return 1
+    fi
+    if [ -n "$others" ] && [ -z "$sticky" ]; then
+      echo "$dir is writable by other accounts ($perm)"; return 1
+    fi
+  else
+    if [ "$owner" != "$me" ]; then
+      echo "$dir is owned by uid $owner, not by this account (uid $me)"; return 1
+    fi
+    if [ -n "$others" ]; then echo "$dir is writable by other accounts ($perm)"; return 1; fi
+    if [ -n "$sticky" ]; then echo "$dir is a shared (sticky) directory ($perm)"; return 1; fi
+  fi
+  case $perm in
+    ??????????+*) echo "$dir has an access control list ($perm)"; return 1 ;;
+  esac
+  case $perm in
+    ?r?[xs]*) ;;
+    *) echo "$dir is not readable and searchable by its owner ($perm)"; return 1 ;;
+  esac
+  if [ ! -r "$dir" ] || [ ! -x "$dir" ]; then
+    echo "$dir cannot be read and searched by this account"; return 1
+  fi
+  return 0
+}
+
+# Whether a whole listing of directory $1 could be read and does not hold the name $2.
+absent_in() {
+  names=$(ls -a "$1" 2>/dev/null) || return 1
+  case "
+$names
+" in
+    *"
+$2
+"*) return 1 ;;
+  esac
+  return 0
+}
+
+# The nearest existing parent of a state directory that does not exist, and the name in it
+# that would lead to the state directory: "$up" and "$name".
+nearest_parent() {
+  d=$state
+  while :; do
+    up=$(dirname "$d")
+    name=$(basename "$d")
+    if [ "$up" = "$d" ] || [ -e "$up" ] || [ -L "$up" ]; then return 0; fi
+    d=$up
+  done
+}
+
+# Why a state directory that does not exist may still have held markers, or nothing.
+missing_state() {
+  nearest_parent
+  controlled "$up" parent || return 1
+  if ! absent_in "$up" "$name"; then
+    echo "$state does not answer but $up lists $name, or cannot be listed"; return 1
+  fi
+  return 0
+}
+
 value() { sed -n "s/^$1=//p" "$2" 2>/dev/null | head -n 1; }
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 bytes() { wc -c < "$1" | tr -d ' '; }
@@ -39,7 +127,20 @@ digest() {
 
 # The marker's state, then its fields, then "--" and the kept stdout and stderr, raw.
 report() {
-  if [ ! -e "$m" ]; then echo "MRG none"; return 0; fi
+  if [ ! -e "$state" ] && [ ! -L "$state" ]; then
+    # No state directory: no run made one, if no other account could have removed it.
+    if why=$(missing_state); then echo "MRG none"; else echo "MRG unknown $why"; fi
+    return 0
+  fi
+  if ! why=$(controlled "$state"); then echo "MRG unknown $why"; return 0; fi
+  if [ ! -e "$m" ] && [ ! -L "$m" ]; then
+    if absent_in "$state" "$id"; then
+      echo "MRG none"
+    else
+      echo "MRG unknown $state lists $id but it cannot be read, or cannot be listed"
+    fi
+    return 0
+  fi
   if [ ! -f "$m/started" ]; then echo "MRG claimed"; return 0; fi
   pid=$(value pid "$m/started")
   child=$(value child "$m/child")
@@ -74,9 +175,16 @@ cmd=$6
 # The command must outlive a broken connection: a hang-up or a closed pipe does not stop the
 # wrapper before it has recorded the exit status (ignored signals are inherited by the command).
 trap '' HUP PIPE
+if [ ! -e "$state" ] && [ ! -L "$state" ]; then
+  nearest_parent
+  [ -d "$up" ] || { echo "MRG unwritable $state"; exit 3; }
+  if ! why=$(missing_state); then echo "MRG unsafe $why"; exit 3; fi
+fi
 if ! mkdir -p "$state" 2>/dev/null || [ ! -d "$state" ] || [ ! -w "$state" ]; then
   echo "MRG unwritable $state"; exit 3
 fi
+# A marker another account could move away would later read "none": nothing runs there.
+if ! why=$(controlled "$state"); then echo "MRG unsafe $why"; exit 3; fi
 if [ -n "$cwd" ] && [ ! -d "$cwd" ]; then echo "MRG nocwd $cwd"; exit 3; fi
 if ! mkdir "$m" 2>/dev/null; then
   if [ -d "$m" ]; then echo "MRG exists"; exit 4; fi

@@ -12,12 +12,15 @@
 //!    the exit status, the time, the SHA256 digests of stdout and stderr, and the output up to
 //!    a bound ([`MarkedCommand::max_output`]). The state directory is
 //!    `$HOME/.mcp-replay-guard/markers` unless [`MarkedCommand::state_dir`] says otherwise;
-//!    one the account cannot write is an error before the command runs.
+//!    one the account cannot write, or does not control alone, is an error before the command
+//!    runs (below).
 //! 2. On reconnect, [`MarkerProbe`] (a [`StatusProbe`](crate::contract::StatusProbe) for
 //!    `ToolContract::recoverable().status_probe(..)`) reads the marker before anything is
 //!    sent: no marker → not applied (safe to send); started and its process alive → in
 //!    progress; started, process gone, no exit recorded → unknown (the execution waits for
-//!    review); exit recorded → applied, with the exit status and kept output as the result.
+//!    review); exit recorded → applied, with the exit status and kept output as the result;
+//!    a state directory the account does not control alone → unknown
+//!    ([`MarkerStatus::Unverifiable`]).
 //! 3. [`SshSession::channel`] is the action record's [`Channel::Ssh`](crate::fingerprint::Channel):
 //!    the host is identified by its host key's SHA256 fingerprint, as OpenSSH prints it, not by
 //!    the name typed.
@@ -71,6 +74,29 @@
 //! [`SshError::HostKeyMismatch`] before anything is sent. There is no "accept on first use"
 //! and no switch to skip the check.
 //!
+//! # Who controls the state directory
+//!
+//! "No marker" sends the command again, so it must mean the command never ran, not that a
+//! marker was moved away. The wrapper says "no marker" only for a state directory that the
+//! account owns, that no other account can write (no group or other write bit, not sticky, no
+//! access control list), that its owner bits let it read and search, and whose whole listing
+//! was read without error and does not hold the execution. A state directory that does not
+//! exist says "no marker" only when its nearest existing parent is the account's or root's
+//! and no other account can remove an entry from it (no group or other write bit, or sticky),
+//! and that parent's listing holds no entry on the way to it. Anything else (a directory
+//! another account owns, a shared `1777` one, one made unreadable, a listing that fails with
+//! `EACCES`, `ESTALE`, `EIO`) is [`MarkerStatus::Unverifiable`]: the probe answers unknown and
+//! the execution waits for review. A run in such a directory is refused
+//! ([`SshError::StateDirUnsafe`]) and nothing starts. Ownership decides, not access: root can
+//! read any directory, and a directory another account owns is still refused.
+//!
+//! # Marker retention
+//!
+//! A marker removed while the ledger still keeps its execution reads "no marker", and a
+//! repeat of that execution runs the command again. Markers are never removed by the crate;
+//! when you clean `<state dir>`, remove only markers older than the ledger's retention of the
+//! execution plus the longest a call can run: marker retention must outlast the ledger's.
+//!
 //! # What is not covered
 //!
 //! - The liveness check is `kill -0` on the recorded pids: a pid reused by an unrelated
@@ -81,7 +107,11 @@
 //!   it ends (the digests cover all of it), so a command that prints gigabytes uses that much
 //!   disk for a while. `head -c` and one of `sha256sum`, `shasum` or `openssl` are used; without
 //!   a digest tool the digest reads `unavailable`.
-//! - Markers are never removed by the crate; clean `<state dir>` with the retention you want.
+//! - Markers are never removed by the crate; clean `<state dir>` only past the ledger's
+//!   retention (above).
+//! - The directories above the state directory are not checked, except the nearest existing
+//!   parent of one that does not exist yet: keep them writable by the account and root only,
+//!   as OpenSSH asks of `~/.ssh`.
 
 mod marker;
 mod quote;
@@ -142,6 +172,14 @@ pub enum SshError {
     /// The state directory cannot be written by the account; the command was not run.
     #[error("ssh: the marker state directory {0} is not writable; the command was not run")]
     StateDirUnwritable(String),
+    /// The state directory is not under the account's sole control (another account owns it
+    /// or may write it, it is shared or cannot be read), so its marker could be moved away
+    /// after the command ran and read as "not applied"; the command was not run.
+    #[error(
+        "ssh: the marker state directory is not under this account's sole control ({0}); the \
+         command was not run: use a directory the account owns that no other account can write"
+    )]
+    StateDirUnsafe(String),
     /// The working directory does not exist; the command was not run.
     #[error("ssh: the working directory {0} does not exist; the command was not run")]
     NoWorkingDirectory(String),
@@ -192,5 +230,10 @@ impl SshError {
     /// The state directory could not be written.
     pub fn is_state_dir_unwritable(&self) -> bool {
         matches!(self, Self::StateDirUnwritable(_))
+    }
+
+    /// The state directory is not under the account's sole control.
+    pub fn is_state_dir_unsafe(&self) -> bool {
+        matches!(self, Self::StateDirUnsafe(_))
     }
 }
