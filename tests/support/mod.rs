@@ -34,6 +34,7 @@ mod faults;
 mod front;
 mod ledger;
 mod log;
+mod pg_relay;
 mod postgres;
 mod retry;
 mod schema;
@@ -72,6 +73,7 @@ pub use ledger::{
 pub use log::{Captured, captured_log, head_log_lines, log_field};
 #[cfg(feature = "postgres")]
 pub use postgres::TestSchema;
+pub use pg_relay::{Cut, PgRelay};
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;
 pub use schema::{assert_valid_message, assert_valid_tool_answer};
