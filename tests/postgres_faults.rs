@@ -303,3 +303,81 @@ async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replic
     assert_eq!(records.len(), 1, "{records:#?}");
     schema.drop(&first_ledger).await;
 }
+
+/// A claim that lost its COMMIT answer while the ledger then stayed out of reach past the
+/// call's deadline: the caller is told the ledger failed, and nothing was sent. Its attempt,
+/// recorded by that COMMIT, used to read as dispatched by a live owner that never answered:
+/// the caller's repeat was held for review and never ran. Once the ledger answers again, the
+/// attempt is recorded `not_sent`, and the repeat runs the call once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_runs_once() {
+    let Some(schema) = TestSchema::new("not_sent") else {
+        return;
+    };
+    let relay = PgRelay::start(&schema.url).await;
+    let ledger = schema.replica_through(&relay).await;
+    let server = TestServer::start().await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let mut client = guard(ledger.clone())
+        .attach_timeout(Duration::from_secs(1))
+        .layer(hyper_client_with_body::<GuardRequestBody>());
+    let args = json!({"service": "catalog", "version": "v1"});
+
+    relay.arm_with_outage(Cut::CommitAnswerLost, 0);
+    let first = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+    )
+    .await;
+    assert!(first.is_err(), "the ledger was out of reach: {first:?}");
+    assert_eq!(relay.fired(), 1);
+    assert_eq!(server.state.side_effects("deploy_release"), 0);
+
+    relay.restore();
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "deploy_release",
+        args,
+    )
+    .await
+    .unwrap();
+    assert_eq!(tool_answer(&again)["deployment"], 1);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let record = &records[0];
+    assert_eq!(
+        (record.state, record.attempts),
+        (ExecutionState::Completed, 2),
+        "{record:#?}"
+    );
+    let names: Vec<_> = ledger
+        .events(record.execution_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    // (`delivered` follows once the caller's read of the body is seen to its end.)
+    assert_eq!(
+        names[..5],
+        [
+            "accepted",
+            "dispatched",
+            "not_sent",
+            "dispatched",
+            "completed"
+        ],
+        "{names:?}"
+    );
+    let report = ledger.verify().await.unwrap();
+    assert!(report.is_ok(), "{report}");
+    schema.drop(&ledger).await;
+}

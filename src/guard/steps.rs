@@ -7,7 +7,7 @@ use http::Response;
 
 use super::{
     Authorization, AuthorizationRequest, GuardError, GuardResponseBody, UncertainReason, answer,
-    inflight::Owner, intent::Intent, layer::Config,
+    claim::is_this_dispatch, inflight::Owner, intent::Intent, layer::Config,
 };
 
 use crate::{
@@ -130,6 +130,11 @@ impl Config {
     /// Records `dispatched` for the next attempt of `record`, before anything is sent, with
     /// this guard as the owner. `None` when the ledger refused it because another attempt
     /// moved the execution on since `record` was read: then nothing may be sent.
+    ///
+    /// Tried again on a storage failure until the call's deadline; a try refused after one
+    /// whose answer was lost finds that try's attempt recorded (the attempt, this owner, this
+    /// dispatch's time) and goes on with it. Given up, the attempt it may have recorded is
+    /// settled as never sent once the ledger answers.
     pub(super) async fn record_dispatch(
         &self,
         intent: &Intent,
@@ -138,75 +143,39 @@ impl Config {
         let dispatch = intent.dispatch();
         let event = dispatch.event(record, &self.owner, Timestamp::now());
         let key = dispatch.key(record);
-        Ok(self
-            .append_moved(record.execution_id, event.kind)
-            .await?
-            .map(|record| (record, key)))
-    }
-
-    /// Claims as a call about to start: with no authorization hook to ask first, a new
-    /// execution is created already `dispatched` (one write before the request leaves).
-    pub(super) async fn claim_to_start(&self, intent: &Intent) -> Result<Claimed, GuardError> {
-        let dispatch = self.authorizer.is_none().then(|| intent.dispatch());
-        self.claim_retrying(intent, dispatch).await
-    }
-
-    pub(super) async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
-        self.claim_retrying(intent, None).await
-    }
-
-    /// Claims (with the first dispatch, when given), trying again on a storage failure until
-    /// the call's deadline: the same claim, under the time the call was asked, so that what it
-    /// links to is what it would have linked to at once (a result delivered meanwhile to a
-    /// twin is still handed back, not run again). Nothing was sent, so nothing is lost by
-    /// trying again; the caller hears of the failure only once the deadline passed.
-    ///
-    /// A try whose answer was lost may have created the execution (its COMMIT made): the next
-    /// try then finds it, accepted by this guard at this claim's time and not yet sent, and
-    /// takes it as created ([`Claimed::New`]), so the call goes on with it rather than reading
-    /// its own unsent attempt as one whose outcome is unknown.
-    async fn claim_retrying(
-        &self,
-        intent: &Intent,
-        dispatch: Option<crate::ledger::Dispatch>,
-    ) -> Result<Claimed, GuardError> {
-        let claim = self.claim_of(intent);
         let mut retry = Retry::until(self.ledger_deadline(intent));
         loop {
-            let claimed = match &dispatch {
-                Some(dispatch) => {
-                    self.ledger
-                        .claim_dispatched(claim.clone(), dispatch.clone())
-                        .await
-                }
-                None => self.ledger.claim(claim.clone()).await,
+            let error = match self.ledger.append(event.clone()).await {
+                Ok(record) => return Ok(Some((record, key))),
+                Err(error) => error,
             };
-            match claimed {
-                Ok(Claimed::Existing(record))
-                    if retry.failed_before() && made_by(&record, &claim, dispatch.is_some()) =>
-                {
-                    tracing::info!(execution_id = %record.execution_id, "a claim whose answer was lost had created the execution: going on with it");
-                    return Ok(Claimed::New(record));
+            if error.is_invalid_transition() {
+                if !retry.failed_before() {
+                    return Ok(None);
                 }
-                Ok(claimed) => return Ok(claimed),
-                Err(error) if retry.again(&error).await => {}
-                Err(error) => return Err(GuardError::ledger(error)),
+                let current = self
+                    .ledger
+                    .get(record.execution_id)
+                    .await
+                    .map_err(GuardError::ledger)?;
+                let ours = match current {
+                    Some(current) if is_this_dispatch(&*self.ledger, &current, &event).await => {
+                        Some((current, key))
+                    }
+                    _ => None,
+                };
+                return Ok(ours);
+            }
+            if !retry.again(&error).await {
+                if retry.failed_before() {
+                    self.settle_unsent_dispatch(event);
+                }
+                return Err(GuardError::ledger(error));
             }
         }
     }
 
-    /// Until when a call's ledger writes are tried again: its attach wait, counted from when
-    /// it was asked.
-    fn ledger_deadline(&self, intent: &Intent) -> tokio::time::Instant {
-        let waited = std::time::Duration::from_millis(
-            Timestamp::now()
-                .as_millis()
-                .saturating_sub(intent.asked_at.as_millis()),
-        );
-        tokio::time::Instant::now() + self.attach_timeout.saturating_sub(waited)
-    }
-
-    fn claim_of(&self, intent: &Intent) -> Claim {
+    pub(super) fn claim_of(&self, intent: &Intent) -> Claim {
         Claim {
             fingerprint: intent.fingerprint,
             tool: intent.call.name.clone(),
@@ -312,16 +281,3 @@ impl Config {
     }
 }
 
-/// Whether `record` is the execution `claim` itself created, by a try whose answer was lost:
-/// accepted by the same guard at the claim's own time, and still as that claim left it (with
-/// its first attempt recorded and not yet sent, when it claimed with the dispatch). Only one
-/// call of an intent claims at a time in a guard, so no other call of this guard can have
-/// made it.
-fn made_by(record: &ExecutionRecord, claim: &Claim, dispatched: bool) -> bool {
-    let as_left = if dispatched {
-        record.state == ExecutionState::Dispatched && record.attempts == 1
-    } else {
-        record.state == ExecutionState::Accepted
-    };
-    as_left && record.owner == claim.owner && record.accepted_at == claim.at
-}

@@ -5,7 +5,7 @@
 use std::{
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -37,6 +37,8 @@ struct Armed {
     cut: Cut,
     /// Matching COMMITs let through before the cut.
     skip: usize,
+    /// After the cut, the server is out of reach until [`PgRelay::restore`].
+    outage: bool,
 }
 
 /// A relay on 127.0.0.1 in front of PostgreSQL.
@@ -45,6 +47,7 @@ pub struct PgRelay {
     pub port: u16,
     armed: Arc<Mutex<Option<Armed>>>,
     fired: Arc<AtomicUsize>,
+    down: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -56,19 +59,29 @@ impl PgRelay {
         let port = listener.local_addr().unwrap().port();
         let armed: Arc<Mutex<Option<Armed>>> = Arc::default();
         let fired = Arc::new(AtomicUsize::new(0));
-        let (state, count) = (armed.clone(), fired.clone());
+        let down = Arc::new(AtomicBool::new(false));
+        let cuts = Cuts {
+            armed: armed.clone(),
+            fired: fired.clone(),
+            down: down.clone(),
+        };
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                // Out of reach: the connection is closed at once.
+                if cuts.down.load(Ordering::SeqCst) {
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                tokio::spawn(relay(client, server, state.clone(), count.clone()));
+                tokio::spawn(relay(client, server, cuts.clone()));
             }
         });
         Self {
             port,
             armed,
             fired,
+            down,
             task,
         }
     }
@@ -80,7 +93,30 @@ impl PgRelay {
 
     /// Cuts the connection that carries the `skip + 1`-th COMMIT from now, at `cut`.
     pub fn arm(&self, cut: Cut, skip: usize) {
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Armed { cut, skip });
+        self.set(Armed {
+            cut,
+            skip,
+            outage: false,
+        });
+    }
+
+    /// As [`arm`](Self::arm), and from the cut on the server is out of reach (every
+    /// connection closed as it opens) until [`restore`](Self::restore).
+    pub fn arm_with_outage(&self, cut: Cut, skip: usize) {
+        self.set(Armed {
+            cut,
+            skip,
+            outage: true,
+        });
+    }
+
+    /// Ends an outage.
+    pub fn restore(&self) {
+        self.down.store(false, Ordering::SeqCst);
+    }
+
+    fn set(&self, armed: Armed) {
+        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some(armed);
     }
 
     /// How many connections were cut.
@@ -126,28 +162,38 @@ fn holds(tail: &mut Vec<u8>, chunk: &[u8], pattern: &[u8]) -> bool {
     found
 }
 
-/// Whether the armed cut falls on this COMMIT of direction `cut`: consumes it when it does.
-fn falls(armed: &Mutex<Option<Armed>>, cut: Cut) -> bool {
-    let mut armed = armed.lock().unwrap_or_else(PoisonError::into_inner);
-    match armed.as_mut() {
-        Some(a) if a.cut == cut && a.skip > 0 => {
-            a.skip -= 1;
-            false
+/// What the connections of a relay share.
+#[derive(Clone)]
+struct Cuts {
+    armed: Arc<Mutex<Option<Armed>>>,
+    fired: Arc<AtomicUsize>,
+    down: Arc<AtomicBool>,
+}
+
+impl Cuts {
+    /// Whether the armed cut falls on this COMMIT of direction `cut`: consumes it (and
+    /// counts it, and starts its outage) when it does.
+    fn falls(&self, cut: Cut) -> bool {
+        let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        match armed.as_mut() {
+            Some(a) if a.cut == cut && a.skip > 0 => {
+                a.skip -= 1;
+                false
+            }
+            Some(a) if a.cut == cut => {
+                if a.outage {
+                    self.down.store(true, Ordering::SeqCst);
+                }
+                *armed = None;
+                self.fired.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+            _ => false,
         }
-        Some(a) if a.cut == cut => {
-            *armed = None;
-            true
-        }
-        _ => false,
     }
 }
 
-async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    armed: Arc<Mutex<Option<Armed>>>,
-    fired: Arc<AtomicUsize>,
-) {
+async fn relay(client: TcpStream, server: TcpStream, cuts: Cuts) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut from_client, mut to_client) = client.into_split();
@@ -158,8 +204,7 @@ async fn relay(
         tokio::select! {
             read = from_client.read(&mut up) => {
                 let Ok(n @ 1..) = read else { break };
-                if holds(&mut up_tail, &up[..n], COMMIT_QUERY) && falls(&armed, Cut::BeforeCommit) {
-                    fired.fetch_add(1, Ordering::SeqCst);
+                if holds(&mut up_tail, &up[..n], COMMIT_QUERY) && cuts.falls(Cut::BeforeCommit) {
                     break;
                 }
                 if to_server.write_all(&up[..n]).await.is_err() {
@@ -169,9 +214,8 @@ async fn relay(
             read = from_server.read(&mut down) => {
                 let Ok(n @ 1..) = read else { break };
                 if holds(&mut down_tail, &down[..n], COMMIT_DONE)
-                    && falls(&armed, Cut::CommitAnswerLost)
+                    && cuts.falls(Cut::CommitAnswerLost)
                 {
-                    fired.fetch_add(1, Ordering::SeqCst);
                     break;
                 }
                 if to_client.write_all(&down[..n]).await.is_err() {
