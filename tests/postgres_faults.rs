@@ -27,6 +27,7 @@ fn guard(ledger: PostgresLedger) -> GuardLayer {
     let registry = ContractRegistry::builder()
         .tool("deploy_release", ToolContract::irreversible())
         .tool("slow_deploy", ToolContract::irreversible())
+        .tool("create_payment", ToolContract::idempotent())
         .build()
         .unwrap();
     GuardLayer::new(
@@ -273,7 +274,11 @@ async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replic
     )
     .await;
     let first_answer = first_call.await.unwrap();
-    assert_eq!(relay.fired(), 1, "the second replica's claim lost its answer");
+    assert_eq!(
+        relay.fired(),
+        1,
+        "the second replica's claim lost its answer"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while first_ledger.list().await.unwrap()[0].delivered_at.is_none() {
         assert!(
@@ -376,6 +381,74 @@ async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_r
             "completed"
         ],
         "{names:?}"
+    );
+    let report = ledger.verify().await.unwrap();
+    assert!(report.is_ok(), "{report}");
+    schema.drop(&ledger).await;
+}
+
+/// The `dispatched` of a re-send (an idempotent call whose first answer was lost) whose
+/// COMMIT answer was lost: the guard had recorded the attempt and not sent it. The call failed
+/// and the attempt read as one whose outcome is unknown. The next try finds its own attempt
+/// recorded and sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call() {
+    let Some(schema) = TestSchema::new("resend") else {
+        return;
+    };
+    let relay = PgRelay::start(&schema.url).await;
+    let ledger = schema.replica_through(&relay).await;
+    let server = TestServer::start().await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let mut client = guard(ledger.clone()).layer(hyper_client_with_body::<GuardRequestBody>());
+    let args = json!({"amount": 1250, "currency": "EUR"});
+
+    server.state.lose_next_response("create_payment");
+    let lost = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        1,
+        "create_payment",
+        args.clone(),
+    )
+    .await;
+    assert!(lost.is_err(), "{lost:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let records = ledger.list().await.unwrap();
+        if records
+            .first()
+            .is_some_and(|r| r.state == ExecutionState::Unknown)
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{records:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The repeat's claim goes through; its re-send's `dispatched` loses its answer.
+    relay.arm(Cut::CommitAnswerLost, 1);
+    let again = call_tool(
+        &mut client,
+        &server.url,
+        session.as_deref(),
+        2,
+        "create_payment",
+        args,
+    )
+    .await
+    .unwrap();
+    assert_eq!(relay.fired(), 1);
+    tool_answer(&again);
+    assert_eq!(server.state.side_effects("create_payment"), 2);
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let record = &records[0];
+    assert_eq!(
+        (record.state, record.attempts),
+        (ExecutionState::Completed, 2),
+        "{record:#?}"
     );
     let report = ledger.verify().await.unwrap();
     assert!(report.is_ok(), "{report}");

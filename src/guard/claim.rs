@@ -19,7 +19,8 @@ use crate::ledger::{
 };
 
 /// Why an attempt is recorded `not_sent` here.
-const NOT_SENT_REASON: &str = "the ledger's answer to its dispatch was lost, so the guard never sent it";
+const NOT_SENT_REASON: &str =
+    "the ledger's answer to its dispatch was lost, so the guard never sent it";
 
 impl Config {
     /// Claims as a call about to start: with no authorization hook to ask first, a new
@@ -116,7 +117,10 @@ impl Config {
             let deadline = tokio::time::Instant::now() + OUTCOME_TRIED_AFTER_ANSWER;
             let mut retry = Retry::until(deadline);
             loop {
-                match ledger.claim_dispatched(claim.clone(), dispatch.clone()).await {
+                match ledger
+                    .claim_dispatched(claim.clone(), dispatch.clone())
+                    .await
+                {
                     Ok(claimed) => {
                         let record = claimed.record();
                         if made_by(record, &claim.owner, claim.at, true)

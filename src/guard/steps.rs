@@ -280,4 +280,3 @@ impl Config {
         }
     }
 }
-

@@ -90,8 +90,12 @@ pub(crate) async fn record_outcome_event(
                 let (id, name) = (event.execution_id, event.kind.name());
                 let deadline = Instant::now() + OUTCOME_TRIED_AFTER_ANSWER;
                 match write_until(&*ledger, &event, result.as_ref(), deadline).await {
-                    Ok(_) => tracing::info!(execution_id = %id, event = name, "recorded once the ledger answered again"),
-                    Err(error) => tracing::warn!(execution_id = %id, event = name, %error, "could not record"),
+                    Ok(_) => {
+                        tracing::info!(execution_id = %id, event = name, "recorded once the ledger answered again")
+                    }
+                    Err(error) => {
+                        tracing::warn!(execution_id = %id, event = name, %error, "could not record")
+                    }
                 }
             });
             Err(error)
@@ -148,7 +152,11 @@ mod tests {
         });
         assert!(!retry.again(&refused).await);
         assert!(!retry.failed_before());
-        assert!(!retry.again(&LedgerError::NotFound(ExecutionId::new())).await);
+        assert!(
+            !retry
+                .again(&LedgerError::NotFound(ExecutionId::new()))
+                .await
+        );
         let storage = LedgerError::storage("connection closed");
         let mut tries = 0;
         while retry.again(&storage).await {

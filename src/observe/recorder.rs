@@ -472,7 +472,8 @@ pub(crate) async fn record_outcome(
         },
     };
     // One write: the result is kept with its `completed`, or not at all.
-    let kept = match retry::record_outcome_event(ledger, completed, keep.then(|| raw.clone())).await {
+    let kept = match retry::record_outcome_event(ledger, completed, keep.then(|| raw.clone())).await
+    {
         Ok(record) => record.result_reference.is_some(),
         Err(error) => {
             tracing::warn!(execution_id = %id, event = "completed", %error, "could not record");

@@ -71,9 +71,9 @@ pub use ledger::{
     wait_for_state,
 };
 pub use log::{Captured, captured_log, head_log_lines, log_field};
+pub use pg_relay::{Cut, PgRelay};
 #[cfg(feature = "postgres")]
 pub use postgres::TestSchema;
-pub use pg_relay::{Cut, PgRelay};
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;
 pub use schema::{assert_valid_message, assert_valid_tool_answer};
