@@ -31,6 +31,10 @@ pub(super) struct Config {
     pub(super) key_format: IdempotencyKeyFormat,
     pub(super) execution_id_in_meta: bool,
     pub(super) owner: String,
+    /// Claims of this guard whose answer never came and that may have recorded a first
+    /// attempt it never sent (by intent: the claim's time), until that attempt is recorded
+    /// `not_sent`.
+    pub(super) unanswered_claims: Arc<dashmap::DashMap<crate::ledger::IntentKey, Timestamp>>,
 }
 
 /// A [`Layer`] that puts the guard in front of an MCP client transport.
@@ -85,6 +89,7 @@ impl GuardLayer {
                 key_format: IdempotencyKeyFormat::Raw,
                 execution_id_in_meta: false,
                 owner,
+                unanswered_claims: Arc::default(),
             }),
             inflight: Arc::default(),
         }

@@ -100,6 +100,7 @@
 
 mod body;
 mod call;
+mod claim;
 mod dispatch;
 mod future;
 mod hooks;

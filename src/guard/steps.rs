@@ -7,12 +7,15 @@ use http::Response;
 
 use super::{
     Authorization, AuthorizationRequest, GuardError, GuardResponseBody, UncertainReason, answer,
-    inflight::Owner, intent::Intent, layer::Config,
+    claim::is_this_dispatch, inflight::Owner, intent::Intent, layer::Config,
 };
 
 use crate::{
     ExecutionId, IdempotencyKey,
-    ledger::{Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp},
+    ledger::{
+        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp,
+        retry::Retry,
+    },
     observe::{self, Settlement},
 };
 
@@ -127,6 +130,11 @@ impl Config {
     /// Records `dispatched` for the next attempt of `record`, before anything is sent, with
     /// this guard as the owner. `None` when the ledger refused it because another attempt
     /// moved the execution on since `record` was read: then nothing may be sent.
+    ///
+    /// Tried again on a storage failure until the call's deadline; a try refused after one
+    /// whose answer was lost finds that try's attempt recorded (the attempt, this owner, this
+    /// dispatch's time) and goes on with it. Given up, the attempt it may have recorded is
+    /// settled as never sent once the ledger answers.
     pub(super) async fn record_dispatch(
         &self,
         intent: &Intent,
@@ -135,32 +143,39 @@ impl Config {
         let dispatch = intent.dispatch();
         let event = dispatch.event(record, &self.owner, Timestamp::now());
         let key = dispatch.key(record);
-        Ok(self
-            .append_moved(record.execution_id, event.kind)
-            .await?
-            .map(|record| (record, key)))
-    }
-
-    /// Claims as a call about to start: with no authorization hook to ask first, a new
-    /// execution is created already `dispatched` (one write before the request leaves).
-    pub(super) async fn claim_to_start(&self, intent: &Intent) -> Result<Claimed, GuardError> {
-        if self.authorizer.is_some() {
-            return self.claim(intent).await;
+        let mut retry = Retry::until(self.ledger_deadline(intent));
+        loop {
+            let error = match self.ledger.append(event.clone()).await {
+                Ok(record) => return Ok(Some((record, key))),
+                Err(error) => error,
+            };
+            if error.is_invalid_transition() {
+                if !retry.failed_before() {
+                    return Ok(None);
+                }
+                let current = self
+                    .ledger
+                    .get(record.execution_id)
+                    .await
+                    .map_err(GuardError::ledger)?;
+                let ours = match current {
+                    Some(current) if is_this_dispatch(&*self.ledger, &current, &event).await => {
+                        Some((current, key))
+                    }
+                    _ => None,
+                };
+                return Ok(ours);
+            }
+            if !retry.again(&error).await {
+                if retry.failed_before() {
+                    self.settle_unsent_dispatch(event);
+                }
+                return Err(GuardError::ledger(error));
+            }
         }
-        self.ledger
-            .claim_dispatched(self.claim_of(intent), intent.dispatch())
-            .await
-            .map_err(GuardError::ledger)
     }
 
-    pub(super) async fn claim(&self, intent: &Intent) -> Result<Claimed, GuardError> {
-        self.ledger
-            .claim(self.claim_of(intent))
-            .await
-            .map_err(GuardError::ledger)
-    }
-
-    fn claim_of(&self, intent: &Intent) -> Claim {
+    pub(super) fn claim_of(&self, intent: &Intent) -> Claim {
         Claim {
             fingerprint: intent.fingerprint,
             tool: intent.call.name.clone(),

@@ -21,6 +21,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+pub(crate) mod retry;
 mod verify;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -182,6 +183,13 @@ impl LedgerError {
     /// Whether the event was refused by the state machine.
     pub fn is_invalid_transition(&self) -> bool {
         matches!(self, Self::InvalidTransition(_))
+    }
+
+    /// Whether the storage failed (a connection cut, a server that did not answer): the same
+    /// write may be recorded when tried again, and whether this try was recorded is unknown.
+    /// A refusal of the state machine, or an execution that is not there, is not transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Storage(_))
     }
 
     /// A storage failure described by `message`, with no error under it.

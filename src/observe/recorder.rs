@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::probe::ResultProbe;
 use crate::{
     ExecutionId,
-    ledger::{EventKind, Ledger, LedgerEvent, Timestamp},
+    ledger::{EventKind, Ledger, LedgerEvent, Timestamp, retry},
     protocol::{
         self, RequestId,
         response::{Examined, ResponseTo, read_message, response_to},
@@ -152,7 +152,7 @@ impl Recorder {
         let attempt = self.attempt;
         let settle = self.settle.take();
         Box::pin(async move {
-            let settlement = record_outcome(&*ledger, id, status, attempt, keep, max, answer).await;
+            let settlement = record_outcome(&ledger, id, status, attempt, keep, max, answer).await;
             if let Some(settle) = settle {
                 settle(settlement);
             }
@@ -167,7 +167,7 @@ impl Recorder {
         let id = self.execution_id;
         let settle = self.settle.take();
         Box::pin(async move {
-            append_logged(&*ledger, id, kind).await;
+            append_logged(&ledger, id, kind).await;
             if let Some(settle) = settle {
                 settle(Settlement::Other);
             }
@@ -192,10 +192,10 @@ impl Recorder {
         let settle = self.settle.take();
         Box::pin(async move {
             if let Some(last_event_id) = last_event_id {
-                append_logged(&*ledger, id, EventKind::EventSeen { last_event_id }).await;
+                append_logged(&ledger, id, EventKind::EventSeen { last_event_id }).await;
             }
             if let Some(unknown) = unknown {
-                append_logged(&*ledger, id, unknown).await;
+                append_logged(&ledger, id, unknown).await;
             }
             if let Some(settle) = settle {
                 settle(Settlement::Other);
@@ -353,16 +353,15 @@ fn drive_in_place(mut write: Write) {
 
 /// Appends `kind`; a failure is logged (the record then stays as it was, which every later
 /// decision reads conservatively).
-pub(crate) async fn append_logged(ledger: &dyn Ledger, id: ExecutionId, kind: EventKind) {
+pub(crate) async fn append_logged(ledger: &Arc<dyn Ledger>, id: ExecutionId, kind: EventKind) {
     let name = kind.name();
-    if let Err(error) = ledger
-        .append(LedgerEvent {
-            execution_id: id,
-            at: Timestamp::now(),
-            kind,
-        })
-        .await
-    {
+    let event = LedgerEvent {
+        execution_id: id,
+        at: Timestamp::now(),
+        kind,
+    };
+    // An outcome is retried on a storage failure, as every ledger write of an outcome is.
+    if let Err(error) = retry::record_outcome_event(ledger, event, None).await {
         tracing::warn!(execution_id = %id, event = name, %error, "could not record");
     }
 }
@@ -419,7 +418,7 @@ impl TargetAnswer {
 /// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
 /// back rewritten as the nearest double) and `completed`.
 pub(crate) async fn record_outcome(
-    ledger: &dyn Ledger,
+    ledger: &Arc<dyn Ledger>,
     id: ExecutionId,
     status: u16,
     attempt: Option<u32>,
@@ -473,7 +472,8 @@ pub(crate) async fn record_outcome(
         },
     };
     // One write: the result is kept with its `completed`, or not at all.
-    let kept = match ledger.complete(completed, keep.then(|| raw.clone())).await {
+    let kept = match retry::record_outcome_event(ledger, completed, keep.then(|| raw.clone())).await
+    {
         Ok(record) => record.result_reference.is_some(),
         Err(error) => {
             tracing::warn!(execution_id = %id, event = "completed", %error, "could not record");
@@ -519,8 +519,8 @@ pub(crate) mod tests {
     /// Records the answer in `message` and says whether its result was kept, with the
     /// record and how many lexical scans it took.
     async fn record_answer(message: &str) -> (bool, crate::ledger::ExecutionRecord, usize) {
-        let ledger = MemoryLedger::new();
-        let id = dispatched(&ledger).await;
+        let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+        let id = dispatched(&*ledger).await;
         let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();
         let before = LEXICAL_SCANS.with(std::cell::Cell::get);
         let settlement = record_outcome(&ledger, id, 200, None, true, usize::MAX, answer).await;
@@ -602,8 +602,8 @@ pub(crate) mod tests {
             (KEY_NOT_RECORDED, ExecutionState::Failed),
             (-32602, ExecutionState::Failed),
         ] {
-            let ledger = MemoryLedger::new();
-            let id = dispatched(&ledger).await;
+            let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+            let id = dispatched(&*ledger).await;
             let message =
                 format!(r#"{{"jsonrpc":"2.0","id":1,"error":{{"code":{code},"message":"m"}}}}"#);
             let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();

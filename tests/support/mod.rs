@@ -34,6 +34,7 @@ mod faults;
 mod front;
 mod ledger;
 mod log;
+mod pg_relay;
 mod postgres;
 mod retry;
 mod schema;
@@ -70,6 +71,7 @@ pub use ledger::{
     wait_for_state,
 };
 pub use log::{Captured, captured_log, head_log_lines, log_field};
+pub use pg_relay::{Cut, PgRelay};
 #[cfg(feature = "postgres")]
 pub use postgres::TestSchema;
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};

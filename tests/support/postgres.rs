@@ -50,6 +50,19 @@ impl TestSchema {
             .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"))
     }
 
+    /// A replica whose connections all pass through `relay` (which the test cuts).
+    pub async fn replica_through(
+        &self,
+        relay: &super::PgRelay,
+    ) -> mcp_replay_guard::ledger::PostgresLedger {
+        mcp_replay_guard::ledger::PostgresLedger::connect_with_schema(
+            &relay.url(&self.url),
+            &self.name,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connecting through the relay: {e}"))
+    }
+
     /// Runs SQL in the schema, `{s}` standing for it (the test's hand on the tables, as an
     /// attacker's would be).
     pub async fn sql(

@@ -537,12 +537,13 @@ impl Core {
         }));
         let mut results = pipeline(writes).await;
         let committed = results.pop();
-        for result in results {
-            result.map_err(write_failed)?;
-        }
-        match committed {
-            Some(Ok(_)) => {}
-            Some(Err(e)) => {
+        let failed = results.into_iter().find_map(Result::err);
+        match (committed, failed) {
+            (Some(Ok(_)), None) => {}
+            // Refused by the server: the COMMIT rolled the batch back.
+            (_, Some(e)) if e.as_db_error().is_some() => return Err(write_failed(e)),
+            // The connection went before every answer came: the COMMIT may have been made.
+            (Some(Err(e)), _) | (_, Some(e)) => {
                 return Err(StorageError::caused(
                     format!(
                         "{}; whether the batch was recorded is unknown: read the execution \
@@ -552,7 +553,7 @@ impl Core {
                     e,
                 ));
             }
-            None => return Err(storage_of(mismatch())),
+            (None, None) => return Err(storage_of(mismatch())),
         }
         self.registered_owners().extend(new_owners);
         // Anchors: the line at every HEAD_LOG_EVERY-th `seq` of the ledger, and each chain's
