@@ -182,6 +182,55 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
 }
 
+/// rmcp's `ErrorData::internal_error` after the tool made its effect (an exception after the
+/// commit): the outcome is unknown, never `failed`, so the repeat (a new JSON-RPC id) is held
+/// instead of running the tool again. A JSON-RPC error used to free the intent.
+#[tokio::test]
+async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = guarded(&layer(&ledger));
+    server.state.fail_next_after_effect("deploy_release");
+
+    let first = call(
+        &mut client,
+        &server,
+        &session,
+        1,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await;
+    assert_eq!(first["error"]["code"], -32603, "{first}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let stored = wait_for_state(&ledger, ExecutionState::Unknown).await;
+    assert!(
+        stored.reason.as_deref().is_some_and(|r| r.contains("-32603")),
+        "{stored:?}"
+    );
+
+    let again = call(
+        &mut client,
+        &server,
+        &session,
+        2,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await;
+    let record = guard_answer(&again);
+    assert_eq!(record["state"], "needs_review", "{again}");
+    assert_eq!(
+        record["execution_id"],
+        json!(stored.execution_id.to_string())
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+}
+
 #[tokio::test]
 async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
     let Fixture {

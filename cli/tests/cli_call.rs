@@ -151,6 +151,31 @@ async fn a_tool_error_or_a_json_rpc_error_exits_1() {
     assert_eq!(server.state.total_side_effects(), 0);
 }
 
+/// The tool made its effect, then rmcp answered `ErrorData::internal_error` (-32603): the
+/// outcome is unknown (exit 3), the call is held, and a second `call` over the same ledger is
+/// held too, never run again. Both used to exit 1 with the tool run twice.
+#[tokio::test]
+async fn a_json_rpc_error_after_the_effect_exits_3_and_the_repeat_does_not_run_the_tool() {
+    let (dir, ledger) = ledger_dir("internal-error");
+    let server = TestServer::start().await;
+    server.state.fail_next_after_effect("deploy_release");
+    let extra = ["--ledger", ledger.as_str()];
+    let first = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(first.code, 3, "{first:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let second = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(second.code, 3, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(
+        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review",
+        "{second:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn a_refusal_by_http_status_exits_1_and_nothing_ran() {
     let server = TestServer::start().await;
