@@ -578,6 +578,26 @@ async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
             serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
         assert_eq!(body["error"]["code"], -32600, "{body}");
     }
+    // A tools/call without a usable id is no request: a lenient server would run it and
+    // nobody could be answered. Refused unsent, -32600.
+    for id in [Some(json!(null)), None] {
+        let mut body = json!({"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "deploy_release", "arguments": deploy_args()}});
+        if let Some(id) = id {
+            body["id"] = id;
+        }
+        let response = send(
+            &mut client,
+            post(&server.url, session.as_deref(), PROTOCOL_VERSION, body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 400);
+        let body: Value =
+            serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert_eq!(body["id"], Value::Null, "{body}");
+    }
     let duplicate = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"deploy_release\",\"arguments\":{\"service\":\"a\",\"service\":\"b\",\"version\":\"1\"}}}";
     let mut request = post(
         &server.url,
