@@ -1301,6 +1301,47 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Retention never ends the hold of a call still running: with a 1 s link window, a 2 s
+/// retention and a 5 s tool, an identical call at 3 s (past both, while the first process
+/// still runs the tool) attaches to the first execution and gets its result. Retention used to
+/// count from acceptance, and the second call ran the tool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_past_its_retention_is_attached_to_not_started_again() {
+    let (dir, ledger) = ledger_dir("retention");
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\nretention = \"2s\"\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(5),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = slow_argv(&server.url, &ledger, &["--policy", &policy]);
+    let first = spawn_replay_guard(&argv);
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    // Nothing to poll for: the wall clock has to pass the 2 s retention while the tool runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
+    let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let second = replay_guard(&argv2).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(second.code, 0, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(second.json()["result"], first.json()["result"]);
+    assert_eq!(server.state.started("slow_deploy"), 1);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--args` with an integer literal beyond 64 bits is refused before anything is sent (exit 2):
 /// parsed into a double it would reach the tool rewritten (`1.8446744073709552e19`), and two
 /// such literals that round to one double would be one intent.

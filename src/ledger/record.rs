@@ -470,8 +470,13 @@ pub struct ExecutionRecord {
     pub reason: Option<String>,
     /// Until when a repeat links to it.
     pub link_until: Timestamp,
-    /// Until when it stays in the index.
+    /// Until when it stays in the index: its retention counted from its last event (every
+    /// event moves it), and never while an attempt may still be running (see
+    /// [`is_linkable`](Self::is_linkable)).
     pub retain_until: Timestamp,
+    /// How long it is retained after its last event, in milliseconds: what `retain_until` was
+    /// past acceptance.
+    pub(crate) retention_ms: u64,
     /// The guard that owns it: the one that accepted it, then the one that dispatched its
     /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
@@ -537,17 +542,27 @@ impl ExecutionRecord {
             reason: None,
             link_until: *link_until,
             retain_until: *retain_until,
+            retention_ms: retain_until.as_millis().saturating_sub(event.at.as_millis()),
             owner: owner.clone(),
             earlier_attempt_unknown: false,
         })
     }
 
     /// Applies one event: the state machine. An event the state does not allow is refused and
-    /// the record is left as it was.
+    /// the record is left as it was. An event it takes moves `retain_until` to its retention
+    /// past the event, if that is later: retention counts from the last event.
+    pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
+        self.transition(event)?;
+        let until = Timestamp::from_millis(event.at.as_millis().saturating_add(self.retention_ms));
+        self.retain_until = self.retain_until.max(until);
+        Ok(())
+    }
+
+    /// The state machine of [`apply`](Self::apply).
     ///
     /// Longer than most functions: one `match` over (state, event) with an arm per allowed
     /// transition, kept whole so that the machine reads in one place.
-    pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
+    fn transition(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
         use ExecutionState as S;
         let refuse = || InvalidTransition {
             execution_id: self.execution_id,
@@ -734,10 +749,12 @@ impl ExecutionRecord {
         }
     }
 
-    /// Whether a repeat of the same intent at `now` links to this execution (DESIGN §4, two
-    /// clocks).
+    /// Whether a repeat of the same intent at `now` links to this execution (two clocks: the
+    /// link window and retention).
     ///
-    /// - Nothing links once the record's retention ended.
+    /// - Nothing links once the record's retention ended, but an execution whose attempt may
+    ///   still be running never leaves retention: here its owner is taken to be alive (a
+    ///   ledger asks its owners when it claims).
     /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
     ///   owner that is gone, unknown, needs review) links whatever its link window says: no
     ///   window may turn an unknown outcome into a second dispatch.
@@ -749,7 +766,7 @@ impl ExecutionRecord {
     ///
     /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        crate::decide::is_linkable(self, now, now)
+        crate::decide::is_linkable(self, now, now, |_| true)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -1060,4 +1077,39 @@ mod tests {
         apply(&mut fresh, unknown(Some(2))).unwrap();
         assert_eq!(fresh.state, ExecutionState::Unknown);
     }
+}
+
+#[cfg(test)]
+mod retention {
+    use super::{fixtures::event_at, *};
+
+    /// Retention counts from the last event: the fixture's 60 s moves with every event the
+    /// state machine takes, never back, and a refused event moves nothing.
+    #[test]
+    fn every_event_moves_retention_to_its_span_past_the_event() {
+        let mut r = fixtures::accepted(&fixtures::claim(RetryClass::Irreversible, "o"));
+        let id = r.execution_id;
+        assert_eq!(r.retain_until, Timestamp::from_millis(60_000));
+        r.apply(&event_at(id, 90_000, fixtures::dispatched(id, 1, Some("o"))))
+            .unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(150_000));
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            reason: "cut".into(),
+            attempt: Some(1),
+        };
+        r.apply(&event_at(id, 86_400_000, unknown)).unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        // An event stamped earlier (another process's clock) never shortens it.
+        let review = EventKind::NeedsReview {
+            reason: "held".into(),
+        };
+        r.apply(&event_at(id, 1_000, review)).unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        assert!(r.apply(&event_at(id, 99_999_999, EventKind::Authorized)).is_err());
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        // The link window does not move: it bounds only how long a result is handed back.
+        assert_eq!(r.link_until, Timestamp::from_millis(60_000));
+    }
+
 }
