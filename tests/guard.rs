@@ -753,6 +753,65 @@ async fn an_operator_settles_a_held_execution() {
     );
 }
 
+/// An operator cannot settle a call while its attempt may still run (in flight, its owner
+/// alive): `resolve` is refused naming the owner, nothing is recorded, and the call's own
+/// answer settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cannot_settle_a_call_still_running() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: std::time::Duration::from_secs(2),
+        ..ServerOptions::default()
+    })
+    .await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let layer = layer(&ledger);
+    let mut client = guarded(&layer);
+    let running = tokio::spawn({
+        let url = server.url.clone();
+        let session = session.clone();
+        async move {
+            call_tool(
+                &mut client,
+                &url,
+                session.as_deref(),
+                1,
+                "slow_deploy",
+                json!({"service": "catalog"}),
+            )
+            .await
+            .map_err(|e| error_chain(&*e))
+        }
+    });
+    let wait = std::time::Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    let id = wait_for_state(&ledger, ExecutionState::Dispatched)
+        .await
+        .execution_id;
+    let refused = layer
+        .resolve(id, false, "bob", "looks stuck")
+        .await
+        .unwrap_err();
+    assert!(refused.is_still_running(), "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("still running") && text.contains("guard:"),
+        "{text}"
+    );
+    let answer = running.await.unwrap().unwrap();
+    assert_eq!(answer["result"]["structuredContent"]["deployment"], 1);
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert_eq!(record.execution_id, id);
+    let events = ledger.events(id).await.unwrap();
+    assert!(
+        events.iter().all(|e| e.kind.name() != "resolved"),
+        "{events:?}"
+    );
+}
+
 #[tokio::test]
 async fn read_only_tools_and_other_traffic_pass_through() {
     let server = TestServer::start().await;

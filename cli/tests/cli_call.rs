@@ -1342,6 +1342,60 @@ async fn a_call_still_running_past_its_retention_is_attached_to_not_started_agai
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// While another live process has the call dispatched, `resolve --not-applied` is refused
+/// (exit 2), naming that process's guard and saying to wait or stop it; nothing is recorded,
+/// and the call's own answer settles it. It used to exit 0, and the repeat ran the tool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_a_call_a_live_process_still_runs_is_refused_naming_its_owner() {
+    let (dir, ledger) = ledger_dir("resolve-running");
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(3),
+        ..ServerOptions::default()
+    })
+    .await;
+    let first = spawn_replay_guard(&slow_argv(&server.url, &ledger, &[]));
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    let records = ledger_records(&ledger).await;
+    let id = records[0]["execution_id"].as_str().unwrap().to_owned();
+    let owner = std::fs::read_to_string(&ledger)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["event"] == "accepted")
+        .and_then(|l| l["owner"].as_str().map(str::to_owned))
+        .expect("the accepted event names its owner");
+    let resolve = replay_guard(&[
+        "resolve",
+        &ledger,
+        &id,
+        "--not-applied",
+        "--note",
+        "looks stuck",
+        "--operator",
+        "bob",
+    ])
+    .await;
+    assert_eq!(resolve.code, 2, "{resolve:#?}");
+    assert!(
+        resolve.stderr.contains(&owner)
+            && resolve.stderr.contains("still running")
+            && resolve.stderr.contains("stop that process"),
+        "{resolve:#?}"
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(first.execution_id(), id);
+    assert_eq!(events_of_kind(&ledger, "resolved"), 0);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records[0]["state"], "delivered", "{records:#?}");
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--args` with an integer literal beyond 64 bits is refused before anything is sent (exit 2):
 /// parsed into a double it would reach the tool rewritten (`1.8446744073709552e19`), and two
 /// such literals that round to one double would be one intent.

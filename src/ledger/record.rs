@@ -643,7 +643,16 @@ impl ExecutionRecord {
                 is_error,
                 result_reference,
             } => {
-                if !matches!(self.state, S::Dispatched | S::Unknown | S::NeedsReview) {
+                // After a resolution too: the target's own answer outranks an operator's (or a
+                // probe's) judgement, and both stay in the events, where the conflict shows.
+                if !matches!(
+                    self.state,
+                    S::Dispatched
+                        | S::Unknown
+                        | S::NeedsReview
+                        | S::ResolvedApplied
+                        | S::ResolvedNotApplied
+                ) {
                     return Err(refuse());
                 }
                 self.state = S::Completed;
@@ -1080,8 +1089,26 @@ mod tests {
 }
 
 #[cfg(test)]
-mod retention {
+mod retention_and_resolution {
     use super::{fixtures::event_at, *};
+
+    fn resolved(applied: bool) -> EventKind {
+        EventKind::Resolved {
+            applied,
+            by: "operator:bob".into(),
+            note: "checked".into(),
+            result_reference: None,
+            attempt: Some(1),
+        }
+    }
+
+    fn completed() -> EventKind {
+        EventKind::Completed {
+            target_status: 200,
+            is_error: false,
+            result_reference: None,
+        }
+    }
 
     /// Retention counts from the last event: the fixture's 60 s moves with every event the
     /// state machine takes, never back, and a refused event moves nothing.
@@ -1112,4 +1139,25 @@ mod retention {
         assert_eq!(r.link_until, Timestamp::from_millis(60_000));
     }
 
+    /// An operator who settled a call before its real answer came is not the last word: the
+    /// target's `completed` is recorded after the `resolved` (it used to be refused and lost).
+    #[test]
+    fn the_targets_answer_after_a_resolution_is_recorded() {
+        for applied in [false, true] {
+            let mut r = fixtures::accepted(&fixtures::claim(RetryClass::Irreversible, "o"));
+            let id = r.execution_id;
+            r.apply(&event_at(id, 1, fixtures::dispatched(id, 1, Some("o"))))
+                .unwrap();
+            let review = EventKind::NeedsReview {
+                reason: "held".into(),
+            };
+            r.apply(&event_at(id, 2, review)).unwrap();
+            r.apply(&event_at(id, 3, resolved(applied))).unwrap();
+            r.apply(&event_at(id, 4, completed())).unwrap();
+            assert_eq!(r.state, ExecutionState::Completed, "applied={applied}");
+            assert_eq!(r.target_status, Some(200));
+            // Settled for good now: no second resolution.
+            assert!(r.apply(&event_at(id, 5, resolved(!applied))).is_err());
+        }
+    }
 }
