@@ -157,6 +157,7 @@ impl Sql {
                      record, chain) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
                      owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
+                     retain_until_ms = EXCLUDED.retain_until_ms, \
                      record = EXCLUDED.record, updated_at = now()"
             ),
             renew_owners: format!(
