@@ -208,7 +208,10 @@ async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run(
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let stored = wait_for_state(&ledger, ExecutionState::Unknown).await;
     assert!(
-        stored.reason.as_deref().is_some_and(|r| r.contains("-32603")),
+        stored
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("-32603")),
         "{stored:?}"
     );
 

@@ -23,7 +23,10 @@ const REFUSED_BEFORE_RUNNING: [(i64, &str); 4] = [
     (-32700, "parse error: the server could not read the request"),
     (-32600, "invalid request: not a request the server accepts"),
     (-32601, "method not found: the server has no tools/call"),
-    (-32602, "invalid params: an unknown tool or arguments the tool refuses"),
+    (
+        -32602,
+        "invalid params: an unknown tool or arguments the tool refuses",
+    ),
 ];
 
 /// Whether a JSON-RPC error answering a `tools/call` leaves open that the tool ran.
@@ -36,7 +39,9 @@ const REFUSED_BEFORE_RUNNING: [(i64, &str); 4] = [
 /// `isError: true`, an answer like any other. Over HTTP a refusing status says so already;
 /// over a transport without statuses (stdio) only the code does.
 pub(crate) fn error_may_have_run(code: i64) -> bool {
-    !REFUSED_BEFORE_RUNNING.iter().any(|(refused, _)| *refused == code)
+    !REFUSED_BEFORE_RUNNING
+        .iter()
+        .any(|(refused, _)| *refused == code)
 }
 
 /// What the status of a `tools/call` answer says.
@@ -160,7 +165,11 @@ mod tests {
             (i64::MAX, true),
         ];
         for (code, may_have_run) in rows {
-            assert_eq!(error_may_have_run(code), may_have_run, "JSON-RPC error {code}");
+            assert_eq!(
+                error_may_have_run(code),
+                may_have_run,
+                "JSON-RPC error {code}"
+            );
         }
         let refusals: Vec<i64> = (-33_000..=33_000)
             .filter(|code| !error_may_have_run(*code))

@@ -149,7 +149,11 @@ mod tests {
             let mut r = record_in(state, delivered);
             r.retain_until = Timestamp::from_millis(200_000);
             let row = format!("{state} delivered={delivered}");
-            assert_eq!(is_linkable(&r, inside, inside, |_| true), in_window, "{row}");
+            assert_eq!(
+                is_linkable(&r, inside, inside, |_| true),
+                in_window,
+                "{row}"
+            );
             assert_eq!(
                 is_linkable(&r, past_window, past_window, |_| true),
                 after_window,
@@ -218,10 +222,19 @@ mod tests {
             let mut r = record_in(state, true); // delivered at 1 ms
             r.retain_until = Timestamp::from_millis(200_000);
             let now = Timestamp::from_millis(30_000);
-            assert!(is_linkable(&r, now, Timestamp::from_millis(0), |_| true), "{state}");
+            assert!(
+                is_linkable(&r, now, Timestamp::from_millis(0), |_| true),
+                "{state}"
+            );
             // Asked in the millisecond of the delivery: after it.
-            assert!(!is_linkable(&r, now, Timestamp::from_millis(1), |_| true), "{state}");
-            assert!(!is_linkable(&r, now, Timestamp::from_millis(2), |_| true), "{state}");
+            assert!(
+                !is_linkable(&r, now, Timestamp::from_millis(1), |_| true),
+                "{state}"
+            );
+            assert!(
+                !is_linkable(&r, now, Timestamp::from_millis(2), |_| true),
+                "{state}"
+            );
             // Past the window, even the twin starts over: the window bounds every hand-back.
             let past_window = Timestamp::from_millis(90_000);
             assert!(

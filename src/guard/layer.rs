@@ -231,8 +231,8 @@ pub async fn resolve(
         .await?
         .ok_or(crate::ledger::LedgerError::NotFound(execution_id))?;
     // The owner is asked only about an execution in flight.
-    let alive = crate::decide::is_running(&record, true)
-        && ledger.is_owner_alive(&record.owner).await;
+    let alive =
+        crate::decide::is_running(&record, true) && ledger.is_owner_alive(&record.owner).await;
     if crate::decide::is_running(&record, alive) {
         return Err(crate::ledger::LedgerError::StillRunning {
             execution_id,

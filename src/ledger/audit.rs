@@ -322,7 +322,10 @@ mod tests {
             "{conflict}"
         );
         assert_eq!(t.events.len(), 5, "both kept");
-        assert!(t.to_string().contains("   conflict: settled as not applied"));
+        assert!(
+            t.to_string()
+                .contains("   conflict: settled as not applied")
+        );
         // A re-send after the resolution answers for itself: no conflict.
         let mut resent = t.events.clone();
         resent.insert(4, at(4, fixtures::dispatched(id, 2, Some("guard:two"))));

@@ -297,7 +297,11 @@ impl<E: Entry> IndexOf<E> {
 
     /// Counts a claim; every [`SWEEP_EVERY`]th purges what expired at `at` (as
     /// [`purge_expired`](Self::purge_expired)). Returns how many executions left.
-    pub(crate) fn count_claim(&mut self, at: Timestamp, owner_alive: impl Fn(&str) -> bool) -> usize {
+    pub(crate) fn count_claim(
+        &mut self,
+        at: Timestamp,
+        owner_alive: impl Fn(&str) -> bool,
+    ) -> usize {
         self.claims += 1;
         if self.claims.is_multiple_of(SWEEP_EVERY) {
             self.purge_expired(at, owner_alive)
@@ -391,7 +395,11 @@ impl<E: Entry> IndexOf<E> {
     /// Removes every execution whose retention ended before `now` ([`decide::is_retained`],
     /// which asks `owner_alive` about one that may still run), with its kept results; returns
     /// how many. Visits only those past their `retain_until`.
-    pub(crate) fn purge_expired(&mut self, now: Timestamp, owner_alive: impl Fn(&str) -> bool) -> usize {
+    pub(crate) fn purge_expired(
+        &mut self,
+        now: Timestamp,
+        owner_alive: impl Fn(&str) -> bool,
+    ) -> usize {
         let mut purged = 0;
         // Past `retain_until` and still retained (an attempt that may still run): kept in the
         // order, visited again by the next sweep.
@@ -449,7 +457,9 @@ mod tests {
         let (first, event) = index.claim(&c, |_| false, || Ok(())).unwrap();
         assert!(matches!(first, Claimed::New(_)) && event.is_some());
         let id = first.record().execution_id;
-        let (again, event) = index.claim(&c, |_| false, || panic!("no creation")).unwrap();
+        let (again, event) = index
+            .claim(&c, |_| false, || panic!("no creation"))
+            .unwrap();
         assert!(matches!(again, Claimed::Existing(r) if r.execution_id == id) && event.is_none());
         // A failed liveness signal creates nothing.
         index
@@ -486,17 +496,27 @@ mod tests {
     fn a_sweep_visits_only_what_expired<E: Entry>() {
         let mut index = IndexOf::<E>::default();
         for n in 0..1_000 {
-            index.claim(&claim_n(n, 3_600, 0), |_| false, || Ok(())).unwrap();
+            index
+                .claim(&claim_n(n, 3_600, 0), |_| false, || Ok(()))
+                .unwrap();
         }
         let short: Vec<_> = (1_000..1_010)
             .map(|n| {
-                let (claimed, _) = index.claim(&claim_n(n, 1, 0), |_| false, || Ok(())).unwrap();
+                let (claimed, _) = index
+                    .claim(&claim_n(n, 1, 0), |_| false, || Ok(()))
+                    .unwrap();
                 claimed.record().execution_id
             })
             .collect();
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_000), |_| false), 0);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_000), |_| false),
+            0
+        );
         assert_eq!(index.visited, 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_001), |_| false), 10);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_001), |_| false),
+            10
+        );
         assert_eq!(index.visited, 10, "only the ten that expired");
         assert!(short.iter().all(|id| !index.executions.contains_key(id)));
         assert_eq!(
@@ -507,7 +527,9 @@ mod tests {
         // Every claim counts; the sweep it triggers visits nothing that is retained.
         for n in 2_000..2_000 + SWEEP_EVERY {
             index.count_claim(Timestamp::from_millis(2_000), |_| false);
-            index.claim(&claim_n(n, 3_600, 2_000), |_| false, || Ok(())).unwrap();
+            index
+                .claim(&claim_n(n, 3_600, 2_000), |_| false, || Ok(()))
+                .unwrap();
         }
         assert_eq!(index.visited, 10);
     }
@@ -518,7 +540,9 @@ mod tests {
         let mut index = IndexOf::<E>::default();
         index.intents.collide_all = true;
         let claim_of = |index: &mut IndexOf<E>, n, retention, at| {
-            let (claimed, _) = index.claim(&claim_n(n, retention, at), |_| false, || Ok(())).unwrap();
+            let (claimed, _) = index
+                .claim(&claim_n(n, retention, at), |_| false, || Ok(()))
+                .unwrap();
             (
                 matches!(claimed, Claimed::New(_)),
                 claimed.record().execution_id,
@@ -531,14 +555,20 @@ mod tests {
             assert_eq!(claim_of(&mut index, n, 60, 1), (false, *id));
         }
         assert_eq!(index.intents.collided.len(), 2);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_001), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_001), |_| false),
+            1
+        );
         for (n, id) in (1..3).zip(&ids) {
             assert_eq!(claim_of(&mut index, n, 60, 1_002), (false, *id));
         }
         let (new, again) = claim_of(&mut index, 0, 600, 1_002);
         assert!(new && again != short);
         assert_eq!(claim_of(&mut index, 0, 600, 1_003), (false, again));
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001), |_| false), 2);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_001), |_| false),
+            2
+        );
         assert_eq!(claim_of(&mut index, 0, 600, 60_002), (false, again));
         assert_eq!(index.intents.len(), 1);
     }
@@ -560,9 +590,13 @@ mod tests {
     #[test]
     fn an_execution_leaves_when_its_retention_passes_and_not_before() {
         let mut index = Index::default();
-        let (first, _) = index.claim(&claim_n(1, 60, 0), |_| false, || Ok(())).unwrap();
+        let (first, _) = index
+            .claim(&claim_n(1, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let first = first.record().execution_id;
-        let (moved, _) = index.claim(&claim_n(2, 60, 0), |_| false, || Ok(())).unwrap();
+        let (moved, _) = index
+            .claim(&claim_n(2, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let moved = moved.record().execution_id;
         index
             .results
@@ -579,20 +613,34 @@ mod tests {
             Timestamp::from_millis(60_000),
             Timestamp::from_millis(120_000),
         );
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_000), |_| false), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_001), |_| false),
+            1
+        );
         assert!(index.record(first).is_none() && index.results.is_empty());
         assert!(
             index.record(moved).is_some(),
             "moved later: not purged early"
         );
         assert_eq!(index.intents.len(), 1);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(120_000), |_| false), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(120_001), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(120_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(120_001), |_| false),
+            1
+        );
         assert!(index.executions.is_empty() && index.intents.is_empty());
         assert!(index.expiry.is_empty());
         // A later execution of the same intent keeps the intent when the older one leaves.
-        let (old, _) = index.claim(&claim_n(3, 60, 0), |_| false, || Ok(())).unwrap();
+        let (old, _) = index
+            .claim(&claim_n(3, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let old = old.record().execution_id;
         index
             .apply(&event_at(old, 1, dispatched(old, 1, None)))
@@ -602,12 +650,20 @@ mod tests {
             reason: "bad".into(),
         };
         index.apply(&event_at(old, 2, failed)).unwrap();
-        let (new, _) = index.claim(&claim_n(3, 600, 30_000), |_| false, || Ok(())).unwrap();
+        let (new, _) = index
+            .claim(&claim_n(3, 600, 30_000), |_| false, || Ok(()))
+            .unwrap();
         let new = new.record().execution_id;
         assert_ne!(old, new);
         // Its retention counts from its last event (2 ms).
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_002), |_| false), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_003), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_002), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_003), |_| false),
+            1
+        );
         let (again, _) = index
             .claim(&claim_n(3, 600, 60_004), |_| false, || panic!("linked"))
             .unwrap();
@@ -620,9 +676,13 @@ mod tests {
     #[test]
     fn a_sweep_keeps_what_may_still_run_past_its_retention() {
         let mut index = Index::default();
-        let (accepted, _) = index.claim(&claim_n(1, 60, 0), |_| false, || Ok(())).unwrap();
+        let (accepted, _) = index
+            .claim(&claim_n(1, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let accepted = accepted.record().execution_id;
-        let (sent, _) = index.claim(&claim_n(2, 60, 0), |_| false, || Ok(())).unwrap();
+        let (sent, _) = index
+            .claim(&claim_n(2, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let sent = sent.record().execution_id;
         index
             .apply(&event_at(sent, 0, dispatched(sent, 1, Some("gone"))))
@@ -643,8 +703,14 @@ mod tests {
         let record = index.record(sent).unwrap();
         assert_eq!(record.state, ExecutionState::Unknown);
         assert_eq!(record.retain_until, Timestamp::from_millis(86_460_000));
-        assert_eq!(index.purge_expired(Timestamp::from_millis(86_460_000), |_| false), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(86_460_001), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(86_460_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(86_460_001), |_| false),
+            1
+        );
     }
 
     #[test]
@@ -671,8 +737,14 @@ mod tests {
             .results
             .insert(result_reference(id), Bytes::from_static(b"{}"));
         // Its retention counts from its `unknown` (2 ms).
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_002), |_| false), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_003), |_| false), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_002), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_003), |_| false),
+            1
+        );
         assert!(index.results.is_empty() && index.intents.is_empty());
     }
 }

@@ -542,7 +542,9 @@ impl ExecutionRecord {
             reason: None,
             link_until: *link_until,
             retain_until: *retain_until,
-            retention_ms: retain_until.as_millis().saturating_sub(event.at.as_millis()),
+            retention_ms: retain_until
+                .as_millis()
+                .saturating_sub(event.at.as_millis()),
             owner: owner.clone(),
             earlier_attempt_unknown: false,
         })
@@ -1117,8 +1119,12 @@ mod retention_and_resolution {
         let mut r = fixtures::accepted(&fixtures::claim(RetryClass::Irreversible, "o"));
         let id = r.execution_id;
         assert_eq!(r.retain_until, Timestamp::from_millis(60_000));
-        r.apply(&event_at(id, 90_000, fixtures::dispatched(id, 1, Some("o"))))
-            .unwrap();
+        r.apply(&event_at(
+            id,
+            90_000,
+            fixtures::dispatched(id, 1, Some("o")),
+        ))
+        .unwrap();
         assert_eq!(r.retain_until, Timestamp::from_millis(150_000));
         let unknown = EventKind::Unknown {
             target_status: None,
@@ -1133,7 +1139,10 @@ mod retention_and_resolution {
         };
         r.apply(&event_at(id, 1_000, review)).unwrap();
         assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
-        assert!(r.apply(&event_at(id, 99_999_999, EventKind::Authorized)).is_err());
+        assert!(
+            r.apply(&event_at(id, 99_999_999, EventKind::Authorized))
+                .is_err()
+        );
         assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
         // The link window does not move: it bounds only how long a result is handed back.
         assert_eq!(r.link_until, Timestamp::from_millis(60_000));

@@ -128,37 +128,38 @@ async fn a_call_the_transport_never_wrote_is_not_sent_and_says_so() {
 }
 
 /// A `tools/call` without an id (or with `"id": null`) is no request: passed on as a
-/// notification, a lenient server would run it unrecorded. Refused unsent with -32600, and
-/// the wire gets nothing.
+/// notification, a lenient server would run it unrecorded. Refused unsent with -32600: the
+/// first thing the wire carries is the notification sent after the two calls.
 #[tokio::test]
 async fn a_tools_call_without_an_id_is_refused_unsent() {
     let (relay, mut wire, mut client, ledger) = relay();
-    for id in [Some(Value::Null), None] {
-        let mut call = json!({"jsonrpc": "2.0", "method": "tools/call",
-            "params": {"name": "deploy", "arguments": {}}});
-        if let Some(id) = id {
-            call["id"] = id;
-        }
-        relay.from_client(line(&call)).await;
-        let answer = next_for_client(&mut client).await;
-        assert_eq!(answer["error"]["code"], -32600, "{answer}");
-        assert!(answer["id"].is_null(), "{answer}");
-    }
-    // The next thing the wire carries is the notification sent after them.
-    let after = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let sending = tokio::spawn({
         let relay = relay.clone();
-        async move { relay.from_client(line(&after)).await }
+        async move {
+            for id in [Some(Value::Null), None] {
+                let mut call = json!({"jsonrpc": "2.0", "method": "tools/call",
+                    "params": {"name": "deploy", "arguments": {}}});
+                if let Some(id) = id {
+                    call["id"] = id;
+                }
+                relay.from_client(line(&call)).await;
+            }
+            let after = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            relay.from_client(line(&after)).await;
+        }
     });
     let written = tokio::time::timeout(WAIT, wire.next())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        serde_json::from_slice::<Value>(written.message()).unwrap()["method"],
-        "notifications/initialized"
-    );
+    let first = serde_json::from_slice::<Value>(written.message()).unwrap();
     written.written();
+    assert_eq!(first["method"], "notifications/initialized", "{first}");
     sending.await.unwrap();
+    for _ in 0..2 {
+        let answer = next_for_client(&mut client).await;
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(answer["id"].is_null(), "{answer}");
+    }
     assert!(ledger.list().await.unwrap().is_empty());
 }

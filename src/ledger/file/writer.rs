@@ -590,7 +590,8 @@ impl Writer {
     fn compact(&mut self, now: Timestamp) -> Result<CompactReport, LedgerError> {
         let before = self.index.executions.len();
         let owners = &self.owners;
-        self.index.purge_expired(now, |owner| owners.is_alive(owner));
+        self.index
+            .purge_expired(now, |owner| owners.is_alive(owner));
         let kept = self.index.executions.len();
         let mut bodies = vec![LineBody::Checkpoint {
             checkpoint: Checkpoint {

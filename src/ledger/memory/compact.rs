@@ -560,7 +560,10 @@ mod tests {
         other.intent_scope = "run:other".into();
         index.claim(&other, |_| false, || Ok(())).unwrap();
         assert_eq!(index.shared().len(), 2);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(3_600_001), |_| false), 4);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(3_600_001), |_| false),
+            4
+        );
         assert_eq!(index.shared().len(), 0);
     }
 }
