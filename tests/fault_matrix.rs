@@ -55,10 +55,12 @@ enum Point {
     ServerError,
     ProcessKilled,
     UnknownPastWindow,
+    JsonRpcErrorAfterEffect,
+    RetentionPassedWhileRunning,
 }
 
 impl Point {
-    const ALL: [Point; 8] = [
+    const ALL: [Point; 10] = [
         Point::BeforeAnyByte,
         Point::AfterRequestReached,
         Point::MidSse,
@@ -67,6 +69,8 @@ impl Point {
         Point::ServerError,
         Point::ProcessKilled,
         Point::UnknownPastWindow,
+        Point::JsonRpcErrorAfterEffect,
+        Point::RetentionPassedWhileRunning,
     ];
 
     fn label(self) -> &'static str {
@@ -80,6 +84,12 @@ impl Point {
             Point::ProcessKilled => "client process SIGKILLed after dispatch (tool ran)",
             Point::UnknownPastWindow => {
                 "outcome unknown (no response, tool ran), repeated after the link window"
+            }
+            Point::JsonRpcErrorAfterEffect => {
+                "JSON-RPC error after the effect (the tool ran, then answered -32603)"
+            }
+            Point::RetentionPassedWhileRunning => {
+                "the clock passes retention while the owner lives (another process runs the call)"
             }
         }
     }
@@ -157,12 +167,35 @@ fn short_window_registry() -> ContractRegistry {
         .expect("valid contracts")
 }
 
+/// [`registry`], with every tool's link window and retention [`SHORT_WINDOW`]: the wall clock
+/// passes the retention of a call while its owner still runs it.
+fn short_retention_registry() -> ContractRegistry {
+    use mcp_replay_guard::contract::ToolContract;
+    let short = |contract: ToolContract| contract.link_window(SHORT_WINDOW).retention(SHORT_WINDOW);
+    ContractRegistry::builder()
+        .tool("list_branches", short(ToolContract::read_only()))
+        .tool("create_payment", short(ToolContract::idempotent()))
+        .tool("rotate_credential", short(ToolContract::recoverable()))
+        .tool("deploy_release", short(ToolContract::irreversible()))
+        .build()
+        .expect("valid contracts")
+}
+
 /// Waits (polling the wall clock, with a deadline) until every recorded execution is past
 /// its link window.
 async fn wait_past_link_windows(ledger: &FileLedger) {
+    wait_past(ledger, |r| r.link_until).await;
+}
+
+/// Waits (polling the wall clock, with a deadline) until every recorded execution is past
+/// the time `until` reads from it.
+async fn wait_past(
+    ledger: &FileLedger,
+    until: impl Fn(&ExecutionRecord) -> mcp_replay_guard::ledger::Timestamp,
+) {
     use mcp_replay_guard::ledger::Timestamp;
     let records = ledger.list().await.expect("list");
-    let Some(until) = records.iter().map(|r| r.link_until).max() else {
+    let Some(until) = records.iter().map(until).max() else {
         return;
     };
     let deadline = tokio::time::Instant::now() + SHORT_WINDOW * 10;
@@ -175,13 +208,9 @@ async fn wait_past_link_windows(ledger: &FileLedger) {
     }
 }
 
-/// The guard every process of a cell runs: same contracts, actor and scope, and the
+/// The guard every process of a cell runs: same actor and scope, the contracts given, and the
 /// fingerprint key kept beside the ledger file, so a process that reopens the ledger finds the
 /// executions of the one that died.
-fn guard_layer(ledger: &FileLedger) -> GuardLayer {
-    guard_layer_with(ledger, registry())
-}
-
 fn guard_layer_with(ledger: &FileLedger, registry: ContractRegistry) -> GuardLayer {
     GuardLayer::new(
         ledger.clone(),
@@ -216,10 +245,27 @@ fn expected(point: Point, era: Era, class: Class) -> Option<Row> {
     if point == Point::SessionLost && era == Era::Stateless {
         return None;
     }
+    if point == Point::RetentionPassedWhileRunning {
+        // The other process's call ran the tool and is still in flight: a repeat waits for it
+        // (the attach wait ends with an honest "in progress"), never runs it again.
+        let (side_effects, ledger, second) = match class {
+            ReadOnly => (2, NOT_RECORDED, RESULT),
+            _ => (1, "dispatched", "uncertain: dispatched + execution id"),
+        };
+        return Some(Row {
+            side_effects,
+            ledger: ledger.to_owned(),
+            told: format!("nothing (another process runs it) → {second}"),
+            probes: 0,
+        });
+    }
     // The tool ran and the outcome reached nobody: the class decides what the repeat does.
     let lost_after_run = matches!(
         point,
-        Point::AfterRequestReached | Point::ProcessKilled | Point::UnknownPastWindow
+        Point::AfterRequestReached
+            | Point::ProcessKilled
+            | Point::UnknownPastWindow
+            | Point::JsonRpcErrorAfterEffect
     ) || (point == Point::MidSse && era == Era::Stateless);
     let guarded_error = |text: &'static str| {
         if class == ReadOnly {
@@ -239,6 +285,8 @@ fn expected(point: Point, era: Era, class: Class) -> Option<Row> {
         Point::SessionLost => "HTTP 404",
         Point::ServerError => "HTTP 500",
         Point::ProcessKilled => "nothing (process killed)",
+        Point::JsonRpcErrorAfterEffect => "JSON-RPC error -32603",
+        Point::RetentionPassedWhileRunning => unreachable!("answered above"),
     };
     let second = match (class, lost_after_run, point) {
         (_, _, Point::MidSse) if era == Era::Sessions => None,
@@ -354,12 +402,19 @@ fn temp_ledger(name: &str) -> (PathBuf, PathBuf) {
     (dir, path)
 }
 
-/// Runs a child process whose guard dispatches the cell's call over the ledger at `path` and
-/// never sees the answer; kills it (SIGKILL) once the tool has run on the server.
-async fn kill_after_dispatch(server: &TestServer, era: Era, class: Class, path: &Path) {
+/// Runs a child process whose guard dispatches the cell's call over the ledger at `path`
+/// (its contracts: `contracts`, `default` or `short-retention`) and never sees the answer;
+/// returns it, alive, once the tool has run on the server.
+async fn dispatch_and_hold(
+    server: &TestServer,
+    era: Era,
+    class: Class,
+    path: &Path,
+    contracts: &str,
+) -> std::process::Child {
     let (tool, _) = class.tool();
     let mut child = child_process(&format!(
-        "{}|{tool}|{}|{}",
+        "{}|{tool}|{}|{}|{contracts}",
         era.token(),
         path.display(),
         server.url
@@ -372,21 +427,36 @@ async fn kill_after_dispatch(server: &TestServer, era: Era, class: Class, path: 
         .state
         .wait_for_side_effects(tool, 1, Duration::from_secs(30))
         .await;
+    if ran != 1 {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(ran, 1, "the child's call never reached {tool}");
+    child
+}
+
+/// Runs a child process whose guard dispatches the cell's call over the ledger at `path` and
+/// never sees the answer; kills it (SIGKILL) once the tool has run on the server.
+async fn kill_after_dispatch(server: &TestServer, era: Era, class: Class, path: &Path) {
+    let mut child = dispatch_and_hold(server, era, class, path, "default").await;
     child.kill().expect("SIGKILL");
     let status = child.wait().expect("reap the child");
-    assert_eq!(ran, 1, "the child's call never reached {tool}");
     assert!(!status.success(), "the child ended by itself: {status}");
 }
 
-/// The child side: does nothing unless `MRG_CHILD` names a task (`era|tool|ledger|url`).
+/// The child side: does nothing unless `MRG_CHILD` names a task (`era|tool|ledger|url|contracts`).
 #[test]
 fn child_entry() {
     let Ok(task) = std::env::var("MRG_CHILD") else {
         return;
     };
     let parts: Vec<&str> = task.split('|').collect();
-    let [era, tool, path, url] = parts[..] else {
+    let [era, tool, path, url, contracts] = parts[..] else {
         panic!("bad child task {task}");
+    };
+    let contracts = match contracts {
+        "short-retention" => short_retention_registry(),
+        _ => registry(),
     };
     let era = Era::from_token(era).expect("era");
     let class = Class::from_tool(tool).expect("tool");
@@ -407,7 +477,7 @@ fn child_entry() {
                 response
             }
         });
-        let mut guarded = guard_layer(&ledger).layer(stall);
+        let mut guarded = guard_layer_with(&ledger, contracts).layer(stall);
         let session = era.open_session(url).await;
         let (tool, args) = class.tool();
         let _ = send(
@@ -459,18 +529,28 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
     if point == Point::ProcessKilled {
         kill_after_dispatch(&server, era, class, &path).await;
     }
+    // The process that runs the call and lives on while the cell repeats it.
+    let holder = if point == Point::RetentionPassedWhileRunning {
+        Some(dispatch_and_hold(&server, era, class, &path, "short-retention").await)
+    } else {
+        None
+    };
     // This process's guard: for a killed client, the fresh one that reopens its ledger.
     let ledger = FileLedger::open(&path).expect("open the ledger");
     let probe = CredentialStatusProbe::new(&url, era);
-    let contracts = if point == Point::UnknownPastWindow {
-        short_window_registry()
-    } else {
-        registry()
+    let contracts = match point {
+        Point::UnknownPastWindow => short_window_registry(),
+        Point::RetentionPassedWhileRunning => short_retention_registry(),
+        _ => registry(),
     };
     let contracts = contracts
         .with_status_probe("rotate_credential", probe.clone())
         .expect("rotate_credential is recoverable");
-    let layer = guard_layer_with(&ledger, contracts);
+    let mut layer = guard_layer_with(&ledger, contracts);
+    if point == Point::RetentionPassedWhileRunning {
+        // The attach wait ends well before the held call would.
+        layer = layer.attach_timeout(Duration::from_millis(500));
+    }
     let refuse = Arc::new(AtomicUsize::new(0));
     let mut client = stack(&layer, &refuse);
     let mut session = era.open_session(&url).await;
@@ -522,9 +602,17 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
             told
         }
         Point::ProcessKilled => Told::Nothing("process killed"),
+        Point::JsonRpcErrorAfterEffect => {
+            server.state.fail_next_after_effect(tool);
+            call(&mut client, era, &url, session.as_deref(), 1, class).await
+        }
+        Point::RetentionPassedWhileRunning => Told::Nothing("another process runs it"),
     };
     if point == Point::UnknownPastWindow {
         wait_past_link_windows(&ledger).await;
+    }
+    if point == Point::RetentionPassedWhileRunning {
+        wait_past(&ledger, |r| r.retain_until).await;
     }
     let second = if first.is_result() {
         None
@@ -545,6 +633,10 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
     };
     let report = ledger.verify().expect("verify");
     assert!(report.is_ok(), "{point:?} {era:?} {class:?}: {report}");
+    if let Some(mut holder) = holder {
+        holder.kill().expect("SIGKILL");
+        holder.wait().expect("reap the child");
+    }
     drop((client, layer, ledger));
     std::fs::remove_dir_all(&dir).ok();
     row
@@ -559,7 +651,9 @@ fn check_answers(
     second: Option<&Told>,
 ) {
     let (tool, _) = class.tool();
-    if let Some(Told::Uncertain(answer)) = second {
+    if let Some(Told::Uncertain(answer)) = second
+        && answer["result"]["structuredContent"]["mcp_replay_guard"]["state"] == "needs_review"
+    {
         let held = answer["result"]["structuredContent"]["mcp_replay_guard"].clone();
         let record = records
             .iter()

@@ -182,6 +182,58 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
 }
 
+/// rmcp's `ErrorData::internal_error` after the tool made its effect (an exception after the
+/// commit): the outcome is unknown, never `failed`, so the repeat (a new JSON-RPC id) is held
+/// instead of running the tool again. A JSON-RPC error used to free the intent.
+#[tokio::test]
+async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = guarded(&layer(&ledger));
+    server.state.fail_next_after_effect("deploy_release");
+
+    let first = call(
+        &mut client,
+        &server,
+        &session,
+        1,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await;
+    assert_eq!(first["error"]["code"], -32603, "{first}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let stored = wait_for_state(&ledger, ExecutionState::Unknown).await;
+    assert!(
+        stored
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("-32603")),
+        "{stored:?}"
+    );
+
+    let again = call(
+        &mut client,
+        &server,
+        &session,
+        2,
+        "deploy_release",
+        deploy_args(),
+    )
+    .await;
+    let record = guard_answer(&again);
+    assert_eq!(record["state"], "needs_review", "{again}");
+    assert_eq!(
+        record["execution_id"],
+        json!(stored.execution_id.to_string())
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+}
+
 #[tokio::test]
 async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
     let Fixture {
@@ -529,6 +581,26 @@ async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
             serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
         assert_eq!(body["error"]["code"], -32600, "{body}");
     }
+    // A tools/call without a usable id is no request: a lenient server would run it and
+    // nobody could be answered. Refused unsent, -32600.
+    for id in [Some(json!(null)), None] {
+        let mut body = json!({"jsonrpc": "2.0", "method": "tools/call",
+            "params": {"name": "deploy_release", "arguments": deploy_args()}});
+        if let Some(id) = id {
+            body["id"] = id;
+        }
+        let response = send(
+            &mut client,
+            post(&server.url, session.as_deref(), PROTOCOL_VERSION, body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 400);
+        let body: Value =
+            serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert_eq!(body["id"], Value::Null, "{body}");
+    }
     let duplicate = "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"deploy_release\",\"arguments\":{\"service\":\"a\",\"service\":\"b\",\"version\":\"1\"}}}";
     let mut request = post(
         &server.url,
@@ -681,6 +753,65 @@ async fn an_operator_settles_a_held_execution() {
     assert!(
         layer.resolve(id, true, "bob", "again").await.is_err(),
         "a settled execution cannot be settled twice"
+    );
+}
+
+/// An operator cannot settle a call while its attempt may still run (in flight, its owner
+/// alive): `resolve` is refused naming the owner, nothing is recorded, and the call's own
+/// answer settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cannot_settle_a_call_still_running() {
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: std::time::Duration::from_secs(2),
+        ..ServerOptions::default()
+    })
+    .await;
+    let session = session(&server).await;
+    let ledger = MemoryLedger::new();
+    let layer = layer(&ledger);
+    let mut client = guarded(&layer);
+    let running = tokio::spawn({
+        let url = server.url.clone();
+        let session = session.clone();
+        async move {
+            call_tool(
+                &mut client,
+                &url,
+                session.as_deref(),
+                1,
+                "slow_deploy",
+                json!({"service": "catalog"}),
+            )
+            .await
+            .map_err(|e| error_chain(&*e))
+        }
+    });
+    let wait = std::time::Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    let id = wait_for_state(&ledger, ExecutionState::Dispatched)
+        .await
+        .execution_id;
+    let refused = layer
+        .resolve(id, false, "bob", "looks stuck")
+        .await
+        .unwrap_err();
+    assert!(refused.is_still_running(), "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("still running") && text.contains("guard:"),
+        "{text}"
+    );
+    let answer = running.await.unwrap().unwrap();
+    assert_eq!(answer["result"]["structuredContent"]["deployment"], 1);
+    let record = wait_for_state(&ledger, ExecutionState::Completed).await;
+    assert_eq!(record.execution_id, id);
+    let events = ledger.events(id).await.unwrap();
+    assert!(
+        events.iter().all(|e| e.kind.name() != "resolved"),
+        "{events:?}"
     );
 }
 

@@ -437,16 +437,17 @@ async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_no
     assert_ne!(second, first);
     assert_eq!(ledger.list().await.unwrap().len(), 2);
 
+    // Retention counts from the last event (2 ms).
     assert_eq!(
         ledger
-            .purge_expired(Timestamp::from_millis(3_600_000))
+            .purge_expired(Timestamp::from_millis(3_600_002))
             .await
             .unwrap(),
         0
     );
     assert_eq!(
         ledger
-            .purge_expired(Timestamp::from_millis(3_600_001))
+            .purge_expired(Timestamp::from_millis(3_600_003))
             .await
             .unwrap(),
         1
@@ -464,6 +465,18 @@ async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_no
     assert!(report.is_ok(), "{report}");
     assert_eq!(report.verified, 4);
 
+    // In flight while its owner's lease lives: retention never ends the hold.
+    assert_eq!(
+        ledger
+            .purge_expired(Timestamp::from_millis(10_000_000))
+            .await
+            .unwrap(),
+        0
+    );
+    let denied = EventKind::Denied {
+        reason: "no".into(),
+    };
+    ledger.append(event(second, 60_002, denied)).await.unwrap();
     assert_eq!(
         ledger
             .purge_expired(Timestamp::from_millis(10_000_000))

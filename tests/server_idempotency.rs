@@ -244,6 +244,42 @@ async fn the_same_key_for_another_call_is_422_and_does_not_run() {
     assert_eq!(server.state.side_effects("create_payment"), 0);
 }
 
+/// A tool that made its effect and then answered `-32603` (rmcp's
+/// `ErrorData::internal_error`): the key stays taken. A re-send under the same key is told the
+/// first may have run (409, `KEY_OUTCOME_UNKNOWN`) and never runs the tool again; the key was
+/// once freed by every JSON-RPC error, and the tool ran twice.
+#[tokio::test]
+async fn a_json_rpc_error_after_the_effect_keeps_the_key_and_the_tool_is_not_run_again() {
+    let server = keyed_server(
+        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
+        ServerOptions::default(),
+    )
+    .await;
+    server.state.fail_next_after_effect("deploy_release");
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let key = [("idempotency-key", "k-32603")];
+    let args = json!({"service": "catalog", "version": "1.0.0"});
+    let (_, _, first) = keyed_call(
+        &server,
+        session.as_deref(),
+        1,
+        "deploy_release",
+        args.clone(),
+        &key,
+    )
+    .await;
+    assert_eq!(error_code(&first), -32603, "{first}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let (status, replayed, again) =
+        keyed_call(&server, session.as_deref(), 2, "deploy_release", args, &key).await;
+    assert_eq!((status, replayed), (StatusCode::CONFLICT, false), "{again}");
+    assert_eq!(
+        error_code(&again),
+        mcp_replay_guard::integrations::server::KEY_OUTCOME_UNKNOWN
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+}
+
 #[tokio::test]
 async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
     let server = keyed_server(

@@ -138,6 +138,17 @@ fn guard_state(result: &Value) -> Option<&str> {
     result["structuredContent"][STRUCTURED_KEY]["state"].as_str()
 }
 
+/// Whether `message` is a JSON-RPC error that leaves open that the tool ran (the guard
+/// recorded it `unknown`): the library's rule, read from the code (an error without an
+/// integer code proves nothing either).
+fn may_have_run(message: &Value) -> bool {
+    message.get("error").is_some_and(|error| {
+        error["code"]
+            .as_i64()
+            .is_none_or(mcp_replay_guard::guard::jsonrpc_error_may_have_run)
+    })
+}
+
 fn from_message(message: Value) -> Outcome {
     if let Some(error) = message.get("error") {
         return Outcome::JsonRpcError(error.clone());
@@ -342,6 +353,8 @@ where
 {
     let mut execution = None;
     let mut passthrough_error = None;
+    // The last JSON-RPC error that left the outcome open, printed if nothing better comes.
+    let mut open_error = None;
     let shown_url = redact_url(&endpoint.url.to_string());
     for attempt in 1..=ATTEMPTS {
         let id = json!(attempt);
@@ -403,6 +416,14 @@ where
             .or(execution);
         let delivery = response.body_mut().defer_delivery();
         match tokio::time::timeout(timeout, mcp_http::read_reply(response, &id)).await {
+            Ok(Ok(Reply::Message(message))) if may_have_run(&message) => {
+                tracing::warn!(
+                    attempt,
+                    code = %message["error"]["code"],
+                    "a JSON-RPC error that does not prove the tool did not run: the outcome is unknown; asking the guard again"
+                );
+                open_error = Some(message["error"].clone());
+            }
             Ok(Ok(Reply::Message(message))) => {
                 return Ok(Called {
                     outcome: from_message(message),
@@ -465,6 +486,7 @@ where
         "execution_id": execution.map(|id| id.to_string()),
         "state": record.as_ref().map(|r| r.state_label()),
         "record": record,
+        "jsonrpc_error": open_error,
         "why": "no answer arrived within the timeout and the attempts the tool's class allows; the outcome is unknown",
     });
     Ok(Called {

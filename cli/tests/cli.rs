@@ -146,6 +146,64 @@ async fn verify_list_show_and_resolve_a_ledger() {
 
 /// README carries the shipped policy file verbatim, so the documented example is the one that
 /// `call --policy` is tested with.
+/// An operator settled a held call as not applied, then the target's own answer came (a
+/// resumed stream, a late reply): the `completed` is recorded after the `resolved`, never lost
+/// or rewritten, `ledger list` says completed, and `audit show` names the conflict.
+#[tokio::test]
+async fn an_answer_after_an_operators_resolution_is_kept_and_the_conflict_is_shown() {
+    let dir = support::temp_dir("cli", "conflict");
+    let path = dir.join("ledger.jsonl");
+    let (_, held) = ledger(&path).await;
+    let p = path.to_str().unwrap();
+    let (code, out, err) = replay_guard(&[
+        "resolve",
+        p,
+        &held.to_string(),
+        "--not-applied",
+        "--note",
+        "nothing deployed",
+        "--operator",
+        "bob",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let late = FileLedger::open(&path).unwrap();
+    let completed = EventKind::Completed {
+        target_status: 200,
+        is_error: false,
+        result_reference: None,
+    };
+    let record = late.append(event_now(held, completed)).await.unwrap();
+    assert_eq!(record.state, ExecutionState::Completed);
+    drop(late);
+
+    let (code, out, _) = replay_guard(&["audit", "show", p, &held.to_string()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("conflict: settled as not applied by operator:bob")
+            && out.contains("then the target answered: completed (HTTP 200)"),
+        "{out}"
+    );
+    let (code, out, _) = replay_guard(&["--json", "audit", "show", p, &held.to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let timeline: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kinds: Vec<&str> = timeline["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert!(kinds.ends_with(&["resolved", "completed"]), "{kinds:?}");
+    let (code, out, _) = replay_guard(&["ledger", "list", p]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&held.to_string()) && l.contains("completed")),
+        "{out}"
+    );
+    let (code, out, _) = replay_guard(&["audit", "verify", p]);
+    assert_eq!(code, 0, "{out}");
+}
+
 #[test]
 fn readme_carries_the_example_policy_verbatim() {
     let root = repo_root().display().to_string();

@@ -151,6 +151,31 @@ async fn a_tool_error_or_a_json_rpc_error_exits_1() {
     assert_eq!(server.state.total_side_effects(), 0);
 }
 
+/// The tool made its effect, then rmcp answered `ErrorData::internal_error` (-32603): the
+/// outcome is unknown (exit 3), the call is held, and a second `call` over the same ledger is
+/// held too, never run again. Both used to exit 1 with the tool run twice.
+#[tokio::test]
+async fn a_json_rpc_error_after_the_effect_exits_3_and_the_repeat_does_not_run_the_tool() {
+    let (dir, ledger) = ledger_dir("internal-error");
+    let server = TestServer::start().await;
+    server.state.fail_next_after_effect("deploy_release");
+    let extra = ["--ledger", ledger.as_str()];
+    let first = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(first.code, 3, "{first:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let second = call(&server.url, "deploy_release", deploy_args(), &extra).await;
+    assert_eq!(second.code, 3, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(
+        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review",
+        "{second:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn a_refusal_by_http_status_exits_1_and_nothing_ran() {
     let server = TestServer::start().await;
@@ -1272,6 +1297,101 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
     assert_eq!(second.execution_id(), first.execution_id());
     assert_eq!(second.json()["result"], first.json()["result"]);
     assert_eq!(server.state.started("slow_deploy"), 1);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Retention never ends the hold of a call still running: with a 1 s link window, a 2 s
+/// retention and a 5 s tool, an identical call at 3 s (past both, while the first process
+/// still runs the tool) attaches to the first execution and gets its result. Retention used to
+/// count from acceptance, and the second call ran the tool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_still_running_past_its_retention_is_attached_to_not_started_again() {
+    let (dir, ledger) = ledger_dir("retention");
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\nretention = \"2s\"\n",
+    )
+    .unwrap();
+    let policy = policy.to_string_lossy().into_owned();
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(5),
+        ..ServerOptions::default()
+    })
+    .await;
+    let argv = slow_argv(&server.url, &ledger, &["--policy", &policy]);
+    let first = spawn_replay_guard(&argv);
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    // Nothing to poll for: the wall clock has to pass the 2 s retention while the tool runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
+    let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let second = replay_guard(&argv2).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(second.code, 0, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(second.json()["result"], first.json()["result"]);
+    assert_eq!(server.state.started("slow_deploy"), 1);
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// While another live process has the call dispatched, `resolve --not-applied` is refused
+/// (exit 2), naming that process's guard and saying to wait or stop it; nothing is recorded,
+/// and the call's own answer settles it. It used to exit 0, and the repeat ran the tool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_a_call_a_live_process_still_runs_is_refused_naming_its_owner() {
+    let (dir, ledger) = ledger_dir("resolve-running");
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: Duration::from_secs(3),
+        ..ServerOptions::default()
+    })
+    .await;
+    let first = spawn_replay_guard(&slow_argv(&server.url, &ledger, &[]));
+    let wait = Duration::from_secs(30);
+    assert_eq!(
+        server.state.wait_for_started("slow_deploy", 1, wait).await,
+        1
+    );
+    let records = ledger_records(&ledger).await;
+    let id = records[0]["execution_id"].as_str().unwrap().to_owned();
+    let owner = std::fs::read_to_string(&ledger)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["event"] == "accepted")
+        .and_then(|l| l["owner"].as_str().map(str::to_owned))
+        .expect("the accepted event names its owner");
+    let resolve = replay_guard(&[
+        "resolve",
+        &ledger,
+        &id,
+        "--not-applied",
+        "--note",
+        "looks stuck",
+        "--operator",
+        "bob",
+    ])
+    .await;
+    assert_eq!(resolve.code, 2, "{resolve:#?}");
+    assert!(
+        resolve.stderr.contains(&owner)
+            && resolve.stderr.contains("still running")
+            && resolve.stderr.contains("stop that process"),
+        "{resolve:#?}"
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.code, 0, "{first:#?}");
+    assert_eq!(first.execution_id(), id);
+    assert_eq!(events_of_kind(&ledger, "resolved"), 0);
+    let records = ledger_records(&ledger).await;
+    assert_eq!(records[0]["state"], "delivered", "{records:#?}");
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     let _ = std::fs::remove_dir_all(dir);
 }

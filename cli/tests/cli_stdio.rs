@@ -492,6 +492,46 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
     );
 }
 
+/// A `tools/call` with `"id": null` or without an id is refused unsent with -32600 (a
+/// lenient server would run it, unrecorded), and the wrapper serves on.
+#[tokio::test]
+async fn a_tools_call_without_an_id_is_refused_unsent() {
+    let files = Files::new("no-id", "[tools.set_flag]\nclass = \"irreversible\"\n");
+    let mut host = Host::new(files.wrapper(&[], &[]));
+    host.initialize().await;
+    let mut null_id = set_flag_call(0);
+    null_id["id"] = Value::Null;
+    let mut no_id = set_flag_call(0);
+    no_id.as_object_mut().unwrap().remove("id");
+    for (call, id) in [(null_id, 2), (no_id, 3)] {
+        host.send(&call).await;
+        // A request right behind it: the refusal comes first, then its answer.
+        host.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "read_flag", "arguments": {"name": "beta"}}}))
+            .await;
+        let answer = host.next_message().await;
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(answer["id"].is_null(), "{answer}");
+        let read = host.next_message().await;
+        assert_eq!(read["id"], id, "{read}");
+    }
+    host.assert_serving(4).await;
+    assert_eq!(files.effects(), Vec::<String>::new(), "set_flag never ran");
+    let (rest, _, code) = host.finish().await;
+    assert_eq!(rest, Vec::<Value>::new());
+    assert_eq!(code, Some(0));
+    let tools: Vec<Value> = files
+        .ledger_list()
+        .iter()
+        .map(|r| r["tool"].clone())
+        .collect();
+    assert_eq!(
+        tools,
+        vec![json!("read_flag"); 3],
+        "no set_flag execution began"
+    );
+}
+
 /// d. A child that exits at once: the host's pending `initialize` is answered with a
 /// JSON-RPC error, and the wrapper exits with the child's code.
 #[tokio::test]

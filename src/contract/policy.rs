@@ -8,17 +8,18 @@ use super::{ContractRegistry, InvalidContract, RetryClass, ToolContract};
 use crate::fingerprint::FingerprintRules;
 
 impl ContractRegistry {
-    /// Reads a policy from TOML. See [`Policy`] for the format.
+    /// Reads a policy from TOML. See [`Policy`] for the format. A contract it refuses is
+    /// named with its line.
     pub fn from_toml_str(text: &str) -> Result<Self, InvalidContract> {
         let deserializer =
             toml::Deserializer::parse(text).map_err(|e| InvalidContract(e.to_string()))?;
-        Self::from_deserializer(deserializer)
+        Self::from_deserializer(deserializer, &|path| toml_line(text, path))
     }
 
     /// Reads a policy from JSON. See [`Policy`] for the format.
     pub fn from_json_str(text: &str) -> Result<Self, InvalidContract> {
         let mut deserializer = serde_json::Deserializer::from_str(text);
-        Self::from_deserializer(&mut deserializer)
+        Self::from_deserializer(&mut deserializer, &|_| None)
     }
 
     /// Reads a policy file: TOML, or JSON when the name ends in `.json`.
@@ -36,6 +37,7 @@ impl ContractRegistry {
 
     fn from_deserializer<'de, D: serde::Deserializer<'de>>(
         deserializer: D,
+        line: &Line<'_>,
     ) -> Result<Self, InvalidContract>
     where
         D::Error: fmt::Display,
@@ -44,8 +46,28 @@ impl ContractRegistry {
             let path = e.path().to_string();
             InvalidContract(format!("at `{path}`: {}", e.into_inner()))
         })?;
-        policy.into_registry()
+        policy.into_registry_at(line)
     }
+}
+
+/// The line of the deepest table or key of `path` that the policy text writes, if known.
+type Line<'a> = dyn Fn(&[&str]) -> Option<usize> + 'a;
+
+/// The line (from 1) of the deepest of `path`'s keys written in the TOML `text`.
+fn toml_line(text: &str, path: &[&str]) -> Option<usize> {
+    let document = toml::de::DeTable::parse(text).ok()?;
+    let root = toml::de::DeValue::Table(document.into_inner());
+    let mut value = &root;
+    let mut span = None;
+    for key in path {
+        let Some(next) = value.get(*key) else {
+            break;
+        };
+        span = Some(next.span());
+        value = next.get_ref();
+    }
+    let start = span?.start;
+    Some(text.get(..start)?.matches('\n').count() + 1)
 }
 
 /// The policy file format (TOML or JSON), read by [`ContractRegistry::from_toml_str`] and
@@ -135,6 +157,30 @@ pub struct ToolPolicy {
 impl Policy {
     /// Turns the policy into a registry, checking every contract.
     pub fn into_registry(self) -> Result<ContractRegistry, InvalidContract> {
+        self.into_registry_at(&|_| None)
+    }
+
+    /// [`into_registry`](Self::into_registry), naming the line (`line` finds it) of a
+    /// contract that is refused.
+    fn into_registry_at(self, line: &Line<'_>) -> Result<ContractRegistry, InvalidContract> {
+        // Where a contract's terms are written: its retention when it has one (the term a
+        // refusal is most often about), else its table.
+        let at = |table: &[&str]| {
+            let retention: Vec<&str> = table.iter().copied().chain(["retention"]).collect();
+            line(&retention)
+                .or_else(|| line(table))
+                .map_or_else(String::new, |n| format!(" (line {n})"))
+        };
+        let mut unlisted = ToolContract::new(RetryClass::Irreversible);
+        if let Some(window) = self.unlisted.link_window {
+            unlisted = unlisted.link_window(window);
+        }
+        if let Some(retention) = self.unlisted.retention {
+            unlisted = unlisted.retention(retention);
+        }
+        unlisted
+            .check("<unlisted>")
+            .map_err(|InvalidContract(e)| InvalidContract(format!("{e}{}", at(&["unlisted"]))))?;
         let mut builder = ContractRegistry::builder().strict(self.strict);
         for server in self.trusted_servers {
             builder = builder.trust_server(server.into());
@@ -162,6 +208,9 @@ impl Policy {
             if let Some(send) = tool.execution_id_in_meta {
                 contract = contract.execution_id_in_meta(send);
             }
+            contract.check(&name).map_err(|InvalidContract(e)| {
+                InvalidContract(format!("{e}{}", at(&["tools", &name])))
+            })?;
             builder = builder.tool(name, contract);
         }
         builder.build()

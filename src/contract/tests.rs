@@ -308,3 +308,32 @@ fn a_status_probe_on_a_tool_that_is_not_recoverable_is_refused_by_build() {
             .is_none()
     );
 }
+
+/// A retention shorter than the link window is refused, naming the tool, the fix and the line
+/// where the retention is written (or the table, when it is not); in `[unlisted]` too.
+#[test]
+fn a_retention_shorter_than_the_link_window_is_refused_with_its_line() {
+    let text = "strict = false\n\n[tools.other]\nclass = \"read_only\"\n\n[tools.deploy]\nclass = \"irreversible\"\nlink_window = \"10m\"\nretention = \"1m\"\n";
+    let err = ContractRegistry::from_toml_str(text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tools.deploy: retention (1m) is shorter than link_window (10m)")
+            && err.contains("make retention at least 10m")
+            && err.ends_with("(line 9)"),
+        "{err}"
+    );
+    let text = "[unlisted]\nlink_window = \"2d\"\n";
+    let err = ContractRegistry::from_toml_str(text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("<unlisted>") && err.ends_with("(line 1)"),
+        "{err}"
+    );
+    // A window inside its retention is valid.
+    ContractRegistry::from_toml_str(
+        "[tools.t]\nclass = \"irreversible\"\nlink_window = \"1s\"\nretention = \"2s\"\n",
+    )
+    .unwrap();
+}

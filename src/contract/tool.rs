@@ -175,7 +175,7 @@ impl ToolContract {
         }
         if self.link_window > self.retention {
             return Err(InvalidContract(format!(
-                "tools.{tool}: link_window ({}) is longer than retention ({}); a record must outlive its window",
+                "tools.{tool}: retention ({1}) is shorter than link_window ({0}); a record must outlive its window: make retention at least {0}",
                 humantime::format_duration(self.link_window),
                 humantime::format_duration(self.retention)
             )));

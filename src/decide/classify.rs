@@ -1,10 +1,11 @@
 //! The one outcome classifier of a `tools/call` attempt, in the manner of
-//! `tower_http::classify`: a status the target answered with, or an error the send failed with,
-//! → what is known about the tool having run (DESIGN §3). The guard, the server half and the
-//! rmcp adapter all ask it.
+//! `tower_http::classify`: a status the target answered with, a JSON-RPC error it answered
+//! with, or an error the send failed with → what is known about the tool having run. The
+//! guard (over HTTP and over a message transport), the server half and the rmcp adapter all
+//! ask it.
 //!
 //! When in doubt the answer is `unknown`, never a made-up failure: a `failed` record frees the
-//! intent (or the server half's key) for a second run, so it is given only to statuses that
+//! intent (or the server half's key) for a second run, so it is given only to answers that
 //! mean the server refused the call before the tool ran.
 
 /// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` is
@@ -15,12 +16,32 @@ pub(crate) const KEY_IN_FLIGHT: i64 = -32082;
 /// `integrations::server::KEY_OUTCOME_UNKNOWN`.
 pub(crate) const KEY_OUTCOME_UNKNOWN: i64 = -32083;
 
-/// Whether a JSON-RPC error answering a `tools/call` leaves open that the tool ran. Any other
-/// JSON-RPC error is a refusal (an unknown tool, bad params: MCP reports a tool's own failure
-/// in its result), and so is `failed`. Over HTTP the server half's 409 says so already; over a
-/// transport without statuses (stdio) only the code does.
+/// The JSON-RPC error codes that prove a `tools/call` was refused before its tool ran, and
+/// why. Every one is an answer about the request itself, given before any tool is looked up
+/// or run; MCP answers an unknown tool and invalid arguments with `-32602`.
+const REFUSED_BEFORE_RUNNING: [(i64, &str); 4] = [
+    (-32700, "parse error: the server could not read the request"),
+    (-32600, "invalid request: not a request the server accepts"),
+    (-32601, "method not found: the server has no tools/call"),
+    (
+        -32602,
+        "invalid params: an unknown tool or arguments the tool refuses",
+    ),
+];
+
+/// Whether a JSON-RPC error answering a `tools/call` leaves open that the tool ran.
+///
+/// Only the codes of [`REFUSED_BEFORE_RUNNING`] prove it did not (they are `failed`). Every
+/// other code may come after the effect: `-32603` (an exception after the commit, rmcp's
+/// `ErrorData::internal_error`), the implementation-defined `-32000..=-32099` (a gateway's
+/// error after forwarding; the server half's "the first request may have run"), and any code
+/// a server invents. A tool's own failure is not a JSON-RPC error at all: it is a result with
+/// `isError: true`, an answer like any other. Over HTTP a refusing status says so already;
+/// over a transport without statuses (stdio) only the code does.
 pub(crate) fn error_may_have_run(code: i64) -> bool {
-    matches!(code, KEY_IN_FLIGHT | KEY_OUTCOME_UNKNOWN)
+    !REFUSED_BEFORE_RUNNING
+        .iter()
+        .any(|(refused, _)| *refused == code)
 }
 
 /// What the status of a `tools/call` answer says.
@@ -36,7 +57,7 @@ pub(crate) enum StatusClass {
 
 /// Classifies the HTTP status of an answer to a `tools/call`.
 ///
-/// Refused before running (DESIGN §3): 400 (unreadable), 401 and 403 (not allowed), 404 (no
+/// Refused before running: 400 (unreadable), 401 and 403 (not allowed), 404 (no
 /// such session or endpoint), 405, 406 and 415 (method, `Accept`, content type), 422
 /// (unprocessable, or a key reused for another call), 429 (rate limited). Every other status
 /// leaves the outcome unknown, among them:
@@ -84,7 +105,7 @@ pub(crate) fn classify_error(body_polled: bool, proves_nothing_sent: bool) -> Er
 mod tests {
     use super::*;
 
-    /// Every status from 100 to 599. The list of DESIGN §3 is refused before running, 2xx is
+    /// Every status from 100 to 599. The refusing statuses are refused before running, 2xx is
     /// answered, everything else is unknown. The server half used to call every 4xx refused
     /// (so 408, 409, 410 and the other unlisted 4xx freed the key for a second run) while the
     /// guard called them unknown.
@@ -106,6 +127,54 @@ mod tests {
                 "HTTP {status}"
             );
         }
+    }
+
+    /// One row per code: only the four that prove the request was refused before any tool
+    /// ran are refusals. Every other code answering a `tools/call` used to be `failed`, which
+    /// freed the intent: a tool that made its effect and then answered `-32603` ran again on
+    /// the repeat.
+    #[test]
+    fn only_a_json_rpc_error_that_proves_the_tool_did_not_run_is_a_refusal() {
+        let rows: [(i64, bool); 27] = [
+            (-32700, false), // parse error
+            (-32600, false), // invalid request
+            (-32601, false), // method not found
+            (-32602, false), // invalid params: MCP's unknown tool and bad arguments
+            (-32603, true),  // internal error: perhaps after the effect
+            (-32000, true),  // implementation-defined server errors, first of the range
+            (-32001, true),  // a common "request timed out"
+            (-32020, true),  // 2026-07-28 header mismatch (HTTP says 400 on its own)
+            (-32021, true),  // 2026-07-28 missing client capability, perhaps mid-run
+            (-32022, true),  // 2026-07-28 unsupported protocol version (HTTP 400)
+            (-32042, true),  // URL elicitation required, perhaps mid-run
+            (-32081, true),  // the server half's key reused (HTTP 422)
+            (KEY_IN_FLIGHT, true),
+            (KEY_OUTCOME_UNKNOWN, true),
+            (-32084, true), // the server half's key not recorded (HTTP 503)
+            (-32099, true), // last of the range
+            (-32100, true), // reserved, undefined
+            (-32768, true), // reserved, undefined
+            (-32769, true),
+            (-32699, true),
+            (-1, true),
+            (0, true),
+            (1, true),
+            (32603, true),
+            (400, true),
+            (i64::MIN, true),
+            (i64::MAX, true),
+        ];
+        for (code, may_have_run) in rows {
+            assert_eq!(
+                error_may_have_run(code),
+                may_have_run,
+                "JSON-RPC error {code}"
+            );
+        }
+        let refusals: Vec<i64> = (-33_000..=33_000)
+            .filter(|code| !error_may_have_run(*code))
+            .collect();
+        assert_eq!(refusals, [-32700, -32602, -32601, -32600]);
     }
 
     /// The statuses the two halves disagreed on: the tool may have run.

@@ -1,13 +1,46 @@
-//! Which prior execution a repeat of the same intent links to (DESIGN §4, two clocks), and
-//! what an execution whose owner is gone becomes. The ledgers store, index and verify; they
-//! ask these functions, and never decide on their own.
+//! Which prior execution a repeat of the same intent links to (the link window and retention,
+//! two clocks), how long an execution stays in retention, what an execution whose owner is
+//! gone becomes, and whether an attempt may still be running. The ledgers store, index and
+//! verify; they ask these functions, and never decide on their own.
 
 use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp};
 
-/// Whether a repeat of the same intent, asked at `asked_at` and claiming at `now`, links to
-/// `record`.
+/// Whether an attempt of `record` may still be running: it is in flight (accepted, authorized
+/// or dispatched) and its owner (`owner_alive` says whether that process still runs) is alive.
+/// Nothing settles such an execution but its own answer: no operator, no clock, no retention.
+pub(crate) fn is_running(record: &ExecutionRecord, owner_alive: bool) -> bool {
+    use ExecutionState as S;
+    matches!(record.state, S::Accepted | S::Authorized | S::Dispatched) && owner_alive
+}
+
+/// Whether `record` is still in retention at `now` (a ledger keeps it, and a repeat may link
+/// to it). `owner_alive` is asked only for an execution past its `retain_until` whose attempt
+/// may still be running.
 ///
-/// - Nothing links once the record's retention ended.
+/// - Retention counts from the execution's last event: every event moves `retain_until`
+///   ([`ExecutionRecord::apply`]), so a call answered after a day is kept for its retention
+///   from its answer, not from its acceptance.
+/// - An execution whose attempt may still be running ([`is_running`]) never leaves retention,
+///   however long the tool runs or however far the wall clock steps (a VM resumed, a host
+///   without an RTC).
+/// - A `dispatched` execution whose owner is gone is an orphan: its `unknown`
+///   ([`orphan_unknown`]), recorded when it is found, is its last event, and its retention
+///   counts from there. Until then it stays.
+pub(crate) fn is_retained(
+    record: &ExecutionRecord,
+    now: Timestamp,
+    owner_alive: impl FnOnce(&str) -> bool,
+) -> bool {
+    now <= record.retain_until
+        || record.state == ExecutionState::Dispatched
+        || is_running(record, owner_alive(&record.owner))
+}
+
+/// Whether a repeat of the same intent, asked at `asked_at` and claiming at `now`, links to
+/// `record`. `owner_alive` answers for the owner of an execution past its `retain_until`
+/// ([`is_retained`]).
+///
+/// - Nothing links once the record left retention ([`is_retained`]).
 /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
 ///   owner that is gone, unknown, needs review) links whatever its link window says: no
 ///   window may turn an unknown outcome into a second dispatch.
@@ -18,9 +51,14 @@ use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Tim
 ///   that reached a caller before this call was asked (a repeat after that is a new intent).
 ///   A result delivered after it was asked (to a twin that asked at the same time, while this
 ///   call waited) is handed back to this call too: otherwise the wait would end in a second run.
-pub(crate) fn is_linkable(record: &ExecutionRecord, now: Timestamp, asked_at: Timestamp) -> bool {
+pub(crate) fn is_linkable(
+    record: &ExecutionRecord,
+    now: Timestamp,
+    asked_at: Timestamp,
+    owner_alive: impl FnOnce(&str) -> bool,
+) -> bool {
     use ExecutionState as S;
-    if now > record.retain_until {
+    if !is_retained(record, now, owner_alive) {
         return false;
     }
     let inside_window = now <= record.link_until;
@@ -111,14 +149,68 @@ mod tests {
             let mut r = record_in(state, delivered);
             r.retain_until = Timestamp::from_millis(200_000);
             let row = format!("{state} delivered={delivered}");
-            assert_eq!(is_linkable(&r, inside, inside), in_window, "{row}");
             assert_eq!(
-                is_linkable(&r, past_window, past_window),
+                is_linkable(&r, inside, inside, |_| true),
+                in_window,
+                "{row}"
+            );
+            assert_eq!(
+                is_linkable(&r, past_window, past_window, |_| true),
                 after_window,
                 "{row}"
             );
-            assert!(!is_linkable(&r, past_retention, past_retention), "{row}");
+            // Past retention nothing links, except what may still be running.
+            let running = matches!(state, S::Dispatched);
+            assert_eq!(
+                is_linkable(&r, past_retention, past_retention, |_| false),
+                running,
+                "{row}"
+            );
         }
+    }
+
+    /// Retention never ends the hold of a call still running: past `retain_until` (a tool that
+    /// runs longer than its retention, a wall clock stepped a day forward), an execution in
+    /// flight with its owner alive still links, and a dispatched one whose owner is gone stays
+    /// until its `unknown` is recorded. Nothing else does. Retention used to end every hold at
+    /// `retain_until`, fixed at acceptance, so an identical call started a second execution.
+    #[test]
+    fn an_execution_that_may_still_run_never_leaves_retention() {
+        use ExecutionState as S;
+        let day_later = Timestamp::from_millis(86_400_000 + 200_000);
+        // (state, owner alive, retained and linkable)
+        let rows = [
+            (S::Accepted, true, true),
+            (S::Authorized, true, true),
+            (S::Dispatched, true, true),
+            (S::Dispatched, false, true),
+            (S::Accepted, false, false),
+            (S::Authorized, false, false),
+            (S::Unknown, true, false),
+            (S::NeedsReview, true, false),
+            (S::Completed, true, false),
+            (S::NotSent, true, false),
+        ];
+        for (state, alive, linked) in rows {
+            let mut r = record_in(state, false);
+            r.retain_until = Timestamp::from_millis(200_000);
+            let row = format!("{state} owner alive={alive}");
+            assert_eq!(is_retained(&r, day_later, |_| alive), linked, "{row}");
+            assert_eq!(
+                is_linkable(&r, day_later, day_later, |_| alive),
+                linked,
+                "{row}"
+            );
+            assert_eq!(
+                is_running(&r, alive),
+                alive && matches!(state, S::Accepted | S::Authorized | S::Dispatched),
+                "{row}"
+            );
+        }
+        // Inside retention the owner is not even asked.
+        let r = record_in(S::Accepted, false);
+        let inside = Timestamp::from_millis(1_000);
+        assert!(is_retained(&r, inside, |_| panic!("asked")));
     }
 
     /// Found by the simulator (seed 7044674): a call that waited while its twin's result was
@@ -130,14 +222,23 @@ mod tests {
             let mut r = record_in(state, true); // delivered at 1 ms
             r.retain_until = Timestamp::from_millis(200_000);
             let now = Timestamp::from_millis(30_000);
-            assert!(is_linkable(&r, now, Timestamp::from_millis(0)), "{state}");
+            assert!(
+                is_linkable(&r, now, Timestamp::from_millis(0), |_| true),
+                "{state}"
+            );
             // Asked in the millisecond of the delivery: after it.
-            assert!(!is_linkable(&r, now, Timestamp::from_millis(1)), "{state}");
-            assert!(!is_linkable(&r, now, Timestamp::from_millis(2)), "{state}");
+            assert!(
+                !is_linkable(&r, now, Timestamp::from_millis(1), |_| true),
+                "{state}"
+            );
+            assert!(
+                !is_linkable(&r, now, Timestamp::from_millis(2), |_| true),
+                "{state}"
+            );
             // Past the window, even the twin starts over: the window bounds every hand-back.
             let past_window = Timestamp::from_millis(90_000);
             assert!(
-                !is_linkable(&r, past_window, Timestamp::from_millis(0)),
+                !is_linkable(&r, past_window, Timestamp::from_millis(0), |_| true),
                 "{state}"
             );
         }

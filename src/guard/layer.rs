@@ -10,7 +10,7 @@ use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
     contract::{AnnotationCache, ContractRegistry},
     fingerprint::FingerprintKey,
-    ledger::{EventKind, ExecutionRecord, Ledger, LedgerEvent, Timestamp},
+    ledger::{EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp},
 };
 
 #[derive(Clone)]
@@ -170,7 +170,9 @@ impl GuardLayer {
     }
 
     /// Settles a `needs_review` (or unknown) execution as an operator: applied or not applied,
-    /// recorded as a `resolved` event with the note.
+    /// recorded as a `resolved` event with the note. Refused
+    /// ([`LedgerError::StillRunning`](crate::ledger::LedgerError::StillRunning)) while an
+    /// attempt may still be running under a live owner.
     pub async fn resolve(
         &self,
         execution_id: ExecutionId,
@@ -212,6 +214,16 @@ impl GuardLayer {
 }
 
 /// Records an operator's (or any settler's) resolution.
+///
+/// # When it is refused
+///
+/// - The execution is in flight (accepted, authorized, dispatched) and its owner is alive
+///   ([`Ledger::is_owner_alive`]): the call may still be running, and only its own answer
+///   settles it ([`LedgerError::StillRunning`](crate::ledger::LedgerError::StillRunning)).
+/// - The state machine does not allow it (a settled execution is not settled again).
+///
+/// An answer the target gives after a resolution is still recorded: a `completed` follows
+/// the `resolved`, and both stay in the execution's events.
 pub async fn resolve(
     ledger: &dyn Ledger,
     execution_id: ExecutionId,
@@ -219,6 +231,20 @@ pub async fn resolve(
     by: &str,
     note: &str,
 ) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
+    let record = ledger
+        .get(execution_id)
+        .await?
+        .ok_or(crate::ledger::LedgerError::NotFound(execution_id))?;
+    // The owner is asked only about an execution in flight.
+    let alive =
+        crate::decide::is_running(&record, true) && ledger.is_owner_alive(&record.owner).await;
+    if crate::decide::is_running(&record, alive) {
+        return Err(crate::ledger::LedgerError::StillRunning {
+            execution_id,
+            state: record.state,
+            owner: record.owner,
+        });
+    }
     ledger
         .append(LedgerEvent {
             execution_id,
@@ -228,7 +254,9 @@ pub async fn resolve(
                 by: by.to_owned(),
                 note: note.to_owned(),
                 result_reference: None,
-                attempt: None,
+                // An attempt dispatched since the record was read refuses the event (it names the
+                // attempt it settles); an orphan's own attempt is the one in flight.
+                attempt: (record.state != ExecutionState::Dispatched).then_some(record.attempts),
             },
         })
         .await

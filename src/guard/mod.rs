@@ -134,6 +134,25 @@ use crate::{ExecutionId, ledger::LedgerError};
 
 pub use crate::BoxError;
 
+/// Whether a JSON-RPC error with this `code`, answering a `tools/call`, leaves open that the
+/// tool ran: the rule the guard records by (`unknown`, held by the tool's class), for a caller
+/// that reads the answer itself.
+///
+/// Only the codes that prove the request was refused before any tool ran say no: `-32700`,
+/// `-32600`, `-32601` and `-32602` (MCP's answer to an unknown tool or invalid arguments).
+/// `-32603`, the `-32000..=-32099` range and every other code may come after the effect.
+///
+/// ```
+/// use mcp_replay_guard::guard::jsonrpc_error_may_have_run;
+///
+/// assert!(jsonrpc_error_may_have_run(-32603));
+/// assert!(jsonrpc_error_may_have_run(-32000));
+/// assert!(!jsonrpc_error_may_have_run(-32602));
+/// ```
+pub fn jsonrpc_error_may_have_run(code: i64) -> bool {
+    crate::decide::classify::error_may_have_run(code)
+}
+
 /// An error of the guarded service.
 #[derive(Debug)]
 pub struct GuardError {

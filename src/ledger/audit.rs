@@ -31,6 +31,10 @@ pub struct Timeline {
     /// What the target said: `completed` (with status), `failed`, `unknown`, `not_sent`, or
     /// nothing yet.
     pub target_answer: Option<String>,
+    /// An operator (or a probe) settled it, and then the target's own answer said otherwise
+    /// or came anyway: both are recorded, and this says what disagrees.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<String>,
     /// The target finished but the result never reached the caller.
     pub delivery_failed_after_completion: bool,
     /// The dispatches after the first: each reused the execution ID; the key tells whether it
@@ -91,6 +95,7 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
         denied: None,
         first_dispatch: None,
         target_answer: None,
+        conflict: None,
         delivery_failed_after_completion: false,
         later_dispatches: Vec::new(),
         answered_without_sending: 0,
@@ -98,6 +103,8 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
     };
     let mut completed = false;
     let mut deliveries: usize = 0;
+    // The latest resolution, until an answer of the target follows it.
+    let mut settled: Option<String> = None;
     for event in &events {
         match &event.kind {
             EventKind::Accepted { owner, .. } => note_process(&mut t.processes, owner),
@@ -115,6 +122,8 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
                 if let Some(owner) = owner {
                     note_process(&mut t.processes, owner);
                 }
+                // A new attempt after a resolution (not applied): its answer is its own.
+                settled = None;
                 let dispatch = Dispatch {
                     at: event.at,
                     attempt: *attempt,
@@ -141,7 +150,14 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
                 } else {
                     ""
                 };
-                t.target_answer = Some(format!("completed (HTTP {target_status}{tool_error})"));
+                let answer = format!("completed (HTTP {target_status}{tool_error})");
+                if let Some(settled) = settled.take() {
+                    t.conflict = Some(format!(
+                        "{settled}, then the target answered: {answer} at {}",
+                        event.at
+                    ));
+                }
+                t.target_answer = Some(answer);
             }
             EventKind::Failed {
                 target_status,
@@ -162,6 +178,7 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
                 completed |= *applied;
                 let what = if *applied { "applied" } else { "not applied" };
                 t.target_answer = Some(format!("settled as {what} by {by} ({note})"));
+                settled = Some(format!("settled as {what} by {by} at {}", event.at));
             }
             EventKind::Delivered { .. } => deliveries += 1,
             _ => {}
@@ -210,6 +227,9 @@ impl fmt::Display for Timeline {
                 .as_deref()
                 .unwrap_or("no answer recorded")
         )?;
+        if let Some(conflict) = &self.conflict {
+            writeln!(f, "   conflict: {conflict}")?;
+        }
         let delivery = if self.delivery_failed_after_completion {
             "yes: the target finished but the result never reached the caller"
         } else {
@@ -258,6 +278,59 @@ mod tests {
         contract::RetryClass,
         ledger::{Claim, fixtures},
     };
+
+    /// An operator settled the call as not applied, and then the target's own answer came:
+    /// both are in the timeline, and the conflict is said in so many words.
+    #[test]
+    fn a_resolution_the_target_contradicted_shows_as_a_conflict() {
+        let id = ExecutionId::new();
+        let claim = fixtures::claim(RetryClass::Irreversible, "guard:one");
+        let at = |ms, kind| fixtures::event_at(id, ms, kind);
+        let events = vec![
+            claim.accepted_event(id),
+            at(1, fixtures::dispatched(id, 1, Some("guard:one"))),
+            at(
+                2,
+                EventKind::NeedsReview {
+                    reason: "held".into(),
+                },
+            ),
+            at(
+                3,
+                EventKind::Resolved {
+                    applied: false,
+                    by: "operator:bob".into(),
+                    note: "nothing deployed".into(),
+                    result_reference: None,
+                    attempt: Some(1),
+                },
+            ),
+            at(
+                4,
+                EventKind::Completed {
+                    target_status: 200,
+                    is_error: false,
+                    result_reference: None,
+                },
+            ),
+        ];
+        let t = timeline(id, events);
+        let conflict = t.conflict.as_deref().expect("a conflict");
+        assert!(
+            conflict.starts_with("settled as not applied by operator:bob")
+                && conflict.contains("then the target answered: completed (HTTP 200)"),
+            "{conflict}"
+        );
+        assert_eq!(t.events.len(), 5, "both kept");
+        assert!(
+            t.to_string()
+                .contains("   conflict: settled as not applied")
+        );
+        // A re-send after the resolution answers for itself: no conflict.
+        let mut resent = t.events.clone();
+        resent.insert(4, at(4, fixtures::dispatched(id, 2, Some("guard:two"))));
+        assert_eq!(timeline(id, resent).conflict, None);
+    }
 
     #[test]
     fn the_timeline_answers_the_five_questions() {

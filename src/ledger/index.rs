@@ -267,12 +267,14 @@ impl Index {
 
 impl<E: Entry> IndexOf<E> {
     /// Claim-or-link: the linkable execution of the claim's intent
-    /// ([`decide::is_linkable`]), or a new one, in state `accepted`. For a new one,
+    /// ([`decide::is_linkable`], which asks `owner_alive` about an execution past its
+    /// `retain_until` that may still run), or a new one, in state `accepted`. For a new one,
     /// `before_create` runs first (a ledger takes the owner's liveness signal there; if it
     /// fails, nothing is created), and the `accepted` event it returns is the one to store.
     pub(crate) fn claim(
         &mut self,
         claim: &Claim,
+        owner_alive: impl Fn(&str) -> bool,
         before_create: impl FnOnce() -> Result<(), LedgerError>,
     ) -> Result<(Claimed, Option<LedgerEvent>), LedgerError> {
         let key = IntentKey::of_claim(claim);
@@ -281,7 +283,8 @@ impl<E: Entry> IndexOf<E> {
             .get(&key, &self.executions)
             .and_then(|id| Some(self.executions.get(&id)?.record(id)))
             .filter(|record| {
-                decide::is_linkable(record, claim.at, claim.asked_at.unwrap_or(claim.at))
+                let asked_at = claim.asked_at.unwrap_or(claim.at);
+                decide::is_linkable(record, claim.at, asked_at, &owner_alive)
             });
         if let Some(record) = linked {
             return Ok((Claimed::Existing(record.into_owned()), None));
@@ -294,10 +297,14 @@ impl<E: Entry> IndexOf<E> {
 
     /// Counts a claim; every [`SWEEP_EVERY`]th purges what expired at `at` (as
     /// [`purge_expired`](Self::purge_expired)). Returns how many executions left.
-    pub(crate) fn count_claim(&mut self, at: Timestamp) -> usize {
+    pub(crate) fn count_claim(
+        &mut self,
+        at: Timestamp,
+        owner_alive: impl Fn(&str) -> bool,
+    ) -> usize {
         self.claims += 1;
         if self.claims.is_multiple_of(SWEEP_EVERY) {
-            self.purge_expired(at)
+            self.purge_expired(at, owner_alive)
         } else {
             0
         }
@@ -385,10 +392,18 @@ impl<E: Entry> IndexOf<E> {
         Ok(orphans)
     }
 
-    /// Removes every execution whose retention ended before `now`, with its kept results;
-    /// returns how many. Visits only those.
-    pub(crate) fn purge_expired(&mut self, now: Timestamp) -> usize {
+    /// Removes every execution whose retention ended before `now` ([`decide::is_retained`],
+    /// which asks `owner_alive` about one that may still run), with its kept results; returns
+    /// how many. Visits only those past their `retain_until`.
+    pub(crate) fn purge_expired(
+        &mut self,
+        now: Timestamp,
+        owner_alive: impl Fn(&str) -> bool,
+    ) -> usize {
         let mut purged = 0;
+        // Past `retain_until` and still retained (an attempt that may still run): kept in the
+        // order, visited again by the next sweep.
+        let mut kept = Vec::new();
         while let Some(&(until, id)) = self.expiry.first()
             && until < now
         {
@@ -396,6 +411,14 @@ impl<E: Entry> IndexOf<E> {
             #[cfg(test)]
             {
                 self.visited += 1;
+            }
+            let retained = self
+                .executions
+                .get(&id)
+                .is_some_and(|e| decide::is_retained(&e.record(id), now, &owner_alive));
+            if retained {
+                kept.push((until, id));
+                continue;
             }
             let Some(entry) = self.executions.remove(&id) else {
                 continue;
@@ -411,6 +434,7 @@ impl<E: Entry> IndexOf<E> {
             self.intents.remove(&entry.intent_key(), id);
             entry.removed(&mut self.shared);
         }
+        self.expiry.extend(kept);
         purged
     }
 }
@@ -430,10 +454,12 @@ mod tests {
     fn a_claim_links_the_latest_linkable_execution_or_creates_one() {
         let mut index = Index::default();
         let c = claim(RetryClass::Idempotent, "o");
-        let (first, event) = index.claim(&c, || Ok(())).unwrap();
+        let (first, event) = index.claim(&c, |_| false, || Ok(())).unwrap();
         assert!(matches!(first, Claimed::New(_)) && event.is_some());
         let id = first.record().execution_id;
-        let (again, event) = index.claim(&c, || panic!("no creation")).unwrap();
+        let (again, event) = index
+            .claim(&c, |_| false, || panic!("no creation"))
+            .unwrap();
         assert!(matches!(again, Claimed::Existing(r) if r.execution_id == id) && event.is_none());
         // A failed liveness signal creates nothing.
         index
@@ -449,7 +475,7 @@ mod tests {
                 },
             ))
             .unwrap();
-        let refused = index.claim(&c, || Err(LedgerError::NotFound(id)));
+        let refused = index.claim(&c, |_| false, || Err(LedgerError::NotFound(id)));
         assert!(refused.is_err());
         assert_eq!(index.executions.len(), 1);
     }
@@ -470,17 +496,27 @@ mod tests {
     fn a_sweep_visits_only_what_expired<E: Entry>() {
         let mut index = IndexOf::<E>::default();
         for n in 0..1_000 {
-            index.claim(&claim_n(n, 3_600, 0), || Ok(())).unwrap();
+            index
+                .claim(&claim_n(n, 3_600, 0), |_| false, || Ok(()))
+                .unwrap();
         }
         let short: Vec<_> = (1_000..1_010)
             .map(|n| {
-                let (claimed, _) = index.claim(&claim_n(n, 1, 0), || Ok(())).unwrap();
+                let (claimed, _) = index
+                    .claim(&claim_n(n, 1, 0), |_| false, || Ok(()))
+                    .unwrap();
                 claimed.record().execution_id
             })
             .collect();
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_000)), 0);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_000), |_| false),
+            0
+        );
         assert_eq!(index.visited, 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_001)), 10);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_001), |_| false),
+            10
+        );
         assert_eq!(index.visited, 10, "only the ten that expired");
         assert!(short.iter().all(|id| !index.executions.contains_key(id)));
         assert_eq!(
@@ -490,8 +526,10 @@ mod tests {
         assert_eq!(index.expiry.len(), 1_000);
         // Every claim counts; the sweep it triggers visits nothing that is retained.
         for n in 2_000..2_000 + SWEEP_EVERY {
-            index.count_claim(Timestamp::from_millis(2_000));
-            index.claim(&claim_n(n, 3_600, 2_000), || Ok(())).unwrap();
+            index.count_claim(Timestamp::from_millis(2_000), |_| false);
+            index
+                .claim(&claim_n(n, 3_600, 2_000), |_| false, || Ok(()))
+                .unwrap();
         }
         assert_eq!(index.visited, 10);
     }
@@ -502,7 +540,9 @@ mod tests {
         let mut index = IndexOf::<E>::default();
         index.intents.collide_all = true;
         let claim_of = |index: &mut IndexOf<E>, n, retention, at| {
-            let (claimed, _) = index.claim(&claim_n(n, retention, at), || Ok(())).unwrap();
+            let (claimed, _) = index
+                .claim(&claim_n(n, retention, at), |_| false, || Ok(()))
+                .unwrap();
             (
                 matches!(claimed, Claimed::New(_)),
                 claimed.record().execution_id,
@@ -515,14 +555,20 @@ mod tests {
             assert_eq!(claim_of(&mut index, n, 60, 1), (false, *id));
         }
         assert_eq!(index.intents.collided.len(), 2);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(1_001)), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(1_001), |_| false),
+            1
+        );
         for (n, id) in (1..3).zip(&ids) {
             assert_eq!(claim_of(&mut index, n, 60, 1_002), (false, *id));
         }
         let (new, again) = claim_of(&mut index, 0, 600, 1_002);
         assert!(new && again != short);
         assert_eq!(claim_of(&mut index, 0, 600, 1_003), (false, again));
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001)), 2);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_001), |_| false),
+            2
+        );
         assert_eq!(claim_of(&mut index, 0, 600, 60_002), (false, again));
         assert_eq!(index.intents.len(), 1);
     }
@@ -544,14 +590,18 @@ mod tests {
     #[test]
     fn an_execution_leaves_when_its_retention_passes_and_not_before() {
         let mut index = Index::default();
-        let (first, _) = index.claim(&claim_n(1, 60, 0), || Ok(())).unwrap();
+        let (first, _) = index
+            .claim(&claim_n(1, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let first = first.record().execution_id;
-        let (moved, _) = index.claim(&claim_n(2, 60, 0), || Ok(())).unwrap();
+        let (moved, _) = index
+            .claim(&claim_n(2, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let moved = moved.record().execution_id;
         index
             .results
             .insert(result_reference(first), Bytes::from_static(b"{}"));
-        // No event moves `retain_until` today; the order must follow if one does.
+        // Every event moves `retain_until` to its retention past the event; the order follows.
         index
             .executions
             .get_mut(&moved)
@@ -563,20 +613,34 @@ mod tests {
             Timestamp::from_millis(60_000),
             Timestamp::from_millis(120_000),
         );
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_000)), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001)), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_001), |_| false),
+            1
+        );
         assert!(index.record(first).is_none() && index.results.is_empty());
         assert!(
             index.record(moved).is_some(),
             "moved later: not purged early"
         );
         assert_eq!(index.intents.len(), 1);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(120_000)), 0);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(120_001)), 1);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(120_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(120_001), |_| false),
+            1
+        );
         assert!(index.executions.is_empty() && index.intents.is_empty());
         assert!(index.expiry.is_empty());
         // A later execution of the same intent keeps the intent when the older one leaves.
-        let (old, _) = index.claim(&claim_n(3, 60, 0), || Ok(())).unwrap();
+        let (old, _) = index
+            .claim(&claim_n(3, 60, 0), |_| false, || Ok(()))
+            .unwrap();
         let old = old.record().execution_id;
         index
             .apply(&event_at(old, 1, dispatched(old, 1, None)))
@@ -586,21 +650,74 @@ mod tests {
             reason: "bad".into(),
         };
         index.apply(&event_at(old, 2, failed)).unwrap();
-        let (new, _) = index.claim(&claim_n(3, 600, 30_000), || Ok(())).unwrap();
+        let (new, _) = index
+            .claim(&claim_n(3, 600, 30_000), |_| false, || Ok(()))
+            .unwrap();
         let new = new.record().execution_id;
         assert_ne!(old, new);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001)), 1);
+        // Its retention counts from its last event (2 ms).
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_002), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_003), |_| false),
+            1
+        );
         let (again, _) = index
-            .claim(&claim_n(3, 600, 60_002), || panic!("linked"))
+            .claim(&claim_n(3, 600, 60_004), |_| false, || panic!("linked"))
             .unwrap();
         assert_eq!(again.record().execution_id, new);
+    }
+
+    /// A sweep never removes an execution whose attempt may still run: in flight with its
+    /// owner alive, or dispatched by an owner that is gone (until its `unknown` is recorded,
+    /// whose own retention then counts). It stays in the order and is asked again next time.
+    #[test]
+    fn a_sweep_keeps_what_may_still_run_past_its_retention() {
+        let mut index = Index::default();
+        let (accepted, _) = index
+            .claim(&claim_n(1, 60, 0), |_| false, || Ok(()))
+            .unwrap();
+        let accepted = accepted.record().execution_id;
+        let (sent, _) = index
+            .claim(&claim_n(2, 60, 0), |_| false, || Ok(()))
+            .unwrap();
+        let sent = sent.record().execution_id;
+        index
+            .apply(&event_at(sent, 0, dispatched(sent, 1, Some("gone"))))
+            .unwrap();
+        let day = Timestamp::from_millis(86_400_000);
+        assert_eq!(index.purge_expired(day, |_| true), 0);
+        assert_eq!(index.expiry.len(), 2, "both stay in the order");
+        // A repeat a day later still links to the one in flight.
+        let (linked, _) = index
+            .claim(&claim_n(1, 60, 86_400_000), |_| true, || panic!("linked"))
+            .unwrap();
+        assert_eq!(linked.record().execution_id, accepted);
+        // Its owner gone, the accepted one leaves; the dispatched one waits for its `unknown`.
+        assert_eq!(index.purge_expired(day, |_| false), 1);
+        assert!(index.record(accepted).is_none());
+        let orphan = index.settle_orphans(|_| false, day).unwrap();
+        assert_eq!(orphan.len(), 1);
+        let record = index.record(sent).unwrap();
+        assert_eq!(record.state, ExecutionState::Unknown);
+        assert_eq!(record.retain_until, Timestamp::from_millis(86_460_000));
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(86_460_000), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(86_460_001), |_| false),
+            1
+        );
     }
 
     #[test]
     fn orphans_are_settled_unknown_and_purge_drops_results() {
         let mut index = Index::default();
         let c = claim(RetryClass::Idempotent, "gone");
-        let (claimed, _) = index.claim(&c, || Ok(())).unwrap();
+        let (claimed, _) = index.claim(&c, |_| false, || Ok(())).unwrap();
         let id = claimed.record().execution_id;
         index
             .apply(&event_at(id, 1, dispatched(id, 1, Some("gone"))))
@@ -619,7 +736,15 @@ mod tests {
         index
             .results
             .insert(result_reference(id), Bytes::from_static(b"{}"));
-        assert_eq!(index.purge_expired(Timestamp::from_millis(60_001)), 1);
+        // Its retention counts from its `unknown` (2 ms).
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_002), |_| false),
+            0
+        );
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(60_003), |_| false),
+            1
+        );
         assert!(index.results.is_empty() && index.intents.is_empty());
     }
 }

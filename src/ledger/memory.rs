@@ -54,9 +54,10 @@ impl MemoryLedger {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes every execution whose retention ended before `now`; returns how many.
+    /// Removes every execution whose retention ended before `now`; returns how many. An
+    /// execution whose attempt may still run stays (its owner, this process, is alive).
     pub fn purge_expired(&self, now: Timestamp) -> usize {
-        self.index().purge_expired(now)
+        self.index().purge_expired(now, OWNER_ALIVE)
     }
 
     /// Number of executions in the index.
@@ -70,13 +71,17 @@ impl MemoryLedger {
     }
 }
 
+/// Every owner of a memory ledger's executions is a guard in the process that holds it, so
+/// alive while it is (as [`Ledger::is_owner_alive`] answers).
+const OWNER_ALIVE: fn(&str) -> bool = |_| true;
+
 #[async_trait]
 impl Ledger for MemoryLedger {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
         let mut index = self.index();
-        index.count_claim(claim.at);
+        index.count_claim(claim.at, OWNER_ALIVE);
         // The process that holds this ledger is the owner: nothing to take before creating.
-        Ok(index.claim(&claim, || Ok(()))?.0)
+        Ok(index.claim(&claim, OWNER_ALIVE, || Ok(()))?.0)
     }
 
     async fn claim_dispatched(
@@ -85,8 +90,8 @@ impl Ledger for MemoryLedger {
         dispatch: Dispatch,
     ) -> Result<Claimed, LedgerError> {
         let mut index = self.index();
-        index.count_claim(claim.at);
-        match index.claim(&claim, || Ok(()))?.0 {
+        index.count_claim(claim.at, OWNER_ALIVE);
+        match index.claim(&claim, OWNER_ALIVE, || Ok(()))?.0 {
             Claimed::New(record) => index
                 .append(&dispatch.event(&record, &claim.owner, claim.at))
                 .map(Claimed::New),
@@ -357,14 +362,23 @@ mod tests {
         let second = ledger.claim(claim(1, 60_001)).await.unwrap();
         assert!(matches!(&second, Claimed::New(r) if r.execution_id != first));
         assert_eq!(ledger.len(), 2);
-        assert_eq!(ledger.purge_expired(Timestamp::from_millis(3_600_001)), 1);
+        // Retention counts from the last event (11 ms).
+        assert_eq!(ledger.purge_expired(Timestamp::from_millis(3_600_011)), 0);
+        assert_eq!(ledger.purge_expired(Timestamp::from_millis(3_600_012)), 1);
         assert!(ledger.get(first).await.unwrap().is_none());
+        // In flight, its owner alive: retention never ends the hold.
+        assert_eq!(ledger.purge_expired(Timestamp::from_millis(10_000_000)), 0);
+        let second = second.record().execution_id;
+        let denied = EventKind::Denied {
+            reason: "no".into(),
+        };
+        ledger.append(event(second, 60_002, denied)).await.unwrap();
         assert_eq!(ledger.purge_expired(Timestamp::from_millis(10_000_000)), 1);
         assert!(ledger.is_empty());
     }
 
-    /// Issue 12, item 1, in the memory ledger: an unknown outcome holds its intent past the
-    /// link window (a repeat gets the same execution), until its retention ends.
+    /// An unknown outcome holds its intent past the link window (a repeat gets the same
+    /// execution), until its retention, counted from its last event, ends.
     #[tokio::test]
     async fn an_unknown_outcome_holds_its_intent_past_the_window_until_retention() {
         let ledger = MemoryLedger::new();
@@ -377,14 +391,14 @@ mod tests {
             attempt: None,
         };
         ledger.append(event(id, 2, unknown)).await.unwrap();
-        for at in [60_001, 3_599_999, 3_600_000] {
+        for at in [60_001, 3_600_001, 3_600_002] {
             assert!(
                 matches!(ledger.claim(claim(1, at)).await.unwrap(), Claimed::Existing(r) if r.execution_id == id),
                 "at {at}"
             );
         }
         assert!(matches!(
-            ledger.claim(claim(1, 3_600_001)).await.unwrap(),
+            ledger.claim(claim(1, 3_600_003)).await.unwrap(),
             Claimed::New(r) if r.execution_id != id
         ));
     }

@@ -177,6 +177,17 @@ pub enum LedgerError {
     NotFound(ExecutionId),
     /// The storage failed.
     Storage(StorageError),
+    /// An attempt of the execution may still be running: it is in flight and the process
+    /// that owns it is alive. Only its own answer settles it; an operator waits for it, or
+    /// stops that process first.
+    StillRunning {
+        /// The execution.
+        execution_id: ExecutionId,
+        /// Its state (accepted, authorized or dispatched).
+        state: ExecutionState,
+        /// The guard that owns the attempt.
+        owner: String,
+    },
 }
 
 impl LedgerError {
@@ -190,6 +201,12 @@ impl LedgerError {
     /// A refusal of the state machine, or an execution that is not there, is not transient.
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Storage(_))
+    }
+
+    /// Whether the execution may still be running under a live owner
+    /// ([`LedgerError::StillRunning`]).
+    pub fn is_still_running(&self) -> bool {
+        matches!(self, Self::StillRunning { .. })
     }
 
     /// A storage failure described by `message`, with no error under it.
@@ -218,6 +235,17 @@ impl fmt::Display for LedgerError {
             Self::InvalidTransition(e) => fmt::Display::fmt(e, f),
             Self::NotFound(id) => write!(f, "no execution {id} in the ledger"),
             Self::Storage(e) => write!(f, "ledger storage failed: {e}"),
+            Self::StillRunning {
+                execution_id,
+                state,
+                owner,
+            } => write!(
+                f,
+                "execution {execution_id} is {state} and its owner ({owner}) is still running: \
+                 the call may be in flight, and only its own answer settles it. Wait for it to \
+                 end, or stop that process first (then the outcome is unknown and can be \
+                 resolved)"
+            ),
         }
     }
 }
@@ -227,7 +255,7 @@ impl std::error::Error for LedgerError {
         match self {
             // Transparent: the refusal is the error itself.
             Self::InvalidTransition(e) => std::error::Error::source(e),
-            Self::NotFound(_) => None,
+            Self::NotFound(_) | Self::StillRunning { .. } => None,
             Self::Storage(e) => std::error::Error::source(e),
         }
     }

@@ -470,8 +470,13 @@ pub struct ExecutionRecord {
     pub reason: Option<String>,
     /// Until when a repeat links to it.
     pub link_until: Timestamp,
-    /// Until when it stays in the index.
+    /// Until when it stays in the index: its retention counted from its last event (every
+    /// event moves it), and never while an attempt may still be running (see
+    /// [`is_linkable`](Self::is_linkable)).
     pub retain_until: Timestamp,
+    /// How long it is retained after its last event, in milliseconds: what `retain_until` was
+    /// past acceptance.
+    pub(crate) retention_ms: u64,
     /// The guard that owns it: the one that accepted it, then the one that dispatched its
     /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
@@ -537,17 +542,29 @@ impl ExecutionRecord {
             reason: None,
             link_until: *link_until,
             retain_until: *retain_until,
+            retention_ms: retain_until
+                .as_millis()
+                .saturating_sub(event.at.as_millis()),
             owner: owner.clone(),
             earlier_attempt_unknown: false,
         })
     }
 
     /// Applies one event: the state machine. An event the state does not allow is refused and
-    /// the record is left as it was.
+    /// the record is left as it was. An event it takes moves `retain_until` to its retention
+    /// past the event, if that is later: retention counts from the last event.
+    pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
+        self.transition(event)?;
+        let until = Timestamp::from_millis(event.at.as_millis().saturating_add(self.retention_ms));
+        self.retain_until = self.retain_until.max(until);
+        Ok(())
+    }
+
+    /// The state machine of [`apply`](Self::apply).
     ///
     /// Longer than most functions: one `match` over (state, event) with an arm per allowed
     /// transition, kept whole so that the machine reads in one place.
-    pub fn apply(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
+    fn transition(&mut self, event: &LedgerEvent) -> Result<(), InvalidTransition> {
         use ExecutionState as S;
         let refuse = || InvalidTransition {
             execution_id: self.execution_id,
@@ -628,7 +645,16 @@ impl ExecutionRecord {
                 is_error,
                 result_reference,
             } => {
-                if !matches!(self.state, S::Dispatched | S::Unknown | S::NeedsReview) {
+                // After a resolution too: the target's own answer outranks an operator's (or a
+                // probe's) judgement, and both stay in the events, where the conflict shows.
+                if !matches!(
+                    self.state,
+                    S::Dispatched
+                        | S::Unknown
+                        | S::NeedsReview
+                        | S::ResolvedApplied
+                        | S::ResolvedNotApplied
+                ) {
                     return Err(refuse());
                 }
                 self.state = S::Completed;
@@ -734,10 +760,12 @@ impl ExecutionRecord {
         }
     }
 
-    /// Whether a repeat of the same intent at `now` links to this execution (DESIGN §4, two
-    /// clocks).
+    /// Whether a repeat of the same intent at `now` links to this execution (two clocks: the
+    /// link window and retention).
     ///
-    /// - Nothing links once the record's retention ended.
+    /// - Nothing links once the record's retention ended, but an execution whose attempt may
+    ///   still be running never leaves retention: here its owner is taken to be alive (a
+    ///   ledger asks its owners when it claims).
     /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, dispatched by an
     ///   owner that is gone, unknown, needs review) links whatever its link window says: no
     ///   window may turn an unknown outcome into a second dispatch.
@@ -749,7 +777,7 @@ impl ExecutionRecord {
     ///
     /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        crate::decide::is_linkable(self, now, now)
+        crate::decide::is_linkable(self, now, now, |_| true)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -1059,5 +1087,86 @@ mod tests {
         let mut fresh = won.clone();
         apply(&mut fresh, unknown(Some(2))).unwrap();
         assert_eq!(fresh.state, ExecutionState::Unknown);
+    }
+}
+
+#[cfg(test)]
+mod retention_and_resolution {
+    use super::{fixtures::event_at, *};
+
+    fn resolved(applied: bool) -> EventKind {
+        EventKind::Resolved {
+            applied,
+            by: "operator:bob".into(),
+            note: "checked".into(),
+            result_reference: None,
+            attempt: Some(1),
+        }
+    }
+
+    fn completed() -> EventKind {
+        EventKind::Completed {
+            target_status: 200,
+            is_error: false,
+            result_reference: None,
+        }
+    }
+
+    /// Retention counts from the last event: the fixture's 60 s moves with every event the
+    /// state machine takes, never back, and a refused event moves nothing.
+    #[test]
+    fn every_event_moves_retention_to_its_span_past_the_event() {
+        let mut r = fixtures::accepted(&fixtures::claim(RetryClass::Irreversible, "o"));
+        let id = r.execution_id;
+        assert_eq!(r.retain_until, Timestamp::from_millis(60_000));
+        r.apply(&event_at(
+            id,
+            90_000,
+            fixtures::dispatched(id, 1, Some("o")),
+        ))
+        .unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(150_000));
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            reason: "cut".into(),
+            attempt: Some(1),
+        };
+        r.apply(&event_at(id, 86_400_000, unknown)).unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        // An event stamped earlier (another process's clock) never shortens it.
+        let review = EventKind::NeedsReview {
+            reason: "held".into(),
+        };
+        r.apply(&event_at(id, 1_000, review)).unwrap();
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        assert!(
+            r.apply(&event_at(id, 99_999_999, EventKind::Authorized))
+                .is_err()
+        );
+        assert_eq!(r.retain_until, Timestamp::from_millis(86_460_000));
+        // The link window does not move: it bounds only how long a result is handed back.
+        assert_eq!(r.link_until, Timestamp::from_millis(60_000));
+    }
+
+    /// An operator who settled a call before its real answer came is not the last word: the
+    /// target's `completed` is recorded after the `resolved` (it used to be refused and lost).
+    #[test]
+    fn the_targets_answer_after_a_resolution_is_recorded() {
+        for applied in [false, true] {
+            let mut r = fixtures::accepted(&fixtures::claim(RetryClass::Irreversible, "o"));
+            let id = r.execution_id;
+            r.apply(&event_at(id, 1, fixtures::dispatched(id, 1, Some("o"))))
+                .unwrap();
+            let review = EventKind::NeedsReview {
+                reason: "held".into(),
+            };
+            r.apply(&event_at(id, 2, review)).unwrap();
+            r.apply(&event_at(id, 3, resolved(applied))).unwrap();
+            r.apply(&event_at(id, 4, completed())).unwrap();
+            assert_eq!(r.state, ExecutionState::Completed, "applied={applied}");
+            assert_eq!(r.target_status, Some(200));
+            // Settled for good now: no second resolution.
+            assert!(r.apply(&event_at(id, 5, resolved(!applied))).is_err());
+        }
     }
 }

@@ -379,7 +379,8 @@ pub(crate) enum TargetAnswer {
         /// 64 bits: the text is scanned for one before the result is kept.
         maybe_wide: bool,
     },
-    /// A JSON-RPC `error`: the server refused the call. Only its code is recorded (a server's
+    /// A JSON-RPC `error`: a refusal, or a failure perhaps after the tool ran, as its code
+    /// says. Only its code is recorded (a server's
     /// message may echo arguments, secrets included).
     Error { code: i64 },
 }
@@ -414,7 +415,8 @@ impl TargetAnswer {
     }
 }
 
-/// Records the target's answer: `failed` for a JSON-RPC error; else the result kept (when
+/// Records the target's answer: for a JSON-RPC error, `failed` when its code proves the tool
+/// did not run and `unknown` otherwise ([`error_may_have_run`](crate::decide::classify::error_may_have_run)); else the result kept (when
 /// `keep`, it fits `max`, and it holds no integer beyond 64 bits, which a ledger would hand
 /// back rewritten as the nearest double) and `completed`.
 pub(crate) async fn record_outcome(
@@ -444,8 +446,8 @@ pub(crate) async fn record_outcome(
                     target_status: Some(status),
                     attempt,
                     reason: format!(
-                        "the server answered the call with JSON-RPC error {code}: its idempotency \
-                         layer says the call may have run"
+                        "the server answered the call with JSON-RPC error {code}, which does not \
+                         prove the tool did not run"
                     ),
                 }
             } else {
@@ -586,20 +588,27 @@ pub(crate) mod tests {
         assert!(record.is_error);
     }
 
-    /// Found by attacking issue 16: over stdio there is no HTTP status, so the server half's
-    /// "the first request with this key may have run" (-32083) and "is still running" (-32082)
-    /// reached the guard as plain JSON-RPC errors and were recorded `failed`, which frees the
-    /// intent: the next repeat ran as a new execution, under a new key, and the tool ran twice.
+    /// Over every channel the recorder is the same: a JSON-RPC error is `unknown` unless its
+    /// code proves the tool did not run. `-32603` (an exception after the commit), the
+    /// `-32000..=-32099` range (a gateway's error after forwarding, the server half's "may have
+    /// run") and codes nobody defined used to be `failed`, which freed the intent for a second
+    /// run.
     #[tokio::test(flavor = "current_thread")]
-    async fn a_server_half_error_that_says_the_call_may_have_run_is_unknown_not_failed() {
+    async fn a_json_rpc_error_is_failed_only_when_its_code_proves_the_tool_did_not_run() {
         use crate::decide::classify::{KEY_IN_FLIGHT, KEY_OUTCOME_UNKNOWN};
         const KEY_REUSED: i64 = -32081;
         const KEY_NOT_RECORDED: i64 = -32084;
         for (code, state) in [
             (KEY_OUTCOME_UNKNOWN, ExecutionState::Unknown),
             (KEY_IN_FLIGHT, ExecutionState::Unknown),
-            (KEY_REUSED, ExecutionState::Failed),
-            (KEY_NOT_RECORDED, ExecutionState::Failed),
+            (KEY_REUSED, ExecutionState::Unknown),
+            (KEY_NOT_RECORDED, ExecutionState::Unknown),
+            (-32603, ExecutionState::Unknown),
+            (-32000, ExecutionState::Unknown),
+            (7, ExecutionState::Unknown),
+            (-32700, ExecutionState::Failed),
+            (-32600, ExecutionState::Failed),
+            (-32601, ExecutionState::Failed),
             (-32602, ExecutionState::Failed),
         ] {
             let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());

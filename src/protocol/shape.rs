@@ -13,6 +13,10 @@ pub(crate) enum Shape {
     Request(RequestId),
     /// A notification: a `method`, no `id`.
     Notification,
+    /// A `tools/call` without an `id`, or with `"id": null`: no request, yet a lenient server
+    /// would run it, unrecorded and unanswerable. Refused unsent with `-32600`
+    /// ([`TOOL_CALL_WITHOUT_ID`]), as over HTTP.
+    ToolCallWithoutId,
     /// A response or an error: an `id` (null for an error to an unreadable request), no
     /// `method`.
     Response(Option<RequestId>),
@@ -28,6 +32,15 @@ struct Envelope<'a> {
     id: Option<RequestId>,
     #[serde(borrow, default)]
     method: Option<&'a RawValue>,
+}
+
+/// Why a `tools/call` without an id is refused (every channel says the same).
+pub(crate) const TOOL_CALL_WITHOUT_ID: &str = "a tools/call must be a request with a string or \
+     integer `id` (not null, not missing); nothing was sent";
+
+/// Whether a message's `method` (as written, escapes and all) names `tools/call`.
+fn is_tool_call(method: &RawValue) -> bool {
+    serde_json::from_str::<String>(method.get()).is_ok_and(|m| m == super::TOOLS_CALL)
 }
 
 /// The shape of `bytes`.
@@ -50,6 +63,10 @@ pub(crate) fn shape_of(bytes: &[u8]) -> Shape {
             id: Some(id),
             method: Some(_),
         }) => Shape::Request(id),
+        Ok(Envelope {
+            id: None,
+            method: Some(method),
+        }) if is_tool_call(method) => Shape::ToolCallWithoutId,
         Ok(Envelope {
             id: None,
             method: Some(_),
@@ -175,5 +192,24 @@ mod tests {
         ));
         assert!(matches!(shape("[1"), Shape::Unreadable(_)));
         assert!(matches!(shape(""), Shape::Unreadable(_)));
+    }
+
+    /// A `tools/call` with a null or missing id is no notification to pass on: a lenient
+    /// server runs it. Its method is read as JSON reads it (escapes included).
+    #[test]
+    fn a_tools_call_without_an_id_is_told_apart_from_a_notification() {
+        let shape = |s: &str| shape_of(s.as_bytes());
+        for call in [
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"t"}}"#,
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"t"}}"#,
+            r#"{"jsonrpc":"2.0","method":"tools\/call","params":{"name":"t"}}"#,
+            r#"{"jsonrpc":"2.0","method":"tools\u002fcall","params":{"name":"t"}}"#,
+        ] {
+            assert_eq!(shape(call), Shape::ToolCallWithoutId, "{call}");
+        }
+        assert_eq!(
+            shape(r#"{"jsonrpc":"2.0","method":"tools/list"}"#),
+            Shape::Notification
+        );
     }
 }

@@ -147,6 +147,12 @@ impl Relay {
                     tracing::warn!(%error, "a notification or response for the server was not written");
                 }
             }
+            Shape::ToolCallWithoutId => {
+                tracing::warn!("a tools/call without an id was refused");
+                let why = protocol::shape::TOOL_CALL_WITHOUT_ID.to_owned();
+                let answer = jsonrpc_error(StatusCode::BAD_REQUEST, None, -32600, why);
+                self.push(answer.into_body(), None).await;
+            }
             Shape::Batch(ids) => {
                 tracing::warn!(requests = ids.len(), "a JSON-RPC batch was refused");
                 let why = "a JSON-RPC batch is not relayed (no MCP revision over this transport has \

@@ -126,3 +126,40 @@ async fn a_call_the_transport_never_wrote_is_not_sent_and_says_so() {
     assert_eq!(executions.len(), 1);
     assert_eq!(executions[0].state, ExecutionState::NotSent);
 }
+
+/// A `tools/call` without an id (or with `"id": null`) is no request: passed on as a
+/// notification, a lenient server would run it unrecorded. Refused unsent with -32600: the
+/// first thing the wire carries is the notification sent after the two calls.
+#[tokio::test]
+async fn a_tools_call_without_an_id_is_refused_unsent() {
+    let (relay, mut wire, mut client, ledger) = relay();
+    let sending = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            for id in [Some(Value::Null), None] {
+                let mut call = json!({"jsonrpc": "2.0", "method": "tools/call",
+                    "params": {"name": "deploy", "arguments": {}}});
+                if let Some(id) = id {
+                    call["id"] = id;
+                }
+                relay.from_client(line(&call)).await;
+            }
+            let after = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            relay.from_client(line(&after)).await;
+        }
+    });
+    let written = tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let first = serde_json::from_slice::<Value>(written.message()).unwrap();
+    written.written();
+    assert_eq!(first["method"], "notifications/initialized", "{first}");
+    sending.await.unwrap();
+    for _ in 0..2 {
+        let answer = next_for_client(&mut client).await;
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(answer["id"].is_null(), "{answer}");
+    }
+    assert!(ledger.list().await.unwrap().is_empty());
+}

@@ -182,6 +182,8 @@ pub enum Told {
     Error(String),
     /// A non-2xx HTTP status.
     Status(u16),
+    /// A JSON-RPC error answering the call (the target's, passed on), with its code.
+    JsonRpcError(i64),
     /// The response began and broke before the JSON-RPC response.
     BrokenStream,
     /// The agent read nothing, and why.
@@ -206,6 +208,7 @@ impl Told {
             ),
             Told::Error(kind) => kind.clone(),
             Told::Status(code) => format!("HTTP {code}"),
+            Told::JsonRpcError(code) => format!("JSON-RPC error {code}"),
             Told::BrokenStream => "stream broke before the result".to_owned(),
             Told::Nothing(why) => format!("nothing ({why})"),
         }
@@ -251,6 +254,9 @@ where
     };
     let answer = read_response_to_end(Response::from_parts(head, Full::new(body.to_bytes()))).await;
     assert_eq!(answer["id"], json!(id), "{answer}");
+    if let Some(code) = answer["error"]["code"].as_i64() {
+        return Told::JsonRpcError(code);
+    }
     if answer
         .pointer("/result/structuredContent/mcp_replay_guard")
         .is_some()

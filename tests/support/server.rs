@@ -155,6 +155,8 @@ struct StateInner {
     rotations: HashMap<String, usize>,
     requests: Vec<LoggedRequest>,
     all_requests: Vec<LoggedRequest>,
+    /// Runs of each tool still to answer `-32603` after their side effect.
+    fail_after_effect: HashMap<String, usize>,
 }
 
 /// Ground truth of the test server. Shared by the tools, the fault layer and
@@ -288,6 +290,31 @@ impl ServerState {
     /// caller never hears of it): [`Fault::DropResponseAfterTool`].
     pub fn lose_next_response(&self, tool: &str) {
         self.faults.schedule(tool, Fault::DropResponseAfterTool);
+    }
+
+    /// The next run of `tool` makes its side effect, then answers with rmcp's
+    /// `ErrorData::internal_error` (JSON-RPC `-32603`), as a tool that fails after its commit.
+    pub fn fail_next_after_effect(&self, tool: &str) {
+        *self
+            .inner
+            .lock()
+            .unwrap()
+            .fail_after_effect
+            .entry(tool.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Whether this run of `tool`, its effect made, answers with an internal error
+    /// ([`fail_next_after_effect`](Self::fail_next_after_effect)).
+    pub(crate) fn take_failure_after_effect(&self, tool: &str) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        match inner.fail_after_effect.get_mut(tool) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The options the server was started with.

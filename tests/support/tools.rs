@@ -86,6 +86,20 @@ pub struct TestTools {
     tool_router: ToolRouter<Self>,
 }
 
+impl TestTools {
+    /// The tool's answer once its effect is made: `result`, or the internal error the test
+    /// scheduled for this run ([`ServerState::fail_next_after_effect`]).
+    fn answer(&self, tool: &str, result: CallToolResult) -> Result<CallToolResult, ErrorData> {
+        if self.state.take_failure_after_effect(tool) {
+            return Err(ErrorData::internal_error(
+                format!("{tool} failed after its effect"),
+                None,
+            ));
+        }
+        Ok(result)
+    }
+}
+
 #[tool_router]
 impl TestTools {
     pub fn new(state: Arc<ServerState>) -> Self {
@@ -105,10 +119,13 @@ impl TestTools {
             json!({"service": args.service, "version": args.version, "region": args.region});
         self.state.record_start("deploy_release");
         let n = self.state.record_run("deploy_release", &ctx, arguments);
-        Ok(result(
-            format!("deployed {} {}", args.service, args.version),
-            json!({"deployment": n}),
-        ))
+        self.answer(
+            "deploy_release",
+            result(
+                format!("deployed {} {}", args.service, args.version),
+                json!({"deployment": n}),
+            ),
+        )
     }
 
     // Annotated idempotent (a hint the guard honours only for a trusted server).
@@ -124,10 +141,13 @@ impl TestTools {
         let arguments = json!({"amount": args.amount, "currency": args.currency});
         self.state.record_start("create_payment");
         let n = self.state.record_run("create_payment", &ctx, arguments);
-        Ok(result(
-            format!("payment {n}"),
-            json!({"payment": n, "amount": args.amount, "currency": args.currency}),
-        ))
+        self.answer(
+            "create_payment",
+            result(
+                format!("payment {n}"),
+                json!({"payment": n, "amount": args.amount, "currency": args.currency}),
+            ),
+        )
     }
 
     #[tool(description = "Rotate a credential (side effect; counts)")]
@@ -141,10 +161,13 @@ impl TestTools {
         let n = self
             .state
             .record_run("rotate_credential", &ctx, json!({"name": args.name}));
-        Ok(result(
-            format!("rotated {} ({rotations})", args.name),
-            json!({"rotation": n, "name": args.name, "rotations": rotations}),
-        ))
+        self.answer(
+            "rotate_credential",
+            result(
+                format!("rotated {} ({rotations})", args.name),
+                json!({"rotation": n, "name": args.name, "rotations": rotations}),
+            ),
+        )
     }
 
     #[tool(description = "Read-only status probe: has a credential been rotated?")]
@@ -157,10 +180,13 @@ impl TestTools {
         let rotations = self.state.rotations(&args.name);
         self.state
             .record_run("credential_status", &ctx, json!({"name": args.name}));
-        Ok(result(
-            format!("credential {} rotated {rotations} time(s)", args.name),
-            json!({"rotated": rotations > 0, "rotations": rotations}),
-        ))
+        self.answer(
+            "credential_status",
+            result(
+                format!("credential {} rotated {rotations} time(s)", args.name),
+                json!({"rotated": rotations > 0, "rotations": rotations}),
+            ),
+        )
     }
 
     #[tool(description = "Read-only: list branches")]
@@ -170,10 +196,13 @@ impl TestTools {
     ) -> Result<CallToolResult, ErrorData> {
         self.state.record_start("list_branches");
         self.state.record_run("list_branches", &ctx, json!({}));
-        Ok(result(
-            "main\nrelease".to_owned(),
-            json!({"branches": ["main", "release"]}),
-        ))
+        self.answer(
+            "list_branches",
+            result(
+                "main\nrelease".to_owned(),
+                json!({"branches": ["main", "release"]}),
+            ),
+        )
     }
 
     #[tool(description = "Deploy slowly: sleeps, then counts (for concurrency tests)")]
@@ -187,10 +216,13 @@ impl TestTools {
         let n = self
             .state
             .record_run("slow_deploy", &ctx, json!({"service": args.service}));
-        Ok(result(
-            format!("slow deployed {}", args.service),
-            json!({"deployment": n}),
-        ))
+        self.answer(
+            "slow_deploy",
+            result(
+                format!("slow deployed {}", args.service),
+                json!({"deployment": n}),
+            ),
+        )
     }
 }
 

@@ -229,6 +229,11 @@ where
                     tracing::warn!(%error, "a notification or response for the server was not written");
                 }
             }
+            Shape::ToolCallWithoutId => {
+                tracing::warn!("a tools/call without an id was refused");
+                let why = crate::protocol::shape::TOOL_CALL_WITHOUT_ID.to_owned();
+                lines.to_client.write(&refusal(None, -32600, why)).await;
+            }
             Shape::Batch(ids) => {
                 tracing::warn!(requests = ids.len(), "a JSON-RPC batch was refused");
                 let why = "a JSON-RPC batch is not relayed (no MCP revision over stdio has \

@@ -390,11 +390,12 @@ impl Writer {
                         let (claim, dispatch) = *claim;
                         // Expired executions leave the index; their lines stay until
                         // compaction.
-                        w.index.count_claim(claim.at);
                         let owners = &w.owners;
+                        let alive = |owner: &str| owners.is_alive(owner);
+                        w.index.count_claim(claim.at, alive);
                         let claimed = w
                             .index
-                            .claim(&claim, || owners.hold(&claim.owner))
+                            .claim(&claim, alive, || owners.hold(&claim.owner))
                             .and_then(|(claimed, accepted)| {
                                 bodies.extend(accepted.map(LineBody::Event));
                                 match (claimed, dispatch) {
@@ -588,7 +589,9 @@ impl Writer {
     /// Archives the file; the new one starts with a checkpoint carrying the archived head.
     fn compact(&mut self, now: Timestamp) -> Result<CompactReport, LedgerError> {
         let before = self.index.executions.len();
-        self.index.purge_expired(now);
+        let owners = &self.owners;
+        self.index
+            .purge_expired(now, |owner| owners.is_alive(owner));
         let kept = self.index.executions.len();
         let mut bodies = vec![LineBody::Checkpoint {
             checkpoint: Checkpoint {

@@ -554,13 +554,16 @@ mod tests {
     fn names_are_shared_and_released() {
         let mut index = IndexOf::<Compact>::default();
         for n in 0..3 {
-            index.claim(&claim(n, 0), || Ok(())).unwrap();
+            index.claim(&claim(n, 0), |_| false, || Ok(())).unwrap();
         }
         let mut other = claim(3, 0);
         other.intent_scope = "run:other".into();
-        index.claim(&other, || Ok(())).unwrap();
+        index.claim(&other, |_| false, || Ok(())).unwrap();
         assert_eq!(index.shared().len(), 2);
-        assert_eq!(index.purge_expired(Timestamp::from_millis(3_600_001)), 4);
+        assert_eq!(
+            index.purge_expired(Timestamp::from_millis(3_600_001), |_| false),
+            4
+        );
         assert_eq!(index.shared().len(), 0);
     }
 }

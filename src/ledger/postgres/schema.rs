@@ -157,6 +157,7 @@ impl Sql {
                      record, chain) \
                  ON CONFLICT (execution_id) DO UPDATE SET state = EXCLUDED.state, \
                      owner = EXCLUDED.owner, last_seq = EXCLUDED.last_seq, \
+                     retain_until_ms = EXCLUDED.retain_until_ms, \
                      record = EXCLUDED.record, updated_at = now()"
             ),
             renew_owners: format!(
@@ -199,8 +200,14 @@ impl Sql {
             ),
             heads: format!("SELECT chain, seq, hash FROM {s}.mrg_chains ORDER BY chain"),
             lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
+            // `decide::is_retained` in SQL: past its `retain_until`, an execution whose attempt
+            // may still run stays (dispatched; accepted or authorized while its owner's lease
+            // lives).
             purge_executions: format!(
-                "DELETE FROM {s}.mrg_executions WHERE retain_until_ms < $1::int8"
+                "DELETE FROM {s}.mrg_executions e WHERE e.retain_until_ms < $1::int8 \
+                 AND e.state <> 'dispatched' \
+                 AND NOT (e.state IN ('accepted', 'authorized') AND EXISTS \
+                 (SELECT 1 FROM {s}.mrg_owners o WHERE o.owner = e.owner AND o.lease_until > now()))"
             ),
             purge_owners: format!(
                 "DELETE FROM {s}.mrg_owners o WHERE o.lease_until < now() \

@@ -33,11 +33,19 @@ pub(super) struct StoredRecord {
     pub(super) reason: Option<String>,
     pub(super) link_until: Timestamp,
     pub(super) retain_until: Timestamp,
+    // Added when retention began to count from the last event: rows written before it have
+    // none, and keep their `retain_until`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) retention_ms: u64,
     pub(super) owner: String,
     // Added when the simulator found a re-send over an unknown outcome read as `not_sent`:
     // rows written before it have none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) earlier_attempt_unknown: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 pub(super) fn record_to_json(record: &ExecutionRecord) -> Result<String, LedgerError> {

@@ -683,7 +683,10 @@ fn apply_batch(
             continue;
         }
         match write {
-            Write::Claim(claim, dispatch, _) => match index.claim(claim, || Ok(())) {
+            // An owner is taken to be alive here (its lease is the database's to answer): an
+            // execution that may still run links, and the guard asks the lease before it
+            // continues one.
+            Write::Claim(claim, dispatch, _) => match index.claim(claim, |_| true, || Ok(())) {
                 Ok((claimed, accepted)) => {
                     if let Some(event) = accepted {
                         events.push((*chain, event, true));
