@@ -718,6 +718,112 @@ async fn a_foreign_file_is_refused_untouched() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// What a refused file must still be: its length, its blocks (a sparse file with nothing
+/// written to it has none), its mtime, its first and last bytes, and nothing beside it.
+#[derive(Debug, PartialEq)]
+struct Untouched {
+    len: u64,
+    blocks: u64,
+    modified: std::time::SystemTime,
+    ends: Vec<u8>,
+    siblings: Vec<String>,
+}
+
+fn untouched(path: &Path) -> Untouched {
+    use std::{
+        io::{Read, Seek, SeekFrom},
+        os::unix::fs::MetadataExt,
+    };
+    let meta = std::fs::metadata(path).unwrap();
+    let mut file = std::fs::File::open(path).unwrap();
+    let mut ends = vec![0; 8192];
+    file.read_exact(&mut ends[..4096]).unwrap();
+    file.seek(SeekFrom::End(-4096)).unwrap();
+    file.read_exact(&mut ends[4096..]).unwrap();
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let mut siblings: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| *n != name)
+        .collect();
+    siblings.sort();
+    Untouched {
+        len: meta.len(),
+        blocks: meta.blocks(),
+        modified: meta.modified().unwrap(),
+        ends,
+        siblings,
+    }
+}
+
+/// A run that was refused as a file that is not a ledger: exit 2 with the reason, not killed
+/// by a signal (an allocation failure aborts), no panic.
+fn assert_refused(run: &Run, what: &str) {
+    assert_eq!(run.code, 2, "{what}: {run:#?}");
+    assert!(
+        run.stderr.contains("not a replay-guard ledger"),
+        "{what}: {run:#?}"
+    );
+    assert!(
+        !run.stderr.contains("panicked") && !run.stderr.contains("memory allocation"),
+        "{what}: {run:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_huge_sparse_file_or_an_endless_device_given_as_the_ledger_is_refused_untouched() {
+    let server = TestServer::start().await;
+    let dir = temp_dir("huge");
+    // `truncate -s 64G`: one line of zeros as long as the file, never allocated on disk.
+    let sparse = dir.join("sparse.img");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    let before = untouched(&sparse);
+    let args = json!({"service": "catalog"}).to_string();
+    for path in [sparse.to_str().unwrap(), "/dev/zero"] {
+        let runs = [
+            (
+                "call",
+                replay_guard(&[
+                    "--json",
+                    "call",
+                    "--url",
+                    &server.url,
+                    "--tool",
+                    "deploy_release",
+                    "--args",
+                    &args,
+                    "--ledger",
+                    path,
+                ])
+                .await,
+            ),
+            ("ledger list", replay_guard(&["ledger", "list", path]).await),
+            ("audit show", replay_guard(&["audit", "show", path]).await),
+            (
+                "audit verify",
+                replay_guard(&["audit", "verify", path]).await,
+            ),
+            ("audit head", replay_guard(&["audit", "head", path]).await),
+        ];
+        for (command, run) in &runs {
+            let what = format!("{command} {path}");
+            assert_refused(run, &what);
+            if path == "/dev/zero" {
+                assert!(run.stderr.contains("a device"), "{what}: {run:#?}");
+            } else {
+                assert!(run.stderr.contains("binary data"), "{what}: {run:#?}");
+                assert_eq!(untouched(&sparse), before, "{what}: untouched");
+            }
+        }
+    }
+    assert_eq!(server.state.total_side_effects(), 0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A chained line with an event kind this build does not know, sealed the way the chain
 /// seals (SHA-256 over the RFC 8785 form without `hash`).
 fn newer_format_line(seq: u64, prev: &str) -> String {
