@@ -252,7 +252,7 @@ fn a_new_ledger_and_its_key_file_sync_their_directory_once_at_creation() {
     let ledger = FileLedger::open_on(&path, disk.clone()).unwrap();
     assert_eq!(
         *disk.dir_syncs.lock().unwrap(),
-        [dir.clone()],
+        vec![dir.clone()],
         "the new file"
     );
     ledger.fingerprint_key().unwrap();

@@ -17,7 +17,7 @@ use super::{
     LedgerError,
     chain::{self, ChainHead, ChainProblem, LineBody, Verifier, VerifyReport},
     file::{
-        MAX_LINE_BYTES, Piece, next_line, not_a_ledger, regular_file, sibling, starts_like_a_line,
+        Piece, foreign_detail, next_line, not_a_ledger, regular_file, sibling, starts_like_a_line,
     },
 };
 
@@ -193,17 +193,7 @@ fn verify_lines(path: &Path, verifier: &mut Verifier) -> Result<bool, LedgerErro
             Piece::Tail(tail) if tail.is_empty() => return Ok(true),
             Piece::Tail(tail) => tail,
             // Not a line the chain can hold: the verifier reports it as the next line, unread.
-            Piece::Foreign(start) => {
-                let detail = if start.len() > MAX_LINE_BYTES {
-                    format!(
-                        "a line longer than any ledger line ({} MiB)",
-                        MAX_LINE_BYTES >> 20
-                    )
-                } else {
-                    "bytes that cannot start a ledger line".to_owned()
-                };
-                return Ok(verifier.unreadable(detail));
-            }
+            Piece::Foreign(start) => return Ok(verifier.unreadable(foreign_detail(&start))),
         };
         let text = String::from_utf8_lossy(&line);
         if !verifier.segment([text.as_ref()]) {

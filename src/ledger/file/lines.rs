@@ -75,6 +75,18 @@ pub(crate) fn next_line(reader: &mut impl io::BufRead) -> io::Result<Piece> {
     }
 }
 
+/// What is wrong with a [`Piece::Foreign`] that starts with `start`, as a reader reports it.
+pub(crate) fn foreign_detail(start: &[u8]) -> String {
+    if start.len() > MAX_LINE_BYTES {
+        format!(
+            "a line longer than any ledger line ({} MiB)",
+            MAX_LINE_BYTES >> 20
+        )
+    } else {
+        "bytes that cannot start a ledger line".to_owned()
+    }
+}
+
 /// Whether a line that cannot be read is the first sign of a file that is not a ledger at all
 /// (rather than a ledger line damaged): it does not start like a ledger line.
 pub(crate) fn starts_like_a_line(bytes: &[u8]) -> bool {

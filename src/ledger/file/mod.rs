@@ -41,7 +41,7 @@ use disk::OsDisk;
 use key::{check_key, create_key, key_id, read_key, short_id};
 use lines::fits_in_a_line;
 pub(super) use lines::{
-    MAX_LINE_BYTES, Piece, next_line, not_a_ledger, regular_file, starts_like_a_line,
+    Piece, foreign_detail, next_line, not_a_ledger, regular_file, starts_like_a_line,
 };
 use owners::Owners;
 use writer::{Mode, Writer};

@@ -4,8 +4,8 @@
 use super::{
     disk::parent_dir,
     lines::{
-        MAX_LINE_BYTES, Piece, could_be_torn, newer_format, next_line, not_a_ledger, read_line,
-        regular_file, starts_like_a_line,
+        MAX_LINE_BYTES, Piece, could_be_torn, foreign_detail, newer_format, next_line,
+        not_a_ledger, read_line, regular_file, starts_like_a_line,
     },
     *,
 };
@@ -245,14 +245,7 @@ impl Writer {
                     return Err(self.refusal(&tail, problem));
                 }
                 Piece::Foreign(start) => {
-                    let detail = if start.len() > MAX_LINE_BYTES {
-                        format!(
-                            "a line longer than any ledger line ({} MiB)",
-                            MAX_LINE_BYTES >> 20
-                        )
-                    } else {
-                        "bytes that cannot start a ledger line".to_owned()
-                    };
+                    let detail = foreign_detail(&start);
                     return Err(self.refusal(&start, ChainProblem::Unreadable { detail }));
                 }
             };
