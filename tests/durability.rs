@@ -30,6 +30,8 @@ use tower::{Layer, util::MapRequestLayer};
 struct CountingDisk {
     writes: AtomicUsize,
     syncs: AtomicUsize,
+    /// The directories synced, in order.
+    dir_syncs: Mutex<Vec<std::path::PathBuf>>,
 }
 
 impl CountingDisk {
@@ -54,6 +56,11 @@ impl Disk for CountingDisk {
 
     fn truncate(&self, file: &File, len: u64) -> io::Result<()> {
         file.set_len(len).and_then(|()| file.sync_all())
+    }
+
+    fn sync_dir(&self, dir: &std::path::Path) -> io::Result<()> {
+        self.dir_syncs.lock().unwrap().push(dir.to_path_buf());
+        File::open(dir)?.sync_all()
     }
 }
 
@@ -232,4 +239,36 @@ async fn an_authorization_hook_records_authorized_before_the_dispatch() {
     );
     // The hook is asked between the claim and the dispatch, so those are three writes.
     assert_eq!(run.at_send, [(3, 3)]);
+}
+
+/// A power loss right after a new ledger's first synced `dispatched` must not lose the file:
+/// its name is made durable (its directory synced) once, when it is created, and so is its
+/// key file's; a reopen creates nothing and syncs no directory.
+#[test]
+fn a_new_ledger_and_its_key_file_sync_their_directory_once_at_creation() {
+    let dir = temp_dir("durability", "dir-sync");
+    let path = dir.join("ledger.jsonl");
+    let disk = Arc::new(CountingDisk::default());
+    let ledger = FileLedger::open_on(&path, disk.clone()).unwrap();
+    assert_eq!(
+        *disk.dir_syncs.lock().unwrap(),
+        vec![dir.clone()],
+        "the new file"
+    );
+    ledger.fingerprint_key().unwrap();
+    assert_eq!(
+        *disk.dir_syncs.lock().unwrap(),
+        [dir.clone(), dir.clone()],
+        "the new key file"
+    );
+    drop(ledger);
+    let reopened = FileLedger::open_on(&path, disk.clone()).unwrap();
+    reopened.fingerprint_key().unwrap();
+    assert_eq!(
+        disk.dir_syncs.lock().unwrap().len(),
+        2,
+        "nothing new: no directory sync"
+    );
+    drop(reopened);
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -1156,6 +1156,78 @@ async fn integers_past_2_pow_53_are_two_intents_and_past_64_bits_are_refused_uns
     assert_eq!(ledger.list().await.unwrap().len(), 2);
 }
 
+/// `1e-400` is read by the JSON parser as 0, as `1e400` is refused as out of range: a call
+/// holding one would be fingerprinted (and sent) as another number. Refused unsent, as an
+/// integer beyond 64 bits is; a zero spelled `0e-400`, and a small number a double holds, run.
+#[tokio::test]
+async fn a_nonzero_number_that_reads_as_zero_is_refused_unsent() {
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::start().await;
+    let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
+    let mut sent = 0;
+    for (n, (literal, refused)) in [
+        ("1e-400", true),
+        ("-1e-400", true),
+        ("0e-400", false),
+        ("1e-300", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = n as i64 + 2;
+        let request = post(
+            &server.url,
+            session.as_deref(),
+            "2025-11-25",
+            tool_call_body(
+                id,
+                "deploy_release",
+                json!({"service": "catalog", "version": format!("v{n}"), "amount": 7}),
+            ),
+        );
+        let (parts, body) = request.into_parts();
+        let raw = body_text(body)
+            .await
+            .unwrap()
+            .replace("\"amount\":7", &format!("\"amount\":{literal}"));
+        let response = send(
+            &mut client,
+            Request::from_parts(parts, Full::new(Bytes::from(raw))),
+        )
+        .await
+        .unwrap();
+        let answer = read_to_end(response, id).await;
+        if refused {
+            assert_eq!(
+                answer["error"]["code"],
+                json!(-32602),
+                "{literal}: {answer}"
+            );
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("too small for a double") && message.contains("nothing was sent"),
+                "{literal}: {message}"
+            );
+        } else {
+            sent += 1;
+            assert_eq!(
+                answer["result"]["isError"],
+                json!(false),
+                "{literal}: {answer}"
+            );
+        }
+        assert_eq!(
+            server.state.side_effects("deploy_release"),
+            sent,
+            "{literal}"
+        );
+        assert_eq!(ledger.list().await.unwrap().len(), sent, "{literal}");
+    }
+}
+
 /// The child's task for [`dropping_the_runtime_with_an_abandoned_body_does_not_abort`].
 const ABANDONED_BODY: &str = "abandoned-body:";
 

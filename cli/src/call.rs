@@ -200,10 +200,10 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         bail!("--args must be a JSON object, e.g. '{{\"service\":\"api\"}}'");
     };
     // Parsed, such a literal becomes the nearest double: the tool would get another number.
-    if mcp_replay_guard::protocol::has_integer_beyond_64_bits(object, args.args.as_bytes()) {
+    if mcp_replay_guard::protocol::has_inexact_number(object, args.args.as_bytes()) {
         bail!(
             "--args: {}. Nothing was sent",
-            mcp_replay_guard::protocol::INEXACT_INTEGER
+            mcp_replay_guard::protocol::INEXACT_NUMBER
         );
     }
     // The URL may carry a credential (`user:secret@`, `?token=`): only its redacted form is

@@ -257,7 +257,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                println!("{report}");
+                println!("{}", audit::printable(&report.to_string()));
             }
             Ok(if report.is_ok() {
                 ExitCode::SUCCESS
@@ -271,8 +271,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 verify_file(&path).with_context(|| format!("verifying {}", path.display()))?;
             if !report.is_ok() {
                 eprintln!(
-                    "error: {} does not verify, so it has no head to anchor: {report}",
-                    path.display()
+                    "error: {} does not verify, so it has no head to anchor: {}",
+                    path.display(),
+                    audit::printable(&report.to_string())
                 );
                 return Ok(ExitCode::from(1));
             }
@@ -346,7 +347,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     };
                     println!(
                         "{}  {:<32} {:<14} {:<20} accepted {}",
-                        r.execution_id, label, r.retry_class, r.tool, r.accepted_at
+                        r.execution_id,
+                        label,
+                        r.retry_class,
+                        audit::printable(&r.tool),
+                        r.accepted_at
                     );
                 }
             }

@@ -144,6 +144,63 @@ async fn verify_list_show_and_resolve_a_ledger() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Recorded text is the caller's, the server's or an operator's: a tool name that holds a
+/// newline must not forge a line of `ledger list` or `audit show`, and an escape sequence must
+/// not reach the terminal. Both print it escaped.
+#[tokio::test]
+async fn recorded_text_is_printed_escaped_never_raw() {
+    let dir = support::temp_dir("cli", "escaped");
+    let path = dir.join("ledger.jsonl");
+    let forged = "deploy\n01JFORGED0000000000000000  delivered";
+    let red = "\u{1b}[31m";
+    let id = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let mut hostile = claim(9);
+        hostile.tool = format!("{forged}{red}");
+        hostile.owner = format!("guard:one\nguard:two{red}");
+        let id = ledger.claim(hostile).await.unwrap().record().execution_id;
+        let event = |kind| event_now(id, kind);
+        ledger.append(event(EventKind::Authorized)).await.unwrap();
+        ledger
+            .append(event(dispatched_as(id, 1, None, Some(1))))
+            .await
+            .unwrap();
+        ledger
+            .append(event(EventKind::Unknown {
+                target_status: None,
+                attempt: None,
+                reason: format!("cut\n3. target: completed{red}"),
+            }))
+            .await
+            .unwrap();
+        id
+    };
+    let p = path.to_str().unwrap();
+    let (code, list, err) = replay_guard(&["ledger", "list", p]);
+    assert_eq!(code, 0, "{err}");
+    let (code, show, err) = replay_guard(&["audit", "show", p, &id.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    for (command, out, lines) in [("ledger list", &list, 1), ("audit show", &show, 6)] {
+        assert_eq!(
+            out.trim_end().lines().count(),
+            lines,
+            "{command}: no forged line: {out}"
+        );
+        assert!(
+            !out.chars().any(|c| c.is_control() && c != '\n'),
+            "{command}: no control character reaches the terminal: {out:?}"
+        );
+        assert!(out.contains("\\u{1b}[31m"), "{command}: {out}");
+    }
+    assert!(list.contains("deploy\\n01JFORGED"), "{list}");
+    assert!(
+        show.contains("one (guard:one\\nguard:two\\u{1b}[31m)")
+            && show.contains("3. target: unknown (cut\\n3. target: completed\\u{1b}[31m)"),
+        "{show}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// README carries the shipped policy file verbatim, so the documented example is the one that
 /// `call --policy` is tested with.
 /// An operator settled a held call as not applied, then the target's own answer came (a

@@ -557,6 +557,64 @@ async fn lock_files_of_dead_owners_are_pruned_on_open() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A child process forked while a ledger holds its owner locks shares the lock files' open file
+/// descriptions until it execs; under load that is long enough for a reopen to see the locks
+/// still held. A ledger that is dropped (or a process that ends its guard) must release its
+/// owners then, whatever other process was forked from it meanwhile.
+#[tokio::test]
+async fn an_owner_lock_inherited_by_a_forked_child_dies_with_its_ledger() {
+    use std::{
+        io::{Read, Write},
+        os::unix::process::CommandExt,
+    };
+    let (dir, path) = ledger_dir("forked");
+    let ledger = FileLedger::open(&path).unwrap();
+    let claimed = ledger.claim(claim(61, "guard:gone")).await.unwrap();
+    let id = claimed.record().execution_id;
+    authorize_and_dispatch(&ledger, id).await;
+    // A child forked now, held between fork and exec until the test says so: the window a
+    // busy machine gives every child spawned by any thread of a process.
+    let (release_reader, mut release) = std::io::pipe().unwrap();
+    let mut command = std::process::Command::new("true");
+    // SAFETY: the closure only blocks in `read(2)` on a pipe, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let mut byte = [0u8];
+            let _ = (&release_reader).read(&mut byte);
+            Ok(())
+        });
+    }
+    // `spawn` returns once the child has exec'd: it waits on a thread of its own.
+    let (forked, is_forked) = std::sync::mpsc::channel();
+    let spawner = std::thread::spawn(move || {
+        // `<pid>/task/<tid>`: where this thread's children are listed.
+        let _ = forked.send(std::fs::read_link("/proc/thread-self").unwrap());
+        command.spawn().unwrap().wait().unwrap()
+    });
+    let task = is_forked.recv().unwrap();
+    // The fork has happened once the spawning thread's child is listed.
+    let children = Path::new("/proc").join(task).join("children");
+    let mut forked_children = String::new();
+    for _ in 0..2000 {
+        forked_children = std::fs::read_to_string(&children).unwrap_or_default();
+        if !forked_children.trim().is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!forked_children.trim().is_empty(), "the child was forked");
+    drop(ledger);
+    let reopened = FileLedger::open(&path).unwrap();
+    let state = reopened.get(id).await.unwrap().unwrap().state;
+    let alive = reopened.is_owner_alive("guard:gone").await;
+    release.write_all(b"x").unwrap();
+    assert!(spawner.join().unwrap().success());
+    assert_eq!(state, ExecutionState::Unknown, "the owner is gone");
+    assert!(!alive, "the forked child does not keep the owner alive");
+    drop(reopened);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test]
 async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
     // The hash did not cover fields the typed line does not have: such a line was taken as
@@ -715,6 +773,112 @@ async fn a_foreign_file_is_refused_untouched() {
             "{what}: nothing beside it: {siblings:?}"
         );
     }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// What a refused file must still be: its length, its blocks (a sparse file with nothing
+/// written to it has none), its mtime, its first and last bytes, and nothing beside it.
+#[derive(Debug, PartialEq)]
+struct Untouched {
+    len: u64,
+    blocks: u64,
+    modified: std::time::SystemTime,
+    ends: Vec<u8>,
+    siblings: Vec<String>,
+}
+
+fn untouched(path: &Path) -> Untouched {
+    use std::{
+        io::{Read, Seek, SeekFrom},
+        os::unix::fs::MetadataExt,
+    };
+    let meta = std::fs::metadata(path).unwrap();
+    let mut file = std::fs::File::open(path).unwrap();
+    let mut ends = vec![0; 8192];
+    file.read_exact(&mut ends[..4096]).unwrap();
+    file.seek(SeekFrom::End(-4096)).unwrap();
+    file.read_exact(&mut ends[4096..]).unwrap();
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let mut siblings: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| *n != name)
+        .collect();
+    siblings.sort();
+    Untouched {
+        len: meta.len(),
+        blocks: meta.blocks(),
+        modified: meta.modified().unwrap(),
+        ends,
+        siblings,
+    }
+}
+
+/// A run that was refused as a file that is not a ledger: exit 2 with the reason, not killed
+/// by a signal (an allocation failure aborts), no panic.
+fn assert_refused(run: &Run, what: &str) {
+    assert_eq!(run.code, 2, "{what}: {run:#?}");
+    assert!(
+        run.stderr.contains("not a replay-guard ledger"),
+        "{what}: {run:#?}"
+    );
+    assert!(
+        !run.stderr.contains("panicked") && !run.stderr.contains("memory allocation"),
+        "{what}: {run:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_huge_sparse_file_or_an_endless_device_given_as_the_ledger_is_refused_untouched() {
+    let server = TestServer::start().await;
+    let dir = temp_dir("huge");
+    // `truncate -s 64G`: one line of zeros as long as the file, never allocated on disk.
+    let sparse = dir.join("sparse.img");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    let before = untouched(&sparse);
+    let args = json!({"service": "catalog"}).to_string();
+    for path in [sparse.to_str().unwrap(), "/dev/zero"] {
+        let runs = [
+            (
+                "call",
+                replay_guard(&[
+                    "--json",
+                    "call",
+                    "--url",
+                    &server.url,
+                    "--tool",
+                    "deploy_release",
+                    "--args",
+                    &args,
+                    "--ledger",
+                    path,
+                ])
+                .await,
+            ),
+            ("ledger list", replay_guard(&["ledger", "list", path]).await),
+            ("audit show", replay_guard(&["audit", "show", path]).await),
+            (
+                "audit verify",
+                replay_guard(&["audit", "verify", path]).await,
+            ),
+            ("audit head", replay_guard(&["audit", "head", path]).await),
+        ];
+        for (command, run) in &runs {
+            let what = format!("{command} {path}");
+            assert_refused(run, &what);
+            if path == "/dev/zero" {
+                assert!(run.stderr.contains("a device"), "{what}: {run:#?}");
+            } else {
+                assert!(run.stderr.contains("binary data"), "{what}: {run:#?}");
+                assert_eq!(untouched(&sparse), before, "{what}: untouched");
+            }
+        }
+    }
+    assert_eq!(server.state.total_side_effects(), 0);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

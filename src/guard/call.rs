@@ -144,12 +144,12 @@ where
         if intent.class == RetryClass::ReadOnly {
             return self.pass_through(parts, bytes).await;
         }
-        if intent.call.has_integer_beyond_64_bits() {
+        if intent.call.has_inexact_number() {
             return answered(answer::jsonrpc_error(
                 StatusCode::OK,
                 Some(&intent.call.id),
                 -32602,
-                format!("{}; nothing was sent", protocol::INEXACT_INTEGER),
+                format!("{}; nothing was sent", protocol::INEXACT_NUMBER),
             ));
         }
         if self.config.key_of_another_actor(&intent).await? {

@@ -7,7 +7,7 @@
 //! 4. Did delivery fail after the target finished?
 //! 5. Did the second call reuse the execution ID, carry a key, or start a new attempt?
 
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
 use serde::Serialize;
 
@@ -190,6 +190,34 @@ pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline
     t
 }
 
+/// `text` as it may be printed on a terminal: every control character escaped (`\n`,
+/// `\u{1b}`), every invisible character that reorders or hides text escaped (`\u{202e}`), and
+/// backslashes doubled so that an escape is never ambiguous. What a ledger records (tool names,
+/// reasons, owners, notes, targets) comes from callers, servers and operators: printed raw, a
+/// newline forges a line of the report and an escape sequence reaches the terminal. Every
+/// text report of a ledger prints recorded text through this one function.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    fn hidden(c: char) -> bool {
+        c.is_control()
+            || matches!(c,
+                '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    }
+    if !text.chars().any(|c| c == '\\' || hidden(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' | '\r' | '\t' => out.extend(c.escape_default()),
+            c if hidden(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
 fn note_process(processes: &mut Vec<String>, owner: &str) {
     if !processes.iter().any(|p| p == owner) {
         processes.push(owner.to_owned());
@@ -201,12 +229,12 @@ impl fmt::Display for Timeline {
         writeln!(f, "execution {}", self.execution_id)?;
         let processes = match self.processes.len() {
             0 => "none recorded".to_owned(),
-            1 => format!("one ({})", self.processes[0]),
-            n => format!("{n} ({})", self.processes.join(", ")),
+            1 => format!("one ({})", printable(&self.processes[0])),
+            n => format!("{n} ({})", printable(&self.processes.join(", "))),
         };
         writeln!(f, "1. agent processes: {processes}")?;
         let authorized = match (&self.denied, self.authorized_at) {
-            (Some(reason), _) => format!("denied ({reason})"),
+            (Some(reason), _) => format!("denied ({})", printable(reason)),
             (None, Some(at)) => format!("authorised at {at}"),
             (None, None) => "not authorised".to_owned(),
         };
@@ -214,8 +242,8 @@ impl fmt::Display for Timeline {
             Some(d) => format!(
                 "dispatched at {} with Idempotency-Key {}{}",
                 d.at,
-                d.idempotency_key,
-                d.correlation()
+                printable(&d.idempotency_key.to_string()),
+                printable(&d.correlation())
             ),
             None => "never dispatched".to_owned(),
         };
@@ -223,9 +251,11 @@ impl fmt::Display for Timeline {
         writeln!(
             f,
             "3. target: {}",
-            self.target_answer
-                .as_deref()
-                .unwrap_or("no answer recorded")
+            printable(
+                self.target_answer
+                    .as_deref()
+                    .unwrap_or("no answer recorded")
+            )
         )?;
         if let Some(conflict) = &self.conflict {
             writeln!(f, "   conflict: {conflict}")?;
@@ -254,9 +284,9 @@ impl fmt::Display for Timeline {
                     "5. attempt {} reused execution {} with {key} ({}) at {}{}",
                     d.attempt,
                     self.execution_id,
-                    d.idempotency_key,
+                    printable(&d.idempotency_key.to_string()),
                     d.at,
-                    d.correlation()
+                    printable(&d.correlation())
                 )?;
             }
             if self.answered_without_sending > 0 {

@@ -9,15 +9,16 @@
 //! head (forged) is reported, never passed over.
 
 use std::{
-    fs,
-    io::{self, BufRead},
+    fs, io,
     path::{Path, PathBuf},
 };
 
 use super::{
     LedgerError,
     chain::{self, ChainHead, ChainProblem, LineBody, Verifier, VerifyReport},
-    file::sibling,
+    file::{
+        Piece, foreign_detail, next_line, not_a_ledger, regular_file, sibling, starts_like_a_line,
+    },
 };
 
 /// Verifies the ledger file at `path` and every archive its checkpoints lead to, as one chain;
@@ -100,8 +101,7 @@ pub fn verify_file_anchored(
     let mut failed_in = None;
     for (i, file) in files.iter().enumerate() {
         let before = (verifier.report().head(), verifier.report().verified);
-        let text = read(file)?;
-        if !verifier.segment(text.split('\n')) {
+        if !verify_lines(file, &mut verifier)? {
             failed_in = Some((i, before));
             break;
         }
@@ -152,30 +152,54 @@ fn ledger_of(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
+/// Opens a file of the chain, refusing what cannot be one (a device, a pipe, a directory).
+fn open(path: &Path) -> Result<io::BufReader<fs::File>, LedgerError> {
+    regular_file(path)?;
+    let file = fs::File::open(path).map_err(|e| cannot_read(path, e))?;
+    Ok(io::BufReader::new(file))
+}
+
 /// The first line that is not blank, without its newline (`None` for a file of blank lines).
+/// A file whose first line is not a ledger line (or whose first bytes are not a line at all) is
+/// refused: it is not a ledger, and is not read on.
 fn first_line(path: &Path) -> Result<Option<String>, LedgerError> {
-    let mut reader = io::BufReader::new(fs::File::open(path).map_err(|e| cannot_read(path, e))?);
-    let mut line = Vec::new();
+    let mut reader = open(path)?;
     loop {
-        line.clear();
-        let read = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| cannot_read(path, e))?;
-        if read == 0 {
-            return Ok(None);
-        }
+        let line = match next_line(&mut reader).map_err(|e| cannot_read(path, e))? {
+            Piece::Tail(tail) if tail.is_empty() => return Ok(None),
+            Piece::Line(line) | Piece::Tail(line) => line,
+            // Too long to be a line, but it starts like one: the verifier reports it.
+            Piece::Foreign(start) if starts_like_a_line(&start) => return Ok(None),
+            Piece::Foreign(start) => return Err(not_a_ledger(path, &start)),
+        };
         let text = String::from_utf8_lossy(&line);
-        let text = text.strip_suffix('\n').unwrap_or(&text);
-        if !text.trim().is_empty() {
-            return Ok(Some(text.to_owned()));
+        if text.trim().is_empty() {
+            continue;
         }
+        if !starts_like_a_line(&line) && chain::parse_line(&text).is_err() {
+            return Err(not_a_ledger(path, &line));
+        }
+        return Ok(Some(text.into_owned()));
     }
 }
 
-fn read(path: &Path) -> Result<String, LedgerError> {
-    let bytes = fs::read(path).map_err(|e| cannot_read(path, e))?;
-    Ok(String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+/// Feeds the lines of `path` to `verifier`, one bounded line at a time; whether every line so
+/// far verified.
+fn verify_lines(path: &Path, verifier: &mut Verifier) -> Result<bool, LedgerError> {
+    let mut reader = open(path)?;
+    loop {
+        let line = match next_line(&mut reader).map_err(|e| cannot_read(path, e))? {
+            Piece::Line(line) => line,
+            Piece::Tail(tail) if tail.is_empty() => return Ok(true),
+            Piece::Tail(tail) => tail,
+            // Not a line the chain can hold: the verifier reports it as the next line, unread.
+            Piece::Foreign(start) => return Ok(verifier.unreadable(foreign_detail(&start))),
+        };
+        let text = String::from_utf8_lossy(&line);
+        if !verifier.segment([text.as_ref()]) {
+            return Ok(false);
+        }
+    }
 }
 
 fn cannot_read(path: &Path, error: io::Error) -> LedgerError {

@@ -1,19 +1,20 @@
 //! One pass over a tool call's raw `result`: the fields the recorder reads (`isError`,
-//! `resultType`, `taskId`) and whether a number in it may be an integer literal beyond 64 bits.
+//! `resultType`, `taskId`) and whether a number in it may be a literal the parser cannot keep.
 //!
 //! The fields are read as `#[derive(Deserialize)] struct { isError: Option<bool>, resultType:
 //! Option<String>, taskId: Option<String> }` (all `default`) would read them, quirks included: a
 //! field of the wrong type or given twice makes the whole result unreadable, and a JSON array
 //! is read by position. The number check is the first half of the two-step rule of
-//! [`has_integer_beyond_64_bits`](crate::protocol::has_integer_beyond_64_bits): serde_json hands
-//! a literal outside the 64-bit range to `visit_f64`, so an integral double of magnitude 2^63 or
-//! more is the only sign that one may be there; only then is the text scanned for it.
+//! [`has_inexact_number`](crate::protocol::has_inexact_number): serde_json hands a literal
+//! outside the 64-bit range to `visit_f64`, and one too small for a double as 0, so an integral
+//! double of magnitude 2^63 or more, or a double zero, is the only sign that one may be there;
+//! only then is the text scanned for it.
 
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::protocol::may_be_rounded_integer as is_wide;
+use crate::protocol::may_be_inexact as is_wide;
 
 /// What one pass over a `result` found.
 #[derive(Debug, Default, PartialEq, Eq)]

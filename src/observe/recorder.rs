@@ -461,9 +461,7 @@ pub(crate) async fn record_outcome(
         }
     };
     // The text is scanned only when the probe saw a double that may stand for a wide literal.
-    let keep = keep
-        && raw.len() <= max
-        && !(maybe_wide && protocol::json_has_integer_beyond_64_bits(&raw));
+    let keep = keep && raw.len() <= max && !(maybe_wide && protocol::json_has_inexact_number(&raw));
     let completed = LedgerEvent {
         execution_id: id,
         at: Timestamp::now(),

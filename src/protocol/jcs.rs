@@ -120,8 +120,8 @@ const MAX_EXACT_DOUBLE_INTEGER: u64 = 1 << 53;
 /// parser holds exactly (the 64-bit range) distinct; a double of such an integral value (any
 /// double between 2^53 and 2^64 is one) is written the same way. Every other number prints as ECMAScript
 /// prints its double, as JCS says. Integer literals beyond 64 bits reach this writer already
-/// rounded to a double by the parser; the guard refuses to fingerprint those (see
-/// [`crate::protocol::has_integer_beyond_64_bits`]).
+/// rounded to a double by the parser, and nonzero literals too small for a double reach it as
+/// 0; the guard refuses to fingerprint those (see [`crate::protocol::has_inexact_number`]).
 fn write_number(n: &Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64() {
         write_u64(u, out)
@@ -217,9 +217,10 @@ pub(crate) struct Noticed {
     /// The first object key seen twice (in canonical order), if any: serde_json's `Value`
     /// would keep only the last, so two readers could see two calls.
     pub(crate) duplicate_key: Option<String>,
-    /// An integral double of magnitude 2^63 or more stands in the value: it may be an integer
-    /// literal beyond 64 bits that the parser rounded (see `protocol::numbers`).
-    pub(crate) wide_double: bool,
+    /// A double that may stand for a literal the parser could not keep stands in the value
+    /// (an integer beyond 64 bits it rounded, a nonzero literal it read as 0; see
+    /// `protocol::numbers`).
+    pub(crate) maybe_inexact: bool,
     /// What the value is (`"an object"`, `"null"`, …, as error messages name it).
     pub(crate) kind: Option<&'static str>,
 }
@@ -281,7 +282,7 @@ impl<'de> Visitor<'de> for CanonicalSeed<'_> {
         Ok(())
     }
     fn visit_f64<E>(mut self, v: f64) -> Result<(), E> {
-        self.noticed.wide_double |= super::may_be_rounded_integer(v);
+        self.noticed.maybe_inexact |= super::may_be_inexact(v);
         // serde_json turns a non-finite number into an error before any visitor sees it.
         write_f64(v, self.entered("a number"));
         Ok(())

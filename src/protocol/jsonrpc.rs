@@ -151,11 +151,11 @@ impl ToolCall {
         &self.arguments.canonical
     }
 
-    /// Whether the arguments may hold an integer literal beyond 64 bits, which the parser
-    /// rounded (see [`has_integer_beyond_64_bits`](crate::protocol::has_integer_beyond_64_bits)):
-    /// the body is scanned only when the parse saw an integral double of 2^63 or more.
-    pub fn has_integer_beyond_64_bits(&self) -> bool {
-        self.arguments.wide_double && super::json_has_integer_beyond_64_bits(&self.arguments.source)
+    /// Whether the arguments may hold a number literal the parser could not keep (see
+    /// [`has_inexact_number`](crate::protocol::has_inexact_number)): the body is scanned only
+    /// when the parse saw a double that may stand for one.
+    pub fn has_inexact_number(&self) -> bool {
+        self.arguments.maybe_inexact && super::json_has_inexact_number(&self.arguments.source)
     }
 
     /// The call's continuation members ([`CONTINUATION_PARAMS`]) as one object, `None` when it
@@ -176,7 +176,7 @@ impl ToolCall {
 #[derive(Clone)]
 struct Arguments {
     canonical: Box<[u8]>,
-    wide_double: bool,
+    maybe_inexact: bool,
     /// The whole request body, and the message's place when the body is a batch.
     source: bytes::Bytes,
     index: Option<usize>,
@@ -355,11 +355,11 @@ fn tool_call(
     let Some(Value::String(name)) = params.name else {
         return Err(ClassifyError::ToolCallWithoutName);
     };
-    let (canonical, wide_double) = match params.arguments {
+    let (canonical, maybe_inexact) = match params.arguments {
         None => (b"{}".to_vec(), false),
         Some(ParsedArguments { canonical, noticed }) => match noticed.kind {
             Some("null") => (b"{}".to_vec(), false),
-            Some("an object") => (canonical, noticed.wide_double),
+            Some("an object") => (canonical, noticed.maybe_inexact),
             other => return Err(ClassifyError::InvalidArguments(other.unwrap_or("nothing"))),
         },
     };
@@ -372,7 +372,7 @@ fn tool_call(
         name,
         arguments: Box::new(Arguments {
             canonical: canonical.into_boxed_slice(),
-            wide_double,
+            maybe_inexact,
             source,
             index,
             tree: std::sync::OnceLock::new(),

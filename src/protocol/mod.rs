@@ -48,8 +48,8 @@ pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall}
 pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
 #[cfg(test)]
 pub(crate) use numbers::LEXICAL_SCANS;
-pub use numbers::{INEXACT_INTEGER, has_integer_beyond_64_bits};
-pub(crate) use numbers::{json_has_integer_beyond_64_bits, may_be_rounded_integer};
+pub use numbers::{INEXACT_NUMBER, has_inexact_number};
+pub(crate) use numbers::{json_has_inexact_number, may_be_inexact};
 pub use response::is_response_to;
 pub use tools_list::ToolAnnotations;
 pub use version::{Era, ProtocolVersion, UnsupportedProtocolVersion};

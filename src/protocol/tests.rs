@@ -531,8 +531,8 @@ fn edge_numbers_and_nesting_agree_with_the_tree_path() {
             "{arguments}"
         );
         assert_eq!(
-            call.has_integer_beyond_64_bits(),
-            has_integer_beyond_64_bits(tree, body.as_bytes()),
+            call.has_inexact_number(),
+            has_inexact_number(tree, body.as_bytes()),
             "{arguments}"
         );
     }

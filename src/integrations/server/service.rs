@@ -251,12 +251,12 @@ impl<S> Call<S> {
                 ));
             }
         };
-        if call.has_integer_beyond_64_bits() {
+        if call.has_inexact_number() {
             return answered(answer::jsonrpc_error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 Some(&call.id),
                 -32602,
-                format!("{}; the call was not run", protocol::INEXACT_INTEGER),
+                format!("{}; the call was not run", protocol::INEXACT_NUMBER),
             ));
         }
         let keyed = self.config.keyed(&parts, call, key, era);

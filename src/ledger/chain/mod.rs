@@ -583,6 +583,17 @@ impl Verifier {
         true
     }
 
+    /// Reports the next line as unreadable (`detail` says why) without reading it: a reader
+    /// could not take it as a line (longer than any line, or bytes no line starts with).
+    /// Returns `false`, as [`segment`](Self::segment) does after a problem.
+    pub(crate) fn unreadable(&mut self, detail: String) -> bool {
+        if self.report.is_ok() {
+            let next = self.report.head_seq + 1;
+            self.report.first_bad = Some((next, ChainProblem::Unreadable { detail }));
+        }
+        false
+    }
+
     fn line(&mut self, text: &str) -> Result<(), (u64, ChainProblem)> {
         let next = self.report.head_seq + 1;
         let line = read_line(text).map_err(|(seq, problem)| (seq.unwrap_or(next), problem))?;

@@ -47,8 +47,13 @@ pub(super) fn read_key(p: &Path) -> Result<Option<FingerprintKey>, LedgerError> 
         .map_err(|e| failed(&format!("the key file {}", p.display()), e))
 }
 
-/// Creates the 0600 key file beside a ledger (or reads the one a racing process created).
-pub(super) fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey, LedgerError> {
+/// Creates the 0600 key file beside a ledger (or reads the one a racing process created), its
+/// name made durable through `disk`.
+pub(super) fn create_key(
+    path: &Path,
+    key_path: &Path,
+    disk: &dyn Disk,
+) -> Result<FingerprintKey, LedgerError> {
     let key = FingerprintKey::generate().map_err(|e| failed("cannot make a fingerprint key", e))?;
     // Write a private temporary file, then link it into place: if another process won the
     // race, its key is the one everybody uses.
@@ -65,7 +70,11 @@ pub(super) fn create_key(path: &Path, key_path: &Path) -> Result<FingerprintKey,
     let linked = fs::hard_link(&tmp, key_path);
     let _ = fs::remove_file(&tmp);
     match linked {
-        Ok(()) => Ok(key),
+        // The key must outlive a power loss as the ledger lines made with it do.
+        Ok(()) => disk
+            .sync_dir(super::disk::parent_dir(key_path))
+            .map(|()| key)
+            .map_err(|e| failed(&format!("cannot make {} durable", key_path.display()), e)),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             read_key(key_path)?.ok_or_else(|| {
                 storage(

@@ -1,6 +1,8 @@
 //! What a line of the file is: reading one, telling a torn append from a foreign file or
 //! a newer format, and whether a result fits in one.
 
+use std::io::BufRead;
+
 use super::*;
 
 /// Reads one line of the file (without its newline): `None` for a blank line (as
@@ -22,6 +24,116 @@ pub(super) fn read_line(
 
 /// How every line of the chain starts (`seq` is its first field).
 pub(super) const LINE_START: &[u8] = br#"{"seq":"#;
+
+/// The longest line the ledger writes, and so the most any read of a file takes for one line.
+/// A path given as a ledger may be anything (a sparse file of 64 GiB, a log with no newline):
+/// with this bound a reader holds at most one line, never the file. The longest line of a
+/// working ledger keeps a result, 1 MiB by default (`ToolContract::max_result_bytes`): this
+/// leaves room for results far larger, and the writer refuses to keep a result whose line would
+/// pass it, so every line it writes reads back.
+pub(crate) const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// How much of a line is read before judging whether it can be a ledger line at all: a file
+/// that is not a ledger is refused after this much, not after [`MAX_LINE_BYTES`].
+const JUDGED_AFTER: usize = 4096;
+
+/// One line of a file, as [`next_line`] read it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// A line that ended in a newline (the newline is not kept).
+    Line(Vec<u8>),
+    /// Bytes after the last newline, up to the end of what was read (empty at the end).
+    Tail(Vec<u8>),
+    /// A line that cannot be a ledger line: its first bytes do not start like one, or it runs
+    /// past [`MAX_LINE_BYTES`]. Holds what was read of it; the rest is not read.
+    Foreign(Vec<u8>),
+}
+
+/// Reads the next line of `reader`, bounded by [`MAX_LINE_BYTES`], and judged after its first
+/// [`JUDGED_AFTER`] bytes so that a file that is not a ledger is not read on.
+pub(crate) fn next_line(reader: &mut impl io::BufRead) -> io::Result<Piece> {
+    let mut bytes = Vec::new();
+    let mut limit = JUDGED_AFTER;
+    loop {
+        let before = bytes.len();
+        reader
+            .by_ref()
+            .take((limit - before) as u64)
+            .read_until(b'\n', &mut bytes)?;
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            return Ok(Piece::Line(bytes));
+        }
+        if bytes.len() < limit {
+            return Ok(Piece::Tail(bytes));
+        }
+        if limit == MAX_LINE_BYTES + 1 || !could_be_torn(&bytes) {
+            return Ok(Piece::Foreign(bytes));
+        }
+        // Starts like a line (or is blank so far): read on, up to the bound.
+        limit = MAX_LINE_BYTES + 1;
+    }
+}
+
+/// What is wrong with a [`Piece::Foreign`] that starts with `start`, as a reader reports it.
+pub(crate) fn foreign_detail(start: &[u8]) -> String {
+    if start.len() > MAX_LINE_BYTES {
+        format!(
+            "a line longer than any ledger line ({} MiB)",
+            MAX_LINE_BYTES >> 20
+        )
+    } else {
+        "bytes that cannot start a ledger line".to_owned()
+    }
+}
+
+/// Whether a line that cannot be read is the first sign of a file that is not a ledger at all
+/// (rather than a ledger line damaged): it does not start like a ledger line.
+pub(crate) fn starts_like_a_line(bytes: &[u8]) -> bool {
+    bytes.trim_ascii_start().starts_with(LINE_START)
+}
+
+/// The error for a file that is not a ledger, with what it looks like (`first` is its first
+/// line, or what was read of it).
+pub(crate) fn not_a_ledger(path: &Path, first: &[u8]) -> LedgerError {
+    LedgerError::storage(format!(
+        "{} is not a replay-guard ledger: it looks like {}, and does not start with a ledger \
+         line. It was left untouched: give the path of a ledger the guard wrote, or of a new \
+         file",
+        path.display(),
+        looks_like(first)
+    ))
+}
+
+/// Refuses a path that exists and is not a regular file (a device such as `/dev/zero`, a pipe,
+/// a directory), before it is opened: only a file can be a ledger, reading a device may never
+/// end, and opening a pipe may never return.
+pub(crate) fn regular_file(path: &Path) -> Result<(), LedgerError> {
+    let kind = match fs::metadata(path) {
+        Ok(meta) => meta.file_type(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(failed(&format!("cannot stat {}", path.display()), e)),
+    };
+    if kind.is_file() {
+        return Ok(());
+    }
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if std::os::unix::fs::FileTypeExt::is_char_device(&kind)
+        || std::os::unix::fs::FileTypeExt::is_block_device(&kind)
+    {
+        "a device"
+    } else if std::os::unix::fs::FileTypeExt::is_fifo(&kind) {
+        "a pipe"
+    } else {
+        "not a regular file"
+    };
+    Err(LedgerError::storage(format!(
+        "{} is not a replay-guard ledger: it is {what}, and a ledger is a regular file. It was \
+         left untouched: give the path of a ledger the guard wrote, or of a new file",
+        path.display()
+    )))
+}
 
 /// Whether bytes after the last newline can be an append torn by a crash: a prefix of a
 /// chain line (every one starts with [`LINE_START`]), possibly followed by the zeros a file
@@ -91,8 +203,32 @@ pub(super) fn newer_format(bytes: &[u8]) -> Option<String> {
 /// make a line that never reads back, so deeper ones are refused here, well short of the limit.
 pub(super) const MAX_RESULT_DEPTH: usize = 100;
 
-/// The result, if its line will read back (see [`MAX_RESULT_DEPTH`]).
-pub(super) fn fits_in_a_line(result: serde_json::Value) -> Result<serde_json::Value, LedgerError> {
+/// What a line that keeps a result holds besides the result (its chain fields, the execution
+/// and the reference), with room to spare.
+const RESULT_LINE_OVERHEAD: usize = 1024;
+
+/// The result (`raw` is its text as received), if its line will read back: nested at most
+/// [`MAX_RESULT_DEPTH`] levels, and at most [`MAX_LINE_BYTES`] long once written.
+pub(super) fn fits_in_a_line(
+    result: serde_json::Value,
+    raw: &[u8],
+) -> Result<serde_json::Value, LedgerError> {
+    // The line holds the result as the writer spells it, which may be longer than it came
+    // (`1E15` is written `1000000000000000.0`): counted exactly when it could matter.
+    let too_long = raw.len() > MAX_LINE_BYTES / 8 && {
+        let mut written = WrittenLength(0);
+        serde_json::to_writer(&mut written, &result).is_err()
+            || written.0 + RESULT_LINE_OVERHEAD > MAX_LINE_BYTES
+    };
+    if too_long {
+        return Err(storage(
+            "a result to keep is longer than a ledger line can hold",
+            format!(
+                "more than {} MiB once written; it is not kept",
+                MAX_LINE_BYTES >> 20
+            ),
+        ));
+    }
     fn depth(value: &serde_json::Value) -> usize {
         match value {
             serde_json::Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
@@ -107,6 +243,20 @@ pub(super) fn fits_in_a_line(result: serde_json::Value) -> Result<serde_json::Va
         ));
     }
     Ok(result)
+}
+
+/// Counts the bytes written to it.
+struct WrittenLength(usize);
+
+impl io::Write for WrittenLength {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

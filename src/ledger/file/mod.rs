@@ -40,6 +40,9 @@ use disk::Disk;
 use disk::OsDisk;
 use key::{check_key, create_key, key_id, read_key, short_id};
 use lines::fits_in_a_line;
+pub(super) use lines::{
+    Piece, foreign_detail, next_line, not_a_ledger, regular_file, starts_like_a_line,
+};
 use owners::Owners;
 use writer::{Mode, Writer};
 
@@ -90,6 +93,8 @@ use writer::{Mode, Writer};
 pub struct FileLedger {
     path: Arc<PathBuf>,
     read_only: bool,
+    /// Where the key file's creation is made durable (the writer's disk).
+    disk: Arc<dyn Disk>,
     serve: Serve,
     owners: Arc<Owners>,
 }
@@ -275,6 +280,7 @@ impl FileLedger {
         let path = path.to_path_buf();
         let owners = Arc::new(Owners::new(&path));
         let read_only = mode.read_only;
+        let disk = mode.disk.clone();
         let mut writer = Writer::open(&path, owners.clone(), mode)?;
         if read_only {
             writer.catch_up(false)?;
@@ -284,6 +290,7 @@ impl FileLedger {
         Ok(Self {
             path: Arc::new(path),
             read_only,
+            disk,
             serve: serve(writer)?,
             owners,
         })
@@ -385,7 +392,7 @@ impl FileLedger {
                     key_path.display()
                 )));
             }
-            None => create_key(&self.path, &key_path)?,
+            None => create_key(&self.path, &key_path, self.disk.as_ref())?,
         };
         self.bind_fingerprint_key(&key)
             .map_err(|error| match error {

@@ -1,4 +1,10 @@
 //! Owner liveness across processes: lock files in `<ledger>.owners/`.
+//!
+//! Every lock taken here is released with an explicit `flock(LOCK_UN)`, never by closing the
+//! file alone: a child process forked by any thread of this process shares the lock file's
+//! open description from its fork until its exec (close-on-exec closes it only then), and a
+//! close releases the lock only once every sharer closed. On a busy machine that window is long
+//! enough for another process to read a released owner as alive, or a probed one as held.
 
 use super::*;
 
@@ -66,6 +72,7 @@ impl Owners {
                 held.insert(owner.to_owned(), file);
                 return Ok(());
             }
+            let _ = file.unlock();
         }
     }
 
@@ -81,6 +88,7 @@ impl Owners {
                 && file.try_lock().is_ok()
             {
                 let _ = fs::remove_file(&path);
+                let _ = file.unlock();
             }
         }
     }
@@ -98,8 +106,25 @@ impl Owners {
             return false;
         };
         match file.try_lock_shared() {
-            Ok(()) => false, // nobody holds it: its process is gone
+            Ok(()) => {
+                // Nobody holds it: its process is gone.
+                let _ = file.unlock();
+                false
+            }
             Err(_) => true,
+        }
+    }
+}
+
+impl Drop for Owners {
+    /// The owners this ledger served are gone with it, whatever process was forked meanwhile.
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for file in held.values() {
+            let _ = file.unlock();
         }
     }
 }

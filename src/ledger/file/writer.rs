@@ -2,7 +2,11 @@
 //! crash recovery, group commit, compaction).
 
 use super::{
-    lines::{LINE_START, could_be_torn, looks_like, newer_format, read_line},
+    disk::parent_dir,
+    lines::{
+        MAX_LINE_BYTES, Piece, could_be_torn, foreign_detail, newer_format, next_line,
+        not_a_ledger, read_line, regular_file, starts_like_a_line,
+    },
     *,
 };
 
@@ -102,18 +106,38 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn open(path: &Path, owners: Arc<Owners>, mode: Mode) -> Result<Self, LedgerError> {
+        regular_file(path)?;
         let mut options = OpenOptions::new();
         options.read(true);
-        if !mode.read_only {
-            options.append(true).create(true).mode(0o600);
-        }
-        let file = options.open(path).map_err(|e| {
+        let opened = if mode.read_only {
+            options.open(path).map(|file| (file, false))
+        } else {
+            options.append(true).mode(0o600);
+            // Created here, or there already (made by another process in between, perhaps).
+            match options.clone().create_new(true).open(path) {
+                Ok(file) => Ok((file, true)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    options.create(true).open(path).map(|file| (file, false))
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let (file, created) = opened.map_err(|e| {
             if mode.read_only && e.kind() == io::ErrorKind::NotFound {
                 LedgerError::storage(format!("no ledger at {}", path.display()))
             } else {
                 failed(&format!("cannot open the ledger {}", path.display()), e)
             }
         })?;
+        // A new file's name is durable only once its directory is synced: once, at creation.
+        if created {
+            mode.disk.sync_dir(parent_dir(path)).map_err(|e| {
+                failed(
+                    &format!("cannot make the new ledger {} durable", path.display()),
+                    e,
+                )
+            })?;
+        }
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -193,47 +217,51 @@ impl Writer {
         if len <= self.offset {
             return Ok(());
         }
-        let mut bytes = Vec::with_capacity((len - self.offset) as usize);
-        self.file
-            .seek(SeekFrom::Start(self.offset))
-            .and_then(|_| (&self.file).take(len - self.offset).read_to_end(&mut bytes))
+        // Line by line, each bounded: the file may be anything, of any size. (Through a handle
+        // of its own, so that the index can take each line as it is read.)
+        let mut file = self
+            .file
+            .try_clone()
             .map_err(|e| failed("cannot read the ledger", e))?;
-        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        let mut consumed = 0;
-        for piece in bytes[..complete].split_inclusive(|&b| b == b'\n') {
-            let line = &piece[..piece.len() - 1];
-            match read_line(line, self.head) {
-                Ok(None) => {}
-                Ok(Some(line)) => self.take_line(line),
-                Err(problem) => {
-                    // The lines before it are in the index: do not read them again.
-                    self.offset += consumed as u64;
-                    return Err(self.refusal(line, &bytes[consumed..], problem));
+        file.seek(SeekFrom::Start(self.offset))
+            .map_err(|e| failed("cannot read the ledger", e))?;
+        let mut reader = io::BufReader::new(file.take(len - self.offset));
+        loop {
+            let piece = next_line(&mut reader).map_err(|e| failed("cannot read the ledger", e))?;
+            let line = match piece {
+                Piece::Line(line) => line,
+                Piece::Tail(tail) if tail.is_empty() => return Ok(()),
+                Piece::Tail(tail) if could_be_torn(&tail) => {
+                    if locked {
+                        tracing::warn!(path = %self.path.display(), bytes = tail.len(), "cutting a torn last ledger line (a crash mid-write)");
+                        return self.truncate_at(self.offset);
+                    }
+                    return Ok(());
                 }
-            }
-            consumed += piece.len();
-        }
-        self.offset += consumed as u64;
-        let tail = &bytes[complete..];
-        if tail.is_empty() {
-            return Ok(());
-        }
-        if !could_be_torn(tail) {
-            let problem = ChainProblem::Unreadable {
-                detail: "the file ends with bytes that cannot start a ledger line".into(),
+                Piece::Tail(tail) => {
+                    let problem = ChainProblem::Unreadable {
+                        detail: "the file ends with bytes that cannot start a ledger line".into(),
+                    };
+                    return Err(self.refusal(&tail, problem));
+                }
+                Piece::Foreign(start) => {
+                    let detail = foreign_detail(&start);
+                    return Err(self.refusal(&start, ChainProblem::Unreadable { detail }));
+                }
             };
-            return Err(self.refusal(tail, tail, problem));
+            match read_line(&line, self.head) {
+                Ok(None) => {}
+                Ok(Some(chained)) => self.take_line(chained),
+                // The lines before it are in the index: they are not read again.
+                Err(problem) => return Err(self.refusal(&line, problem)),
+            }
+            self.offset += line.len() as u64 + 1;
         }
-        if locked {
-            tracing::warn!(path = %self.path.display(), bytes = tail.len(), "cutting a torn last ledger line (a crash mid-write)");
-            return self.truncate_at(self.offset);
-        }
-        Ok(())
     }
 
-    /// The error for a line at `self.offset` that cannot be taken (`rest` is the file from
-    /// there on). Nothing of the line is quoted: the file may not be a ledger at all.
-    fn refusal(&self, line: &[u8], rest: &[u8], problem: ChainProblem) -> LedgerError {
+    /// The error for a line at `self.offset` that cannot be taken (`line` is what was read of
+    /// it). Nothing of the line is quoted: the file may not be a ledger at all.
+    fn refusal(&self, line: &[u8], problem: ChainProblem) -> LedgerError {
         let at = self.offset;
         let seq = self.head.0 + 1;
         let path = self.path.display();
@@ -244,14 +272,11 @@ impl Writer {
                  replay-guard that wrote it"
             ));
         }
-        let chain_like = line.trim_ascii_start().starts_with(LINE_START);
-        if self.head.0 == 0 && !chain_like && matches!(problem, ChainProblem::Unreadable { .. }) {
-            return LedgerError::storage(format!(
-                "{path} is not a replay-guard ledger: it looks like {}, and does not start \
-                 with a ledger line. It was left untouched: give the path of a ledger the guard \
-                 wrote, or of a new file",
-                looks_like(rest)
-            ));
+        if self.head.0 == 0
+            && !starts_like_a_line(line)
+            && matches!(problem, ChainProblem::Unreadable { .. })
+        {
+            return not_a_ledger(&self.path, line);
         }
         LedgerError::storage(format!(
             "the ledger line at byte {at} (seq {seq}) of {path}: {problem}; the file is left as \
@@ -306,7 +331,7 @@ impl Writer {
         if bodies.is_empty() {
             return Ok(());
         }
-        let (text, head) = seal_lines(self.head, bodies);
+        let (text, head) = seal_lines(self.head, bodies)?;
         let disk = &self.mode.disk;
         disk.write(&self.file, text.as_bytes())
             .and_then(|()| match flush {
@@ -417,7 +442,7 @@ impl Writer {
                         let kept = result.and_then(|bytes| {
                             match serde_json::from_slice(&bytes)
                                 .map_err(|e| failed("a result to keep is not JSON", e))
-                                .and_then(fits_in_a_line)
+                                .and_then(|result| fits_in_a_line(result, &bytes))
                             {
                                 Ok(result) => Some((bytes, result)),
                                 Err(error) => {
@@ -463,7 +488,7 @@ impl Writer {
                     Op::StoreResult(id, bytes, reply) => {
                         let stored = serde_json::from_slice(&bytes)
                             .map_err(|e| failed("a result to keep is not JSON", e))
-                            .and_then(fits_in_a_line)
+                            .and_then(|result| fits_in_a_line(result, &bytes))
                             .map(|result| {
                                 let reference = result_reference(id);
                                 w.index.results.insert(reference.clone(), bytes);
@@ -635,7 +660,7 @@ impl Writer {
         let archived_to = sibling(&self.path, &format!("{}.archive", self.head.0));
         let next = sibling(&self.path, "compacting");
         // The compacted file's head is read back when it is reopened below.
-        let (text, _) = seal_lines(self.head, bodies);
+        let (text, _) = seal_lines(self.head, bodies)?;
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -650,6 +675,7 @@ impl Writer {
         // still held, so no other process appends in between).
         link_archive(&self.path, &archived_to)
             .and_then(|()| fs::rename(&next, &self.path))
+            .and_then(|()| self.mode.disk.sync_dir(parent_dir(&self.path)))
             .map_err(|e| failed("cannot swap in the compacted ledger", e))?;
         let owners = self.owners.clone();
         let _ = self.file.unlock();
@@ -664,18 +690,32 @@ impl Writer {
     }
 }
 
-/// The chained lines of `bodies` after `head`, one per line, and the new head.
-fn seal_lines(head: (u64, ChainHash), bodies: Vec<LineBody>) -> (String, (u64, ChainHash)) {
+/// The chained lines of `bodies` after `head`, one per line, and the new head; an error, and
+/// nothing to write, when a line would be longer than a reader takes ([`MAX_LINE_BYTES`]).
+fn seal_lines(
+    head: (u64, ChainHash),
+    bodies: Vec<LineBody>,
+) -> Result<(String, (u64, ChainHash)), LedgerError> {
     let mut text = String::new();
     let (mut seq, mut prev) = head;
     for body in bodies {
         seq += 1;
         let line = ChainedLine::seal(seq, prev, body);
         prev = line.hash;
-        text.push_str(&line.to_json_line());
+        let line = line.to_json_line();
+        if line.len() > MAX_LINE_BYTES {
+            return Err(storage(
+                "a ledger line would be longer than a ledger line may be",
+                format!(
+                    "more than {} MiB; nothing of this write was recorded",
+                    MAX_LINE_BYTES >> 20
+                ),
+            ));
+        }
+        text.push_str(&line);
         text.push('\n');
     }
-    (text, (seq, prev))
+    Ok((text, (seq, prev)))
 }
 
 /// Links the live file as its archive. A compaction killed between this link and its rename
