@@ -263,6 +263,9 @@ async fn clients_with_any_credential_are_told_apart() {
         assert_eq!(records.len(), 2, "{case}: {records:#?}");
         assert_ne!(records[0]["actor"], records[1]["actor"], "{case}");
         let stderr = proxy.stop().await;
+        // Said once, at start: what a client without credentials is.
+        let said = "a client that sends none acts as `anonymous`";
+        assert_eq!(stderr.matches(said).count(), 1, "{case}: {stderr}");
         let text = ledger_dir_text(&dir);
         for secret in [alice, bob].iter().flat_map(|headers| headers.iter().map(|h| h.1)) {
             let secret = secret.rsplit('=').next().unwrap();
