@@ -162,7 +162,11 @@ impl CredentialActors {
                 }
             }
         }
-        let query = uri.query().unwrap_or_default().as_bytes().split(|&b| b == b'&');
+        let query = uri
+            .query()
+            .unwrap_or_default()
+            .as_bytes()
+            .split(|&b| b == b'&');
         if let Some(query) = by_name(query, b'=', b"&") {
             feed(QUERY, &query);
         }
@@ -252,7 +256,11 @@ mod tests {
         assert_eq!(anonymous, ANONYMOUS);
         // Headers that are no credential leave a caller anonymous.
         assert_eq!(
-            actor_of(&actors, &[("user-agent", "a"), ("mcp-session-id", "s")], URL),
+            actor_of(
+                &actors,
+                &[("user-agent", "a"), ("mcp-session-id", "s")],
+                URL
+            ),
             ANONYMOUS
         );
         let cases: [(&[(&str, &str)], &str); 9] = [
@@ -275,7 +283,13 @@ mod tests {
             assert!(seen.insert(alice.clone()), "{headers:?} {uri}: {alice}");
             let bob_headers: Vec<(&str, String)> = headers
                 .iter()
-                .map(|(n, v)| (*n, v.replace("alice", "bob").replace("YWxpY2U6eA==", "Ym9iOng=")))
+                .map(|(n, v)| {
+                    (
+                        *n,
+                        v.replace("alice", "bob")
+                            .replace("YWxpY2U6eA==", "Ym9iOng="),
+                    )
+                })
                 .collect();
             let bob_headers: Vec<(&str, &str)> =
                 bob_headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
@@ -289,7 +303,11 @@ mod tests {
     fn one_credential_spelled_as_a_server_reads_it_is_one_actor() {
         let actors = actors(7);
         let same = |a: &[(&str, &str)], ua: &str, b: &[(&str, &str)], ub: &str| {
-            assert_eq!(actor_of(&actors, a, ua), actor_of(&actors, b, ub), "{a:?} {b:?}");
+            assert_eq!(
+                actor_of(&actors, a, ua),
+                actor_of(&actors, b, ub),
+                "{a:?} {b:?}"
+            );
         };
         same(
             &[("authorization", "Bearer T")],
@@ -306,7 +324,11 @@ mod tests {
         same(&[], "http://h/mcp?key=k&x=1", &[], "http://h/mcp?x=1&key=k");
         // The credential itself is compared byte for byte; a bare token has no scheme.
         let differ = |a: &[(&str, &str)], ua: &str, b: &[(&str, &str)], ub: &str| {
-            assert_ne!(actor_of(&actors, a, ua), actor_of(&actors, b, ub), "{a:?} {b:?}");
+            assert_ne!(
+                actor_of(&actors, a, ua),
+                actor_of(&actors, b, ub),
+                "{a:?} {b:?}"
+            );
         };
         differ(
             &[("authorization", "Bearer T")],
@@ -321,7 +343,12 @@ mod tests {
             URL,
         );
         // Two values of one name keep their order (a server may read the first).
-        differ(&[], "http://h/mcp?key=a&key=b", &[], "http://h/mcp?key=b&key=a");
+        differ(
+            &[],
+            "http://h/mcp?key=a&key=b",
+            &[],
+            "http://h/mcp?key=b&key=a",
+        );
         // One credential under another name is another credential.
         differ(&[("x-api-key", "k")], URL, &[("api-key", "k")], URL);
         differ(&[("x-api-key", "k")], URL, &[], "http://h/mcp?x-api-key=k");

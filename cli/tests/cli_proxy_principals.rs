@@ -195,7 +195,10 @@ async fn a_held_answer_for_one_client_is_never_another_clients() {
 /// Alice's held answer and his call never ran.)
 #[tokio::test]
 async fn clients_with_any_credential_are_told_apart() {
-    let cases: [(&str, &[(&str, &str)], &[(&str, &str)], &str, &str); 4] = [
+    // The case, Alice's and Bob's headers, Alice's and Bob's query strings.
+    type Headers = &'static [(&'static str, &'static str)];
+    type Case = (&'static str, Headers, Headers, &'static str, &'static str);
+    let cases: [Case; 4] = [
         (
             "x-api-key",
             &[("x-api-key", "alice-key-s3cr3t")],
@@ -250,13 +253,19 @@ async fn clients_with_any_credential_are_told_apart() {
         assert_eq!(server.state.side_effects("deploy_release"), 1, "{case}");
         // The control: Alice's repeat is her own held execution, not a second run.
         let (_alice, repeat) = deployed_as(&alice_url, 2, alice).await;
-        assert!(repeat.to_string().contains(&alices_execution), "{case}: {repeat}");
+        assert!(
+            repeat.to_string().contains(&alices_execution),
+            "{case}: {repeat}"
+        );
         assert_eq!(server.state.side_effects("deploy_release"), 1, "{case}");
 
         let bob_url = format!("{}{bob_query}", proxy.url);
         let (_bob, bobs) = deployed_as(&bob_url, 3, bob).await;
         assert_eq!(deployment(&bobs), 2, "{case}: {bobs}");
-        assert!(!bobs.to_string().contains(&alices_execution), "{case}: {bobs}");
+        assert!(
+            !bobs.to_string().contains(&alices_execution),
+            "{case}: {bobs}"
+        );
         assert_eq!(server.state.side_effects("deploy_release"), 2, "{case}");
 
         let records = ledger_list(&ledger);
@@ -267,11 +276,17 @@ async fn clients_with_any_credential_are_told_apart() {
         let said = "a client that sends none acts as `anonymous`";
         assert_eq!(stderr.matches(said).count(), 1, "{case}: {stderr}");
         let text = ledger_dir_text(&dir);
-        for secret in [alice, bob].iter().flat_map(|headers| headers.iter().map(|h| h.1)) {
+        for secret in [alice, bob]
+            .iter()
+            .flat_map(|headers| headers.iter().map(|h| h.1))
+        {
             let secret = secret.rsplit('=').next().unwrap();
             assert_nowhere(secret, &text, &stderr);
         }
-        for query in [alice_query, bob_query].into_iter().filter(|q| !q.is_empty()) {
+        for query in [alice_query, bob_query]
+            .into_iter()
+            .filter(|q| !q.is_empty())
+        {
             assert_nowhere(query.rsplit('=').next().unwrap(), &text, &stderr);
         }
         let _ = std::fs::remove_dir_all(dir);

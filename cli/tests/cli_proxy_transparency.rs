@@ -54,7 +54,13 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
     let dir = temp_dir("cli-proxy-transparency", "rebinding");
     let ledger = dir.join("ledger.jsonl");
     let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
-    let port = proxy.url.rsplit(':').next().unwrap().trim_end_matches("/mcp").to_owned();
+    let port = proxy
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/mcp")
+        .to_owned();
 
     let mut client = hyper_client();
     for (name, value) in [
@@ -78,7 +84,11 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
     // The proxy's own names pass.
     let host = format!("localhost:{port}");
     let origin = format!("http://127.0.0.1:{port}");
-    let request = with_header(with_header(deploy(&proxy.url, 2), "host", &host), "origin", &origin);
+    let request = with_header(
+        with_header(deploy(&proxy.url, 2), "host", &host),
+        "origin",
+        &origin,
+    );
     let response = send(&mut client, request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let answer = read_jsonrpc_response(response, &json!(2)).await.unwrap();
@@ -105,7 +115,9 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.state.side_effects("deploy_release"), 2);
     let loopback_now_foreign = with_header(deploy(&named.url, 4), "host", &host);
-    let response = send(&mut hyper_client(), loopback_now_foreign).await.unwrap();
+    let response = send(&mut hyper_client(), loopback_now_foreign)
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
     assert_eq!(server.state.side_effects("deploy_release"), 2);
     let _ = std::fs::remove_dir_all(dir);
@@ -120,28 +132,24 @@ async fn a_request_without_its_standard_headers_is_refused_never_repaired() {
     let server = json_server().await;
     let proxy = start_proxy(&server.url, &[]).await;
     let mut client = hyper_client();
-    let cases: [(&str, Box<dyn Fn(Request<Full<Bytes>>) -> Request<Full<Bytes>>>); 3] = [
-        (
-            "no Mcp-Method",
-            Box::new(|mut request| {
-                request.headers_mut().remove("mcp-method");
-                request
-            }),
-        ),
-        (
-            "no Mcp-Name",
-            Box::new(|mut request| {
-                request.headers_mut().remove("mcp-name");
-                request
-            }),
-        ),
-        (
-            "another Mcp-Name",
-            Box::new(|request| with_header(request, "mcp-name", "other_tool")),
-        ),
+    type Change = fn(Request<Full<Bytes>>) -> Request<Full<Bytes>>;
+    let cases: [(&str, Change); 3] = [
+        ("no Mcp-Method", |mut request| {
+            request.headers_mut().remove("mcp-method");
+            request
+        }),
+        ("no Mcp-Name", |mut request| {
+            request.headers_mut().remove("mcp-name");
+            request
+        }),
+        ("another Mcp-Name", |request| {
+            with_header(request, "mcp-name", "other_tool")
+        }),
     ];
     for (id, (case, change)) in (1..).zip(cases) {
-        let response = send(&mut client, change(deploy(&proxy.url, id))).await.unwrap();
+        let response = send(&mut client, change(deploy(&proxy.url, id)))
+            .await
+            .unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{case}");
         let refusal = read_response_to_end(response).await;
         assert_eq!(refusal["id"], id, "{case}: {refusal}");
@@ -168,19 +176,26 @@ async fn an_unsupported_revision_gets_the_upstreams_answer() {
     let proxy = start_proxy(&server.url, &[]).await;
     let mut meta = stateless_meta();
     meta["io.modelcontextprotocol/protocolVersion"] = json!(FUTURE);
-    let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}});
+    let discover =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}});
 
-    let direct = send(&mut hyper_client(), post(&server.url, None, FUTURE, discover.clone()))
-        .await
-        .unwrap();
+    let direct = send(
+        &mut hyper_client(),
+        post(&server.url, None, FUTURE, discover.clone()),
+    )
+    .await
+    .unwrap();
     let direct_status = direct.status();
     let direct = read_response_to_end(direct).await;
     assert_eq!(direct["error"]["code"], -32022, "{direct}");
     assert!(direct["error"]["data"]["supported"].is_array(), "{direct}");
 
-    let proxied = send(&mut hyper_client(), post(&proxy.url, None, FUTURE, discover))
-        .await
-        .unwrap();
+    let proxied = send(
+        &mut hyper_client(),
+        post(&proxy.url, None, FUTURE, discover),
+    )
+    .await
+    .unwrap();
     assert_eq!(proxied.status(), direct_status);
     let proxied = read_response_to_end(proxied).await;
     assert_eq!(proxied, direct);
@@ -196,7 +211,10 @@ async fn an_unsupported_revision_gets_the_upstreams_answer() {
     assert_eq!(refusal["error"]["code"], -32022, "{refusal}");
     assert_eq!(refusal["error"]["data"]["requested"], FUTURE, "{refusal}");
     let supported = refusal["error"]["data"]["supported"].as_array().unwrap();
-    assert!(supported.contains(&json!(STATELESS_PROTOCOL_VERSION)), "{refusal}");
+    assert!(
+        supported.contains(&json!(STATELESS_PROTOCOL_VERSION)),
+        "{refusal}"
+    );
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 0);
     assert_eq!(server.state.side_effects("deploy_release"), 0);
 }

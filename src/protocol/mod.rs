@@ -239,7 +239,11 @@ impl ClassifyError {
 /// a relay, which passes on what its client sent and never fills a header in (the guard fills
 /// them on the crate's own client path). Any other request, and one that cannot be
 /// classified, is `Ok`: its classification answers for it.
-pub fn require_standard_headers(method: &Method, headers: &HeaderMap, body: &[u8]) -> Result<(), ClassifyError> {
+pub fn require_standard_headers(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), ClassifyError> {
     let Ok(request) = classify(method, headers, body) else {
         return Ok(());
     };

@@ -59,8 +59,7 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     IntentScope,
     guard::{
-        DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url,
-        refused_request,
+        DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url, refused_request,
     },
     protocol,
 };
@@ -275,7 +274,10 @@ fn say_who_is_anonymous(names: &[HeaderName], held: &HeaderMap) {
     let meaning = format!(
         "each client acts as a tag of the credentials it sends ({names}, the query string); a client that sends none acts as `anonymous`, and anonymous clients share kept results and held answers; give --actor-header (a gateway's identity) or --actor to say who acts"
     );
-    match held.keys().find(|name| names.split(", ").any(|n| n == name.as_str())) {
+    match held
+        .keys()
+        .find(|name| names.split(", ").any(|n| n == name.as_str()))
+    {
         // The proxy's own token tells the upstream nothing about who its client is.
         Some(name) => tracing::warn!(
             "--header {name}: the proxy holds a credential of the upstream's; {meaning}"
@@ -335,9 +337,7 @@ async fn forward(
     }
     // A relay passes on what its client sent: a 2026-07-28 request without its standard
     // headers is refused as the upstream would refuse it, never repaired.
-    if let Err(error) =
-        protocol::require_standard_headers(&parts.method, &parts.headers, &bytes)
-    {
+    if let Err(error) = protocol::require_standard_headers(&parts.method, &parts.headers, &bytes) {
         let id = protocol::request_id_of(&bytes);
         return Ok(answers::own(refused_request(&error, id.as_ref())));
     }

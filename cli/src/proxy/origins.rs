@@ -40,11 +40,21 @@ const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 impl Origins {
     /// For a proxy listening on `local` (`scheme` `http` or `https`), with the flags' hosts
     /// and origins.
-    pub(super) fn new(local: SocketAddr, scheme: &str, hosts: &[String], origins: &[String]) -> Self {
+    pub(super) fn new(
+        local: SocketAddr,
+        scheme: &str,
+        hosts: &[String],
+        origins: &[String],
+    ) -> Self {
         let loopback = local.ip().is_loopback();
         let port = local.port();
         let hosts = if !hosts.is_empty() {
-            Some(hosts.iter().map(|host| host.trim().to_ascii_lowercase()).collect())
+            Some(
+                hosts
+                    .iter()
+                    .map(|host| host.trim().to_ascii_lowercase())
+                    .collect(),
+            )
         } else if loopback {
             Some(
                 LOOPBACK_NAMES
@@ -56,7 +66,10 @@ impl Origins {
             None
         };
         let origins = if !origins.is_empty() {
-            origins.iter().map(|origin| canonical_origin(origin)).collect()
+            origins
+                .iter()
+                .map(|origin| canonical_origin(origin))
+                .collect()
         } else if loopback {
             LOOPBACK_NAMES
                 .iter()
@@ -95,14 +108,16 @@ impl Origins {
 /// An allowed host with a port matches only that port; one without, any port.
 fn host_matches(allowed: &str, host: &str) -> bool {
     let host = host.trim().to_ascii_lowercase();
-    allowed == host || is_portless(allowed) && name_of(&host) == allowed
+    allowed == host || (is_portless(allowed) && name_of(&host) == allowed)
 }
 
 /// A host without its port (`[::1]:8080` → `[::1]`).
 fn name_of(host: &str) -> &str {
     match host.rsplit_once(':') {
         Some((name, port))
-            if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && is_portless(name) =>
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && is_portless(name) =>
         {
             name
         }
@@ -154,23 +169,53 @@ mod tests {
     #[test]
     fn a_loopback_proxy_serves_loopback_names_of_its_port_only() {
         let origins = Origins::new("127.0.0.1:8080".parse().unwrap(), "http", &[], &[]);
-        for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080", "LocalHost:8080"] {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "LocalHost:8080",
+        ] {
             assert!(allows(&origins, Some(host), None), "{host}");
         }
-        for host in ["evil.example.com", "evil.example.com:8080", "localhost:9090", "localhost", ""] {
+        for host in [
+            "evil.example.com",
+            "evil.example.com:8080",
+            "localhost:9090",
+            "localhost",
+            "",
+        ] {
             assert!(!allows(&origins, Some(host), None), "{host}");
         }
         assert!(!allows(&origins, None, None));
-        assert!(allows(&origins, Some("localhost:8080"), Some("http://localhost:8080")));
-        assert!(allows(&origins, Some("localhost:8080"), Some("http://127.0.0.1:8080/")));
-        for origin in ["http://evil.example.com", "null", "https://localhost:8080", "http://localhost:9"] {
-            assert!(!allows(&origins, Some("localhost:8080"), Some(origin)), "{origin}");
+        assert!(allows(
+            &origins,
+            Some("localhost:8080"),
+            Some("http://localhost:8080")
+        ));
+        assert!(allows(
+            &origins,
+            Some("localhost:8080"),
+            Some("http://127.0.0.1:8080/")
+        ));
+        for origin in [
+            "http://evil.example.com",
+            "null",
+            "https://localhost:8080",
+            "http://localhost:9",
+        ] {
+            assert!(
+                !allows(&origins, Some("localhost:8080"), Some(origin)),
+                "{origin}"
+            );
         }
     }
 
     #[test]
     fn flags_name_the_hosts_and_origins_elsewhere() {
-        let hosts = ["mcp.example.com".to_owned(), "gw.example.com:8443".to_owned()];
+        let hosts = [
+            "mcp.example.com".to_owned(),
+            "gw.example.com:8443".to_owned(),
+        ];
         let allowed = ["https://app.example.com".to_owned()];
         let origins = Origins::new("0.0.0.0:8443".parse().unwrap(), "https", &hosts, &allowed);
         assert!(allows(&origins, Some("mcp.example.com"), None));
@@ -178,12 +223,24 @@ mod tests {
         assert!(allows(&origins, Some("gw.example.com:8443"), None));
         assert!(!allows(&origins, Some("gw.example.com:9"), None));
         assert!(!allows(&origins, Some("localhost:8443"), None));
-        assert!(allows(&origins, Some("mcp.example.com"), Some("https://app.example.com")));
-        assert!(!allows(&origins, Some("mcp.example.com"), Some("https://evil.example.com")));
+        assert!(allows(
+            &origins,
+            Some("mcp.example.com"),
+            Some("https://app.example.com")
+        ));
+        assert!(!allows(
+            &origins,
+            Some("mcp.example.com"),
+            Some("https://evil.example.com")
+        ));
 
         // Elsewhere without flags: any host, and no browser origin.
         let open = Origins::new("0.0.0.0:8080".parse().unwrap(), "http", &[], &[]);
         assert!(allows(&open, Some("anything:1"), None));
-        assert!(!allows(&open, Some("anything:1"), Some("http://anything:1")));
+        assert!(!allows(
+            &open,
+            Some("anything:1"),
+            Some("http://anything:1")
+        ));
     }
 }

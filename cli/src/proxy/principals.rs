@@ -184,21 +184,31 @@ mod tests {
     }
 
     fn actor(principals: &Principals, headers: &mut HeaderMap, uri: &str) -> Actor {
-        principals.identify(headers, &uri.parse().unwrap()).unwrap().0
+        principals
+            .identify(headers, &uri.parse().unwrap())
+            .unwrap()
+            .0
     }
 
     #[test]
     fn every_credential_the_client_sends_names_its_actor() {
         let principals = by_credentials(&key(7));
         let alice = actor(&principals, &mut with_authorization("Bearer alice"), URI);
-        assert!(alice.as_str().starts_with("credentials:hmac-sha256:"), "{alice}");
+        assert!(
+            alice.as_str().starts_with("credentials:hmac-sha256:"),
+            "{alice}"
+        );
         assert!(!alice.as_str().contains("alice"), "{alice}");
         let again = actor(&principals, &mut with_authorization("bearer alice"), URI);
         assert_eq!(alice, again);
         let mut tenant = HeaderMap::new();
         tenant.insert("x-tenant-key", HeaderValue::from_static("alice"));
         let by_tenant = actor(&principals, &mut tenant, URI);
-        let by_query = actor(&principals, &mut HeaderMap::new(), "http://h/mcp?token=alice");
+        let by_query = actor(
+            &principals,
+            &mut HeaderMap::new(),
+            "http://h/mcp?token=alice",
+        );
         let nobody = actor(&principals, &mut HeaderMap::new(), URI);
         assert_eq!(nobody.as_str(), mcp_replay_guard::credentials::ANONYMOUS);
         for other in [&by_tenant, &by_query, &nobody] {
@@ -221,7 +231,9 @@ mod tests {
         let mut headers = with_authorization("Bearer t");
         headers.insert("x-user", HeaderValue::from_static("user:alice"));
         headers.insert("x-run", HeaderValue::from_static("run:1"));
-        let (actor, scope) = principals.identify(&mut headers, &URI.parse().unwrap()).unwrap();
+        let (actor, scope) = principals
+            .identify(&mut headers, &URI.parse().unwrap())
+            .unwrap();
         assert_eq!((actor.as_str(), scope.as_str()), ("user:alice", "run:1"));
         assert!(headers.get("x-user").is_none() && headers.get("x-run").is_none());
         assert!(headers.get(header::AUTHORIZATION).is_some());
