@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::{
     decide::call::UncertainReason,
     ledger::ExecutionRecord,
-    protocol::{Era, RequestId},
+    protocol::{ClassifyError, Era, ProtocolVersion, RequestId},
 };
 
 /// The field a 2026-07-28 result must carry, and earlier eras do not know.
@@ -209,6 +209,23 @@ fn tool_error(
             })),
         }),
     )
+}
+
+/// The answer to a request refused unsent because it is not one the crate can pass on (see
+/// [`ClassifyError::jsonrpc_code`]): HTTP 400 with the era's code; for an unsupported
+/// revision, `data.supported` (the revisions this crate speaks) and `data.requested`.
+pub fn refused_request(error: &ClassifyError, id: Option<&RequestId>) -> Response<Bytes> {
+    let code = error.jsonrpc_code();
+    let mut error_object = json!({"code": code, "message": format!("{error}; nothing was sent")});
+    if let ClassifyError::UnsupportedProtocolVersion(unsupported) = error {
+        let supported: Vec<&str> = ProtocolVersion::ALL.iter().map(|v| v.as_str()).collect();
+        error_object["data"] = json!({"supported": supported, "requested": unsupported.0});
+    }
+    let body = match id {
+        Some(id) => json!({"jsonrpc": "2.0", "id": id, "error": error_object}),
+        None => json!({"jsonrpc": "2.0", "error": error_object}),
+    };
+    json_response(StatusCode::BAD_REQUEST, &body)
 }
 
 /// A JSON-RPC error response (`application/json`) for the request `id`.

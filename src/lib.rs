@@ -157,6 +157,7 @@ pub(crate) use define_inner_service_accessors;
 mod answer;
 pub mod context;
 pub mod contract;
+pub mod credentials;
 mod decide;
 mod execution_id;
 pub mod fingerprint;

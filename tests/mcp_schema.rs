@@ -13,7 +13,8 @@
 //!   proxy's: tests/cli_proxy_answers.rs runs it through the built proxy);
 //! - guard, JSON-RPC errors: 413 (body past the limit, no id known), -32600 (a POST it cannot
 //!   read, a batch carrying tools/call, a malformed caller Idempotency-Key), -32601 (no
-//!   contract in strict mode), -32602 (an integer past 64 bits);
+//!   contract in strict mode), -32602 (an integer past 64 bits), -32020 (a 2026-07-28 header
+//!   that disagrees with the body), -32022 (a tools/call in a revision it does not speak);
 //! - server half: replay (JSON, SSE, the other era), 422 key reused, 409 in flight, 409
 //!   outcome unknown, 503 not recorded, 400 malformed key, 400 unreadable call, 400 batch, 413,
 //!   422 integer past 64 bits. Its 503 "shutting down" (a keyed call's task cancelled by a
@@ -418,14 +419,36 @@ async fn the_guards_jsonrpc_errors_are_valid_mcp_and_carry_the_id_when_known() {
                 -32600,
                 None,
             )),
-            // In 2026-07-28 a batch is not a request at all.
-            Era::Stateless => errors.push((
-                "batch in an era without batches",
-                raw_post(era, url, session, version(era), &batch_body()),
-                StatusCode::BAD_REQUEST,
-                -32600,
-                None,
-            )),
+            // In 2026-07-28 a batch is not a request at all; a header that disagrees with the
+            // body and a revision the guard does not speak get the era's own codes.
+            Era::Stateless => errors.extend([
+                (
+                    "batch in an era without batches",
+                    raw_post(era, url, session, version(era), &batch_body()),
+                    StatusCode::BAD_REQUEST,
+                    -32600,
+                    None,
+                ),
+                (
+                    "Mcp-Name disagreeing with the body",
+                    {
+                        let mut r = era.tool_call(url, session, 6, "deploy_release", deploy("5"));
+                        r.headers_mut()
+                            .insert("mcp-name", HeaderValue::from_static("other_tool"));
+                        r
+                    },
+                    StatusCode::BAD_REQUEST,
+                    -32020,
+                    Some(json!(6)),
+                ),
+                (
+                    "tools/call in an unsupported revision",
+                    raw_post(era, url, session, "2099-01-01", &era_body(era, 7, "{}")),
+                    StatusCode::BAD_REQUEST,
+                    -32022,
+                    Some(json!(7)),
+                ),
+            ]),
         }
         for (kind, request, status, code, id) in errors {
             let (got, answer) = call(&mut client, request).await;

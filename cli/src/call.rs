@@ -260,11 +260,7 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         bail!(
             "cannot open an MCP connection to {shown_url}: {}. Nothing was sent. {}",
             mcp_http::describe(&*error),
-            if tls::is_tls_failure(&*error) {
-                tls::CA_CERT_HINT
-            } else {
-                "Check --url, that the server runs, and --protocol"
-            }
+            tls::hint(&*error).unwrap_or("Check --url, that the server runs, and --protocol")
         );
     }
     handed_over.store(false, Ordering::Release);
@@ -375,11 +371,7 @@ where
                     error
                         .execution_id()
                         .map_or_else(|| "-".to_owned(), |id| id.to_string()),
-                    if tls::is_tls_failure(&error) {
-                        format!("; {}", tls::CA_CERT_HINT)
-                    } else {
-                        String::new()
-                    }
+                    tls::hint(&error).map_or_else(String::new, |hint| format!("; {hint}"))
                 )));
             }
             Err(error) if error.is_unknown() || error.is_not_sent() => {

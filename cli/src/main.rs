@@ -4,7 +4,7 @@
 //! ```text
 //! replay-guard demo                          # the main job on an embedded server: exit 0 iff the guard deployed once
 //! replay-guard call --url URL --tool NAME --args JSON [--ledger PATH] [--policy FILE] [--class C] [--ca-cert PEM] …
-//! replay-guard proxy --listen ADDR --upstream URL [--ledger PATH] [--policy FILE] [--ca-cert PEM] [--tls-cert PEM --tls-key PEM] [--actor-header NAME | --actor A] [--header K:V …]
+//! replay-guard proxy --listen ADDR --upstream URL [--ledger PATH] [--policy FILE] [--ca-cert PEM] [--tls-cert PEM --tls-key PEM] [--actor-header NAME | --actor A | --credential-header NAME …] [--allowed-host H …] [--allowed-origin O …] [--header K:V …]
 //! replay-guard stdio [--ledger PATH] [--policy FILE] [--restart] [--execution-id-in-meta] -- COMMAND [ARGS…]
 //! replay-guard audit verify PATH [--expect-head SEQ:HASH]  # exit 0: "ok: N events, head sha256:…"; exit 1 names the first bad seq
 //! replay-guard audit head PATH               # the head to anchor elsewhere: SEQ:sha256:HEX

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_replay_guard::protocol::{self, sse::SseParser};
+use mcp_replay_guard::protocol::{self, Era, ProtocolVersion, sse::SseParser};
 use serde_json::{Value, json};
 use tower::{Service, ServiceExt};
 
@@ -200,20 +200,22 @@ impl Endpoint {
                 self.version = STATELESS_VERSION.to_owned();
                 Ok(())
             }
-            ProtocolChoice::Sessions => self.initialize(client).await,
-            ProtocolChoice::Auto => {
-                if self.discover(client).await? {
-                    self.version = STATELESS_VERSION.to_owned();
+            ProtocolChoice::Sessions => self.initialize(client, SESSION_VERSION).await,
+            ProtocolChoice::Auto => match self.discover(client).await? {
+                version if version.era() == Era::Stateless => {
+                    self.version = version.as_str().to_owned();
                     Ok(())
-                } else {
-                    self.initialize(client).await
                 }
-            }
+                version => self.initialize(client, version.as_str()).await,
+            },
         }
     }
 
-    /// `server/discover`: does the server speak the stateless era?
-    async fn discover<S, RB>(&mut self, client: &mut S) -> Result<bool, BoxError>
+    /// `server/discover`: which revision to speak. The stateless era when the server names
+    /// it; after its answer that it does not speak that revision (`-32022`), the newest of
+    /// the revisions it names in `data.supported` that this command speaks; otherwise (a
+    /// server of the session era, which knows no `server/discover`) the session era.
+    async fn discover<S, RB>(&mut self, client: &mut S) -> Result<ProtocolVersion, BoxError>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
         S::Error: Into<BoxError>,
@@ -227,27 +229,60 @@ impl Endpoint {
         };
         let request = probe.post(json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover"}));
         let response = send(client, request).await?;
-        Ok(match read_reply(response, &json!(0)).await {
-            Ok(Reply::Message(message)) => message["result"]["supportedVersions"]
-                .as_array()
-                .is_some_and(|versions| versions.iter().any(|v| v == STATELESS_VERSION)),
-            _ => false,
-        })
+        let message = match read_reply(response, &json!(0)).await {
+            Ok(Reply::Message(message)) => message,
+            // The era's refusals come with HTTP 400.
+            Ok(Reply::Http { body, .. }) => serde_json::from_str(&body).unwrap_or_default(),
+            _ => Value::Null,
+        };
+        let stateless = message["result"]["supportedVersions"]
+            .as_array()
+            .is_some_and(|versions| versions.iter().any(|v| v == STATELESS_VERSION));
+        if stateless {
+            return Ok(ProtocolVersion::V2026_07_28);
+        }
+        let error = &message["error"];
+        if error["code"] != protocol::UNSUPPORTED_PROTOCOL_VERSION {
+            return Ok(ProtocolVersion::V2025_11_25);
+        }
+        let supported: Vec<&str> = error["data"]["supported"]
+            .as_array()
+            .map(|versions| versions.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        ProtocolVersion::ALL
+            .into_iter()
+            .rev()
+            .find(|version| supported.contains(&version.as_str()))
+            .ok_or_else(|| {
+                let named: Vec<String> = supported
+                    .iter()
+                    .take(8)
+                    .map(|v| format!("{:?}", v.chars().take(32).collect::<String>()))
+                    .collect();
+                let ours: Vec<&str> = ProtocolVersion::ALL.iter().map(|v| v.as_str()).collect();
+                format!(
+                    "the server speaks none of the MCP revisions this command speaks ({}): it named [{}]",
+                    ours.join(", "),
+                    named.join(", ")
+                )
+                .into()
+            })
     }
 
-    async fn initialize<S, RB>(&mut self, client: &mut S) -> Result<(), BoxError>
+    /// The session era's `initialize` handshake, asking for `version`.
+    async fn initialize<S, RB>(&mut self, client: &mut S, version: &str) -> Result<(), BoxError>
     where
         S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
         S::Error: Into<BoxError>,
         RB: Body<Data = Bytes>,
         RB::Error: Into<BoxError>,
     {
-        self.version = SESSION_VERSION.to_owned();
+        self.version = version.to_owned();
         self.session = None;
         let request = self.post(json!({
             "jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {
-                "protocolVersion": SESSION_VERSION,
+                "protocolVersion": version,
                 "capabilities": {},
                 "clientInfo": client_info(),
             }

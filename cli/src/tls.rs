@@ -37,6 +37,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a TLS failure suggests to the person running the command.
 pub const CA_CERT_HINT: &str = "the TLS handshake failed: if the server's certificate is signed by a private CA, pass --ca-cert PATH (its CA certificate in PEM)";
 
+/// What a server certificate that is a CA's (`CA:TRUE`) needs, which rustls refuses as a
+/// server's own (trusting it with --ca-cert does not help).
+pub const CA_AS_SERVER_HINT: &str = "the server's certificate is a CA certificate (basicConstraints CA:TRUE), which TLS refuses as a server's own even when --ca-cert names it: make the server a certificate of its own, signed by a CA (CA:FALSE, subjectAltName with the host or IP address of the URL, extendedKeyUsage serverAuth; `mkcert`, or `openssl x509 -req -CA ca.pem -CAkey ca.key` with those extensions, makes one), serve it, and pass the CA's certificate with --ca-cert PATH";
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(ring::default_provider())
 }
@@ -173,23 +177,40 @@ impl Service<Uri> for Connector {
     }
 }
 
-/// An error on one line, with the `--ca-cert` hint when a certificate was refused.
+/// An error on one line, with the advice of [`hint`] when TLS refused the connection.
 pub fn described(error: &(dyn StdError + 'static)) -> String {
     let text = crate::mcp_http::describe(error);
-    if is_tls_failure(error) {
-        format!("{text}; {CA_CERT_HINT}")
-    } else {
-        text
+    match hint(error) {
+        Some(hint) => format!("{text}; {hint}"),
+        None => text,
     }
 }
 
-/// Whether `error` came from rustls (a certificate it refused, a failed handshake): then
-/// [`CA_CERT_HINT`] applies. (A stalled handshake says so itself.)
-pub fn is_tls_failure(error: &(dyn StdError + 'static)) -> bool {
+/// What to do about an error that came from rustls (a certificate it refused, a failed
+/// handshake), by what it refused: a server certificate that is a CA's gets
+/// [`CA_AS_SERVER_HINT`], anything else [`CA_CERT_HINT`]. `None` for any other error (a
+/// stalled handshake says so itself).
+pub fn hint(error: &(dyn StdError + 'static)) -> Option<&'static str> {
+    let refused = rustls_error(error)?;
+    let ca_as_server = matches!(
+        refused,
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
+            // rustls passes webpki's own error on, which names itself.
+            if other.to_string() == "CaUsedAsEndEntity"
+    );
+    Some(if ca_as_server {
+        CA_AS_SERVER_HINT
+    } else {
+        CA_CERT_HINT
+    })
+}
+
+/// The rustls error in `error`'s chain, if any.
+fn rustls_error<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
     let mut current = Some(error);
     while let Some(e) = current {
-        if e.is::<rustls::Error>() {
-            return true;
+        if let Some(refused) = e.downcast_ref::<rustls::Error>() {
+            return Some(refused);
         }
         // An `io::Error` hides the error it wraps from `source()` (hyper-rustls wraps
         // tokio-rustls's, which wraps rustls's): look inside it.
@@ -198,7 +219,7 @@ pub fn is_tls_failure(error: &(dyn StdError + 'static)) -> bool {
             None => e.source(),
         };
     }
-    false
+    None
 }
 
 /// The proxy listener's certificate and key.

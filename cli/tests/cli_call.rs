@@ -1637,3 +1637,65 @@ async fn a_malformed_header_argument_is_refused_without_echoing_the_credential()
         assert!(!run.stdout.contains("S3CRET"), "{run:#?}");
     }
 }
+
+/// `--protocol auto` against a server that answers `server/discover` with -32022 and names the
+/// revisions it speaks in `data.supported` (here 2025-06-18 only, and it refuses an
+/// `initialize` for any other): the call opens with the newest of them this command speaks and
+/// runs once. (Before, it fell back to a 2025-11-25 handshake, which such a server refuses.)
+#[tokio::test]
+async fn auto_opens_with_a_revision_the_servers_unsupported_answer_names() {
+    let server = TestServer::start().await;
+    let front = FrontServer::start(
+        &server.url,
+        FrontOptions {
+            only_version: Some("2025-06-18"),
+            ..FrontOptions::default()
+        },
+    )
+    .await;
+    let run = call(
+        &front.url,
+        "deploy_release",
+        deploy_args(),
+        &["--protocol", "auto"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(run.json()["outcome"], "completed", "{run:#?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let initializes: Vec<_> = server
+        .state
+        .all_requests()
+        .into_iter()
+        .filter(|request| request.jsonrpc_method.as_deref() == Some("initialize"))
+        .filter(|request| {
+            request
+                .headers
+                .get("mcp-protocol-version")
+                .is_some_and(|v| v == "2025-06-18")
+        })
+        .collect();
+    assert_eq!(initializes.len(), 1, "the handshake asked for 2025-06-18");
+
+    // A server that names no revision this command speaks: a clear error, nothing sent.
+    let future = FrontServer::start(
+        &server.url,
+        FrontOptions {
+            only_version: Some("2099-01-01"),
+            ..FrontOptions::default()
+        },
+    )
+    .await;
+    let before = server.state.all_requests().len();
+    let run = call(
+        &future.url,
+        "deploy_release",
+        deploy_args(),
+        &["--protocol", "auto"],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("2099-01-01"), "{run:#?}");
+    assert_eq!(server.state.all_requests().len(), before);
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+}

@@ -132,8 +132,8 @@ async fn clients_with_different_tokens_never_share_a_kept_result() {
         .collect();
     assert_ne!(actors[0], actors[1]);
     for actor in &actors {
-        assert!(actor.starts_with("authorization:hmac-sha256:"), "{actor}");
-        assert_eq!(actor.len(), "authorization:hmac-sha256:".len() + 32);
+        assert!(actor.starts_with("credentials:hmac-sha256:"), "{actor}");
+        assert_eq!(actor.len(), "credentials:hmac-sha256:".len() + 32);
     }
     let stderr = proxy.stop().await;
     assert!(stderr.contains("TRACE"), "the proxy logged at trace level");
@@ -185,6 +185,112 @@ async fn a_held_answer_for_one_client_is_never_another_clients() {
     assert_eq!(deployment(&bobs), 2, "{bobs}");
     assert!(!bobs.to_string().contains(&alices_execution), "{bobs}");
     assert_eq!(server.state.side_effects("deploy_release"), 2);
+}
+
+/// Clients that authenticate with an API key header, a cookie, a query token or a header the
+/// user names (`--credential-header`) are told apart as `Authorization` clients are: Alice's
+/// irreversible call is held after its response was lost; Bob's identical call with his own
+/// credential runs (two effects) and never shows Alice's execution id. Neither credential
+/// reaches the ledger. (Before, all of them were one actor, `anonymous`: Bob was handed
+/// Alice's held answer and his call never ran.)
+#[tokio::test]
+async fn clients_with_any_credential_are_told_apart() {
+    // The case, Alice's and Bob's headers, Alice's and Bob's query strings.
+    type Headers = &'static [(&'static str, &'static str)];
+    type Case = (&'static str, Headers, Headers, &'static str, &'static str);
+    let cases: [Case; 4] = [
+        (
+            "x-api-key",
+            &[("x-api-key", "alice-key-s3cr3t")],
+            &[("x-api-key", "bob-key-s3cr3t")],
+            "",
+            "",
+        ),
+        (
+            "cookie",
+            &[("cookie", "theme=dark; session=alice-cookie-s3cr3t")],
+            &[("cookie", "theme=dark; session=bob-cookie-s3cr3t")],
+            "",
+            "",
+        ),
+        (
+            "query",
+            &[],
+            &[],
+            "?access_token=alice-query-s3cr3t",
+            "?access_token=bob-query-s3cr3t",
+        ),
+        (
+            "credential-header",
+            &[("x-tenant-secret", "alice-tenant-s3cr3t")],
+            &[("x-tenant-secret", "bob-tenant-s3cr3t")],
+            "",
+            "",
+        ),
+    ];
+    for (case, alice, bob, alice_query, bob_query) in cases {
+        let server = json_server(None).await;
+        let dir = temp_dir("cli-proxy-principals", &format!("credentials-{case}"));
+        let ledger = dir.join("ledger.jsonl");
+        let proxy = start_proxy_logged(
+            &server.url,
+            &[
+                "--ledger",
+                &ledger.to_string_lossy(),
+                "--credential-header",
+                "X-Tenant-Secret",
+            ],
+            "trace",
+        )
+        .await;
+        server.state.lose_next_response("deploy_release");
+
+        let alice_url = format!("{}{alice_query}", proxy.url);
+        let (_alice, held) = deployed_as(&alice_url, 1, alice).await;
+        let alices = structured(&held).unwrap()["mcp_replay_guard"].clone();
+        assert_eq!(alices["state"], "needs_review", "{case}: {held}");
+        let alices_execution = alices["execution_id"].as_str().unwrap().to_owned();
+        assert_eq!(server.state.side_effects("deploy_release"), 1, "{case}");
+        // The control: Alice's repeat is her own held execution, not a second run.
+        let (_alice, repeat) = deployed_as(&alice_url, 2, alice).await;
+        assert!(
+            repeat.to_string().contains(&alices_execution),
+            "{case}: {repeat}"
+        );
+        assert_eq!(server.state.side_effects("deploy_release"), 1, "{case}");
+
+        let bob_url = format!("{}{bob_query}", proxy.url);
+        let (_bob, bobs) = deployed_as(&bob_url, 3, bob).await;
+        assert_eq!(deployment(&bobs), 2, "{case}: {bobs}");
+        assert!(
+            !bobs.to_string().contains(&alices_execution),
+            "{case}: {bobs}"
+        );
+        assert_eq!(server.state.side_effects("deploy_release"), 2, "{case}");
+
+        let records = ledger_list(&ledger);
+        assert_eq!(records.len(), 2, "{case}: {records:#?}");
+        assert_ne!(records[0]["actor"], records[1]["actor"], "{case}");
+        let stderr = proxy.stop().await;
+        // Said once, at start: what a client without credentials is.
+        let said = "a client that sends none acts as `anonymous`";
+        assert_eq!(stderr.matches(said).count(), 1, "{case}: {stderr}");
+        let text = ledger_dir_text(&dir);
+        for secret in [alice, bob]
+            .iter()
+            .flat_map(|headers| headers.iter().map(|h| h.1))
+        {
+            let secret = secret.rsplit('=').next().unwrap();
+            assert_nowhere(secret, &text, &stderr);
+        }
+        for query in [alice_query, bob_query]
+            .into_iter()
+            .filter(|q| !q.is_empty())
+        {
+            assert_nowhere(query.rsplit('=').next().unwrap(), &text, &stderr);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// Alice's stream is cut after its first event; Bob's GET with her session and Last-Event-ID
@@ -476,7 +582,7 @@ async fn a_token_the_proxy_holds_reaches_the_upstream_and_nowhere_else() {
     actors.sort();
     assert_eq!(actors[0], "anonymous");
     assert!(
-        actors[1].starts_with("authorization:hmac-sha256:"),
+        actors[1].starts_with("credentials:hmac-sha256:"),
         "{actors:?}"
     );
 

@@ -61,6 +61,47 @@ async fn call_over_https_with_a_private_ca_runs_a_lost_call_once_and_exits_3_twi
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
 }
 
+/// A self-signed certificate marked CA, presented as the server's own and passed with
+/// `--ca-cert`: TLS refuses it (`CaUsedAsEndEntity`), and the error says what is wrong with the
+/// certificate and how to make a proper one, not to pass the `--ca-cert` that was passed.
+/// Nothing is sent, from `call` or through the proxy.
+#[tokio::test]
+async fn a_ca_certificate_used_as_the_servers_own_is_explained() {
+    let certs = TestCerts::ca_as_server("ca-as-server");
+    let ca = path(&certs.ca_pem);
+    let server = TestServer::start_tls(ServerOptions::stateless(), &certs).await;
+    let run = call(
+        &server.url,
+        &["--protocol", "2026-07-28", "--ca-cert", &ca],
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("Nothing was sent"), "{run:#?}");
+    for says in ["is a CA certificate", "CA:FALSE", "subjectAltName"] {
+        assert!(run.stderr.contains(says), "{says}: {run:#?}");
+    }
+    assert!(!run.stderr.contains(CA_CERT_HINT_START), "{run:#?}");
+
+    let proxy = start_proxy(&server.url, &["--ca-cert", &ca]).await;
+    let mut client = hyper_client();
+    let request = post(
+        &proxy.url,
+        None,
+        STATELESS_PROTOCOL_VERSION,
+        stateless_tool_call_body(1, "deploy_release", deploy_args()),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
+    let text = body_text(response.into_body()).await.unwrap();
+    assert!(text.contains("is a CA certificate"), "{text}");
+    assert!(!text.contains(CA_CERT_HINT_START), "{text}");
+    assert_eq!(server.state.all_requests().len(), 0);
+}
+
+/// The start of the advice for a certificate signed by a CA the client does not trust.
+const CA_CERT_HINT_START: &str = "if the server's certificate is signed by a private CA";
+
 /// Without `--ca-cert` the platform's roots are trusted (`SSL_CERT_FILE` names them here),
 /// and a system without any root says to pass `--ca-cert`.
 #[tokio::test]

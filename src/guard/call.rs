@@ -126,12 +126,17 @@ where
                 }
                 _ => return self.pass_through(parts, bytes).await,
             },
+            // A revision this crate does not speak: the server answers what cannot run a
+            // tool (its refusal names the revisions it speaks); a possible call is refused.
+            Err(protocol::ClassifyError::UnsupportedProtocolVersion(_))
+                if !protocol::may_call_a_tool(&bytes) =>
+            {
+                return self.pass_through(parts, bytes).await;
+            }
             Err(error) if parts.method == http::Method::POST => {
-                return answered(answer::jsonrpc_error(
-                    StatusCode::BAD_REQUEST,
+                return answered(answer::refused_request(
+                    &error,
                     protocol::request_id_of(&bytes).as_ref(),
-                    -32600,
-                    format!("{error}; nothing was sent"),
                 ));
             }
             Err(_) => return self.pass_through(parts, bytes).await,

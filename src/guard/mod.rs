@@ -122,7 +122,7 @@ pub(crate) use crate::decide::call::UncertainReason;
 // The answers both halves write live at the crate root; these two are public here.
 pub use crate::DEFAULT_MAX_BODY_BYTES;
 use crate::answer;
-pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error};
+pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error, refused_request};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use future::ResponseFuture;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};

@@ -68,6 +68,13 @@ pub const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 /// `Mcp-Name`: the body's tool name, resource URI or task id mirrored in a header (2026-07-28).
 pub const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
+/// JSON-RPC error code (2026-07-28) for a request whose `Mcp-Method` / `Mcp-Name` header is
+/// missing, malformed or disagrees with its body; answered with HTTP 400.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// JSON-RPC error code (2026-07-28) for an `MCP-Protocol-Version` the server does not speak;
+/// answered with HTTP 400 and `data.supported`, the revisions it does speak.
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
 /// A classified request to an MCP endpoint.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -193,6 +200,12 @@ pub enum ClassifyError {
     /// The same object key twice inside a `tools/call`: two readers could see two calls.
     #[error("a tools/call has the key {0:?} twice")]
     DuplicateKey(String),
+    /// A 2026-07-28 request without a standard header its body needs: `Mcp-Method` on every
+    /// request and notification, `Mcp-Name` on `tools/call`, `resources/read` and
+    /// `prompts/get`. Only [`require_standard_headers`] reports it: the crate's own client
+    /// path adds what is missing.
+    #[error("the {0} header is missing (a 2026-07-28 request mirrors its body in it)")]
+    MissingHeader(HeaderName),
     /// A 2026-07-28 `Mcp-Method` / `Mcp-Name` header that disagrees with the body.
     #[error("the {header} header says {header_value:?} but the body says {body_value:?}")]
     HeaderMismatch {
@@ -203,6 +216,70 @@ pub enum ClassifyError {
         /// What the body says.
         body_value: String,
     },
+}
+
+impl ClassifyError {
+    /// The JSON-RPC error code a server answers the request with: the era's own where it has
+    /// one ([`HEADER_MISMATCH`] for a missing, malformed or disagreeing `Mcp-Method` /
+    /// `Mcp-Name`, [`UNSUPPORTED_PROTOCOL_VERSION`]), else `-32600` (invalid request).
+    pub fn jsonrpc_code(&self) -> i64 {
+        match self {
+            Self::MissingHeader(_) | Self::HeaderMismatch { .. } => HEADER_MISMATCH,
+            Self::InvalidHeader(name) if *name == MCP_METHOD || *name == MCP_NAME => {
+                HEADER_MISMATCH
+            }
+            Self::UnsupportedProtocolVersion(_) => UNSUPPORTED_PROTOCOL_VERSION,
+            _ => -32600,
+        }
+    }
+}
+
+/// Checks a 2026-07-28 POST's standard headers as a server must: present
+/// ([`ClassifyError::MissingHeader`]) and, as [`classify`] checks, agreeing with the body. For
+/// a relay, which passes on what its client sent and never fills a header in (the guard fills
+/// them on the crate's own client path). Any other request, and one that cannot be
+/// classified, is `Ok`: its classification answers for it.
+pub fn require_standard_headers(
+    method: &Method,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), ClassifyError> {
+    let Ok(request) = classify(method, headers, body) else {
+        return Ok(());
+    };
+    let RequestKind::Message(message) = &request.kind else {
+        return Ok(());
+    };
+    if !request.version.has_standard_headers() {
+        return Ok(());
+    }
+    let Some(method) = message.method() else {
+        return Ok(());
+    };
+    if !headers.contains_key(MCP_METHOD) {
+        return Err(ClassifyError::MissingHeader(MCP_METHOD));
+    }
+    let named = [TOOLS_CALL, "resources/read", "prompts/get"].contains(&method);
+    if named && !headers.contains_key(MCP_NAME) {
+        return Err(ClassifyError::MissingHeader(MCP_NAME));
+    }
+    Ok(())
+}
+
+/// Whether a POST body may carry a `tools/call`, read without knowing its revision (its
+/// `MCP-Protocol-Version` is one this crate does not speak): `false` only for one JSON object
+/// whose `method`, given once, is another method, or that has none (a response).
+pub(crate) fn may_call_a_tool(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    // A duplicate `method` is an error here: two readers could see two methods.
+    match serde_json::from_slice::<Envelope<'_>>(body) {
+        Ok(envelope) => envelope.method.is_some_and(|method| method == TOOLS_CALL),
+        Err(_) => true,
+    }
 }
 
 /// Classifies a request from its HTTP method, headers and body bytes.

@@ -224,6 +224,78 @@ fn mismatched_standard_headers_are_typed_errors() {
 }
 
 #[test]
+fn a_relay_requires_the_standard_headers_and_each_refusal_has_the_eras_code() {
+    let both = [
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "get_weather"),
+    ];
+    assert!(require_standard_headers(&Method::POST, &headers(&both), SPEC_TOOLS_CALL).is_ok());
+    for (missing, expected) in [(1, MCP_METHOD), (2, MCP_NAME)] {
+        let mut pairs = both.to_vec();
+        pairs.remove(missing);
+        let err =
+            require_standard_headers(&Method::POST, &headers(&pairs), SPEC_TOOLS_CALL).unwrap_err();
+        assert!(
+            matches!(&err, ClassifyError::MissingHeader(name) if *name == expected),
+            "{err:?}"
+        );
+        assert_eq!(err.jsonrpc_code(), HEADER_MISMATCH);
+    }
+    // A request that names nothing needs only Mcp-Method; a response needs none; a 2025
+    // revision none; a GET none.
+    let list = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let h = headers(&[
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/list"),
+    ]);
+    assert!(require_standard_headers(&Method::POST, &h, list).is_ok());
+    let h = headers(&[("MCP-Protocol-Version", "2026-07-28")]);
+    assert!(require_standard_headers(&Method::POST, &h, list).is_err());
+    let answer = br#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+    assert!(require_standard_headers(&Method::POST, &h, answer).is_ok());
+    assert!(require_standard_headers(&Method::GET, &h, b"").is_ok());
+    let h = headers(&[("MCP-Protocol-Version", "2025-11-25")]);
+    assert!(require_standard_headers(&Method::POST, &h, SPEC_TOOLS_CALL).is_ok());
+
+    let mismatch = classify(
+        &Method::POST,
+        &headers(&[both[0], both[1], ("Mcp-Name", "x")]),
+        SPEC_TOOLS_CALL,
+    )
+    .unwrap_err();
+    assert_eq!(mismatch.jsonrpc_code(), -32020);
+    let unsupported = classify(
+        &Method::POST,
+        &headers(&[("MCP-Protocol-Version", "2099-01-01")]),
+        SPEC_TOOLS_CALL,
+    )
+    .unwrap_err();
+    assert_eq!(unsupported.jsonrpc_code(), -32022);
+    assert_eq!(ClassifyError::ToolCallWithoutName.jsonrpc_code(), -32600);
+}
+
+#[test]
+fn a_body_of_an_unknown_revision_may_call_a_tool_unless_it_plainly_cannot() {
+    assert!(may_call_a_tool(SPEC_TOOLS_CALL));
+    for body in [
+        &br#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#[..],
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call"}"#,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools\/call"}"#,
+        b"not json",
+    ] {
+        assert!(may_call_a_tool(body), "{}", String::from_utf8_lossy(body));
+    }
+    for body in [
+        &br#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"method":"tools/call"}}"#
+            [..],
+        br#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+    ] {
+        assert!(!may_call_a_tool(body), "{}", String::from_utf8_lossy(body));
+    }
+}
+
+#[test]
 fn malformed_bodies_are_typed_errors() {
     let none = HeaderMap::new();
     type Expect = fn(&ClassifyError) -> bool;

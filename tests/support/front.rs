@@ -28,6 +28,10 @@ pub struct FrontOptions {
     /// The JSON-RPC response to a `tools/call` (JSON or SSE) gets a `padding` string of this
     /// many bytes in its `result`.
     pub pad_answer: Option<usize>,
+    /// A server that speaks this one revision of the session era and nothing else: it
+    /// answers `server/discover` with -32022 naming it in `data.supported`, and refuses an
+    /// `initialize` for any other revision the same way (HTTP 400).
+    pub only_version: Option<&'static str>,
 }
 
 /// A running front; dropping it stops accepting.
@@ -118,6 +122,11 @@ async fn forward(
         .unwrap_or_default();
     let is_tool_call = serde_json::from_slice::<serde_json::Value>(&bytes)
         .is_ok_and(|m| m["method"] == "tools/call");
+    if let Some(only) = options.only_version
+        && let Some(refusal) = refuse_other_versions(only, &bytes)
+    {
+        return Ok(refusal);
+    }
     parts.uri = upstream.parse().expect("the upstream URL parses");
     parts.headers.remove(http::header::HOST);
     let response = match hyper_client()
@@ -190,4 +199,38 @@ async fn forward(
         parts,
         StreamBody::new(stream).boxed_unsync(),
     ))
+}
+
+/// The answer of a server that speaks only `only` to a discovery or an `initialize` for
+/// another revision: HTTP 400, -32022, `data.supported = [only]`.
+fn refuse_other_versions(only: &str, body: &[u8]) -> Option<Response<FrontBody>> {
+    let message: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let refused = match message["method"].as_str()? {
+        "server/discover" => true,
+        "initialize" => message["params"]["protocolVersion"] != only,
+        _ => false,
+    };
+    if !refused {
+        return None;
+    }
+    let answer = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": message["id"],
+        "error": {
+            "code": -32022,
+            "message": "Unsupported protocol version",
+            "data": {"supported": [only], "requested": message["params"]["protocolVersion"]},
+        },
+    });
+    let mut response = Response::new(
+        Full::new(Bytes::from(answer.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = http::StatusCode::BAD_REQUEST;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Some(response)
 }

@@ -55,6 +55,34 @@ impl TestCerts {
         Self::issue(name, &SERVER_NAMES, true)
     }
 
+    /// One self-signed certificate marked CA (`CA:TRUE`) for `127.0.0.1` and `localhost`,
+    /// presented as the server's own and named as the CA: what TLS refuses
+    /// (`CaUsedAsEndEntity`), however it is trusted.
+    pub fn ca_as_server(name: &str) -> TestCerts {
+        let names: Vec<String> = SERVER_NAMES.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "mcp-replay-guard test CA as server");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let dir = temp_dir("tls", name);
+        let ca_pem = dir.join("ca.pem");
+        let key_pem = dir.join("server.key");
+        std::fs::write(&ca_pem, cert.pem()).unwrap();
+        std::fs::write(&key_pem, key.serialize_pem()).unwrap();
+        TestCerts {
+            dir,
+            cert_pem: ca_pem.clone(),
+            ca_pem,
+            key_pem,
+            ca: cert.der().clone(),
+            chain: vec![cert.der().clone()],
+            key: key.serialize_der(),
+        }
+    }
+
     fn issue(name: &str, names: &[&str], expired: bool) -> TestCerts {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -34,7 +34,7 @@ use crate::mcp_http::{BoxError, describe, is_event_stream};
 const ATTEMPTS: usize = 3;
 
 /// JSON-RPC error code of the proxy's own answers (the server-error range).
-const PROXY_ERROR: i64 = -32000;
+pub(super) const PROXY_ERROR: i64 = -32000;
 
 /// What the proxy knows of a client request, from the one classifier.
 struct Asked {

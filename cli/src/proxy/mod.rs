@@ -58,7 +58,9 @@ use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     IntentScope,
-    guard::{DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url},
+    guard::{
+        DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url, refused_request,
+    },
     protocol,
 };
 use tokio_util::sync::CancellationToken;
@@ -67,11 +69,13 @@ use tower::ServiceBuilder;
 mod answers;
 mod clients;
 mod delivery;
+mod origins;
 mod principals;
 mod serve;
 
 use clients::Sessions;
 use delivery::Deliveries;
+use origins::Origins;
 use principals::{Principals, ScopeSource};
 
 use crate::{
@@ -93,10 +97,16 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     attach_timeout: Duration,
     /// Take each client's actor from this header, which a trusted gateway in front of the
-    /// proxy sets (instead of a tag of the client's `Authorization`). A request without it is
-    /// refused unsent; it is not forwarded.
+    /// proxy sets (instead of a tag of the client's credentials). A request without it is
+    /// refused unsent; it is not forwarded. The way for OAuth clients, whose refreshed token
+    /// would otherwise be another actor.
     #[arg(long, value_name = "NAME", conflicts_with = "actor")]
     actor_header: Option<String>,
+    /// A header the upstream authenticates with, read as a credential of the client's besides
+    /// `Authorization`, `Proxy-Authorization`, `Cookie`, `X-API-Key`, `Api-Key`,
+    /// `X-Auth-Token` and the query string (repeatable): it enters the client's actor.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["actor", "actor_header"])]
+    credential_header: Vec<String>,
     /// Take each client's intent scope from this header, which a trusted gateway in front of
     /// the proxy sets (instead of `--scope`). A request without it is refused unsent; it is not
     /// forwarded.
@@ -107,6 +117,16 @@ pub struct ProxyArgs {
     /// The actor still comes from what the client sent. Never recorded or logged.
     #[arg(long = "header", value_name = "'K: V'")]
     headers: Vec<String>,
+    /// A `Host` the proxy serves (repeatable; `name` for any port, `name:port` for one). By
+    /// default, on a loopback address: `localhost`, `127.0.0.1` and `[::1]` with its port; on
+    /// any other address: any. Another host is refused 403 unsent (DNS rebinding).
+    #[arg(long, value_name = "HOST")]
+    allowed_host: Vec<String>,
+    /// An `Origin` the proxy serves (repeatable, `scheme://host:port`). By default, on a
+    /// loopback address: the loopback origins of its port; on any other address: none. A
+    /// request with another `Origin` (a web page elsewhere) is refused 403 unsent.
+    #[arg(long, value_name = "ORIGIN")]
+    allowed_origin: Vec<String>,
     #[command(flatten)]
     upstream_tls: ClientTls,
     #[command(flatten)]
@@ -120,6 +140,8 @@ pub struct ProxyArgs {
 /// What every request shares besides the guard.
 #[derive(Debug)]
 struct Front {
+    /// The `Host` and `Origin` served.
+    origins: Origins,
     principals: Principals,
     /// `--header`: set on every upstream request.
     held: HeaderMap,
@@ -173,18 +195,35 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         Some(name) => ScopeSource::Header(header_name("--scope-header", name)?),
         None => ScopeSource::Fixed(IntentScope::new(args.guard.scope.as_str())),
     };
+    let credential_headers = args
+        .credential_header
+        .iter()
+        .map(|name| header_name("--credential-header", name))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let held = crate::mcp_http::parse_headers(&args.headers)?;
-    if held.contains_key(header::AUTHORIZATION)
-        && args.guard.actor.is_none()
-        && actor_header.is_none()
-    {
-        // The proxy's own token tells the upstream nothing about who its client is.
-        tracing::warn!(
-            "--header Authorization: the proxy holds the upstream's token, so a client that sends no Authorization of its own acts as `anonymous`, and anonymous clients share kept results; give --actor-header (a gateway's identity) or --actor to say who acts"
-        );
+    let principals = Principals::new(
+        args.guard.actor.as_deref(),
+        actor_header,
+        credential_headers,
+        scope,
+        &key,
+    );
+    if let Some(names) = principals.credential_headers() {
+        say_who_is_anonymous(names, &held);
     }
+    let signals = serve::Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
+    let local = listener.local_addr()?;
     let front = Arc::new(Front {
-        principals: Principals::new(args.guard.actor.as_deref(), actor_header, scope, &key),
+        origins: Origins::new(
+            local,
+            listener_tls.scheme(),
+            &args.allowed_host,
+            &args.allowed_origin,
+        ),
+        principals,
         held,
         sessions: Sessions::default(),
         metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
@@ -194,11 +233,6 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let guard: Upstream = ServiceBuilder::new()
         .layer(layer.clone())
         .service(Client::builder(TokioExecutor::new()).build(connector));
-    let signals = serve::Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
-    let local = listener.local_addr()?;
     // One line on stdout a script (or a test) can wait for.
     println!(
         "listening on {}://{local} -> {shown_upstream}",
@@ -228,6 +262,30 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     .await)
 }
 
+/// Says once, at start-up, what a client without credentials is when the actor comes from the
+/// credentials `names` (and the query string), and whether the proxy holds a credential of its
+/// own (`held`), which the upstream then takes from every such client.
+fn say_who_is_anonymous(names: &[HeaderName], held: &HeaderMap) {
+    let names = names
+        .iter()
+        .map(HeaderName::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let meaning = format!(
+        "each client acts as a tag of the credentials it sends ({names}, the query string); a client that sends none acts as `anonymous`, and anonymous clients share kept results and held answers; give --actor-header (a gateway's identity) or --actor to say who acts"
+    );
+    match held
+        .keys()
+        .find(|name| names.split(", ").any(|n| n == name.as_str()))
+    {
+        // The proxy's own token tells the upstream nothing about who its client is.
+        Some(name) => tracing::warn!(
+            "--header {name}: the proxy holds a credential of the upstream's; {meaning}"
+        ),
+        None => tracing::warn!("{meaning}"),
+    }
+}
+
 /// Forwards one request through the guard to the upstream endpoint, as its client's actor.
 async fn forward(
     guard: Upstream,
@@ -236,6 +294,16 @@ async fn forward(
     front: Arc<Front>,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    // Before anything of the request is read: a page elsewhere never acts through the proxy.
+    if let Err(foreign) = front.origins.check(request.headers(), request.uri()) {
+        tracing::warn!("refused: {foreign}");
+        return Ok(answers::own(jsonrpc_error(
+            StatusCode::FORBIDDEN,
+            None,
+            answers::PROXY_ERROR,
+            format!("replay-guard proxy: {foreign}"),
+        )));
+    }
     let (mut parts, body) = request.into_parts();
     // Read whole (as the guard would): the proxy reads who the client is from it.
     let bytes = match Limited::new(body, DEFAULT_MAX_BODY_BYTES).collect().await {
@@ -267,8 +335,14 @@ async fn forward(
         }
         return Ok(metadata(&front, &upstream, parts, bytes).await);
     }
+    // A relay passes on what its client sent: a 2026-07-28 request without its standard
+    // headers is refused as the upstream would refuse it, never repaired.
+    if let Err(error) = protocol::require_standard_headers(&parts.method, &parts.headers, &bytes) {
+        let id = protocol::request_id_of(&bytes);
+        return Ok(answers::own(refused_request(&error, id.as_ref())));
+    }
     // Before `--header` replaces anything: the actor is who the client says it is.
-    match front.principals.identify(&mut parts.headers) {
+    match front.principals.identify(&mut parts.headers, &parts.uri) {
         Ok((actor, scope)) => {
             parts.extensions.insert(actor);
             parts.extensions.insert(scope);

@@ -6,25 +6,20 @@
 //! 1. `--actor NAME`: one fixed actor for every client.
 //! 2. `--actor-header NAME`: the value of a header a trusted gateway in front sets. A request
 //!    without it is refused unsent; the header is not forwarded.
-//! 3. Otherwise the client's `Authorization` value, as a keyed tag
-//!    (`authorization:hmac-sha256:<32 hex>`): never the value, not reversible, the same in every
+//! 3. Otherwise every credential the client's request carries (`Authorization`,
+//!    `Proxy-Authorization`, `Cookie`, `X-API-Key`, the `--credential-header`s, the query
+//!    string: the library's `credentials` rule), as a keyed tag
+//!    (`credentials:hmac-sha256:<32 hex>`): never a value, not reversible, the same in every
 //!    proxy that shares the `--ledger` (its key is derived from the ledger's fingerprint key,
-//!    under a label of its own). A request without `Authorization` acts as `anonymous`.
+//!    under a label of its own). A request that carries none acts as `anonymous`.
 //!
 //! The scope: `--scope S` for every client, or `--scope-header NAME` (refused without it; not
 //! forwarded).
 
-use hmac::{Hmac, KeyInit, Mac};
-use http::{HeaderMap, HeaderName, header};
-use mcp_replay_guard::{Actor, IntentScope, fingerprint::FingerprintKey};
-use sha2::Sha256;
-
-/// The actor of a request that presents no `Authorization` (when the actor comes from it).
-pub(super) const ANONYMOUS: &str = "anonymous";
-
-/// Label of the actor-tag key derivation: HMAC(fingerprint key, label). A tag is keyed apart
-/// from every fingerprint, so the two can never be taken for each other.
-const ACTOR_TAG_LABEL: &[u8] = b"mcp-replay-guard/v1/proxy-actor-tag";
+use http::{HeaderMap, HeaderName, Uri, header};
+use mcp_replay_guard::{
+    Actor, IntentScope, credentials::CredentialActors, fingerprint::FingerprintKey,
+};
 
 /// The longest actor or scope a gateway header may carry, in bytes.
 const MAX_HEADER_VALUE: usize = 256;
@@ -32,7 +27,7 @@ const MAX_HEADER_VALUE: usize = 256;
 /// Where the actor of a request comes from.
 #[derive(Clone)]
 enum ActorSource {
-    Authorization(Hmac<Sha256>),
+    Credentials(CredentialActors),
     Header(HeaderName),
     Fixed(Actor),
 }
@@ -55,7 +50,7 @@ impl std::fmt::Debug for Principals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The tag key is secret.
         let actor = match &self.actor {
-            ActorSource::Authorization(_) => "authorization tag".to_owned(),
+            ActorSource::Credentials(actors) => format!("{actors:?}"),
             ActorSource::Header(name) => format!("header {name}"),
             ActorSource::Fixed(actor) => format!("fixed {actor}"),
         };
@@ -78,42 +73,47 @@ pub(super) enum Unidentified {
 }
 
 impl Principals {
-    /// The actor from `fixed` or the `header`, else from `Authorization` tagged under `key`;
-    /// the scope from `scope`.
+    /// The actor from `fixed` or the `header`, else from the request's credentials (those of
+    /// [`CredentialActors`] and the `credential_headers`) tagged under `key`; the scope from
+    /// `scope`.
     pub(super) fn new(
         fixed: Option<&str>,
         header: Option<HeaderName>,
+        credential_headers: Vec<HeaderName>,
         scope: ScopeSource,
         key: &FingerprintKey,
     ) -> Self {
         let actor = match (fixed, header) {
             (Some(actor), _) => ActorSource::Fixed(Actor::new(actor)),
             (None, Some(header)) => ActorSource::Header(header),
-            (None, None) => {
-                let mut derive = Hmac::<Sha256>::new_from_slice(key.expose_bytes())
-                    .expect("HMAC takes keys of any length");
-                derive.update(ACTOR_TAG_LABEL);
-                let tag_key = Hmac::<Sha256>::new_from_slice(&derive.finalize().into_bytes())
-                    .expect("HMAC takes keys of any length");
-                ActorSource::Authorization(tag_key)
-            }
+            (None, None) => ActorSource::Credentials(
+                credential_headers
+                    .into_iter()
+                    .fold(CredentialActors::new(key), CredentialActors::header),
+            ),
         };
         Self { actor, scope }
     }
 
-    /// Who acts in the request with these `headers`, and in which scope. The gateway's headers
-    /// are removed: they are for the proxy, not the upstream.
+    /// The credential headers that name the actor, when the actor comes from them.
+    pub(super) fn credential_headers(&self) -> Option<&[HeaderName]> {
+        match &self.actor {
+            ActorSource::Credentials(actors) => Some(actors.headers()),
+            _ => None,
+        }
+    }
+
+    /// Who acts in the request with these `headers` to `uri`, and in which scope. The
+    /// gateway's headers are removed: they are for the proxy, not the upstream.
     pub(super) fn identify(
         &self,
         headers: &mut HeaderMap,
+        uri: &Uri,
     ) -> Result<(Actor, IntentScope), Unidentified> {
         let actor = match &self.actor {
             ActorSource::Fixed(actor) => actor.clone(),
             ActorSource::Header(name) => Actor::new(gateway_value(headers, name)?),
-            ActorSource::Authorization(tag_key) => match headers.get(header::AUTHORIZATION) {
-                Some(value) => Actor::new(tag(tag_key, value.as_bytes())),
-                None => Actor::new(ANONYMOUS),
-            },
+            ActorSource::Credentials(actors) => actors.actor(headers, uri),
         };
         let scope = match &self.scope {
             ScopeSource::Fixed(scope) => scope.clone(),
@@ -132,14 +132,6 @@ impl Principals {
             headers.remove(name);
         }
     }
-}
-
-/// `authorization:hmac-sha256:` and the first 128 bits of HMAC(tag key, value), in hex.
-fn tag(tag_key: &Hmac<Sha256>, value: &[u8]) -> String {
-    let mut mac = tag_key.clone();
-    mac.update(value);
-    let digest = mac.finalize().into_bytes();
-    format!("authorization:hmac-sha256:{}", hex::encode(&digest[..16]))
 }
 
 /// The value of a gateway header, taken out of `headers`.
@@ -173,8 +165,16 @@ mod tests {
         FingerprintKey::from_bytes(&[byte; 32]).unwrap()
     }
 
-    fn by_authorization(key: &FingerprintKey) -> Principals {
-        Principals::new(None, None, ScopeSource::Fixed(IntentScope::new("cli")), key)
+    const URI: &str = "http://127.0.0.1/mcp";
+
+    fn by_credentials(key: &FingerprintKey) -> Principals {
+        Principals::new(
+            None,
+            None,
+            vec![HeaderName::from_static("x-tenant-key")],
+            ScopeSource::Fixed(IntentScope::new("cli")),
+            key,
+        )
     }
 
     fn with_authorization(value: &str) -> HeaderMap {
@@ -183,42 +183,40 @@ mod tests {
         headers
     }
 
-    #[test]
-    fn an_authorization_tag_is_keyed_stable_and_never_the_value() {
-        let principals = by_authorization(&key(7));
-        let (alice, _) = principals
-            .identify(&mut with_authorization("Bearer alice-secret"))
-            .unwrap();
-        let (again, _) = by_authorization(&key(7))
-            .identify(&mut with_authorization("Bearer alice-secret"))
-            .unwrap();
-        let (bob, _) = principals
-            .identify(&mut with_authorization("Bearer bob-secret"))
-            .unwrap();
-        let (other_key, _) = by_authorization(&key(8))
-            .identify(&mut with_authorization("Bearer alice-secret"))
-            .unwrap();
-        assert_eq!(alice, again);
-        assert_ne!(alice, bob);
-        assert_ne!(alice, other_key);
-        let text = alice.as_str();
-        assert!(text.starts_with("authorization:hmac-sha256:"), "{text}");
-        assert_eq!(text.len(), "authorization:hmac-sha256:".len() + 32);
-        assert!(!text.contains("alice"), "{text}");
-        // Keyed apart from the fingerprint: the tag is not HMAC(fingerprint key, value).
-        let mut plain = Hmac::<Sha256>::new_from_slice(key(7).expose_bytes()).unwrap();
-        plain.update(b"Bearer alice-secret");
-        let plain = hex::encode(&plain.finalize().into_bytes()[..16]);
-        assert!(!text.ends_with(&plain));
+    fn actor(principals: &Principals, headers: &mut HeaderMap, uri: &str) -> Actor {
+        principals
+            .identify(headers, &uri.parse().unwrap())
+            .unwrap()
+            .0
     }
 
     #[test]
-    fn no_authorization_is_anonymous() {
-        let (actor, scope) = by_authorization(&key(7))
-            .identify(&mut HeaderMap::new())
-            .unwrap();
-        assert_eq!(actor.as_str(), ANONYMOUS);
-        assert_eq!(scope.as_str(), "cli");
+    fn every_credential_the_client_sends_names_its_actor() {
+        let principals = by_credentials(&key(7));
+        let alice = actor(&principals, &mut with_authorization("Bearer alice"), URI);
+        assert!(
+            alice.as_str().starts_with("credentials:hmac-sha256:"),
+            "{alice}"
+        );
+        assert!(!alice.as_str().contains("alice"), "{alice}");
+        let again = actor(&principals, &mut with_authorization("bearer alice"), URI);
+        assert_eq!(alice, again);
+        let mut tenant = HeaderMap::new();
+        tenant.insert("x-tenant-key", HeaderValue::from_static("alice"));
+        let by_tenant = actor(&principals, &mut tenant, URI);
+        let by_query = actor(
+            &principals,
+            &mut HeaderMap::new(),
+            "http://h/mcp?token=alice",
+        );
+        let nobody = actor(&principals, &mut HeaderMap::new(), URI);
+        assert_eq!(nobody.as_str(), mcp_replay_guard::credentials::ANONYMOUS);
+        for other in [&by_tenant, &by_query, &nobody] {
+            assert_ne!(&alice, other);
+        }
+        assert_ne!(by_tenant, by_query);
+        let names = principals.credential_headers().unwrap();
+        assert!(names.iter().any(|name| name == "x-tenant-key"), "{names:?}");
     }
 
     #[test]
@@ -226,13 +224,16 @@ mod tests {
         let principals = Principals::new(
             None,
             Some(HeaderName::from_static("x-user")),
+            Vec::new(),
             ScopeSource::Header(HeaderName::from_static("x-run")),
             &key(7),
         );
         let mut headers = with_authorization("Bearer t");
         headers.insert("x-user", HeaderValue::from_static("user:alice"));
         headers.insert("x-run", HeaderValue::from_static("run:1"));
-        let (actor, scope) = principals.identify(&mut headers).unwrap();
+        let (actor, scope) = principals
+            .identify(&mut headers, &URI.parse().unwrap())
+            .unwrap();
         assert_eq!((actor.as_str(), scope.as_str()), ("user:alice", "run:1"));
         assert!(headers.get("x-user").is_none() && headers.get("x-run").is_none());
         assert!(headers.get(header::AUTHORIZATION).is_some());
@@ -240,7 +241,7 @@ mod tests {
         let mut missing = with_authorization("Bearer t");
         missing.insert("x-run", HeaderValue::from_static("run:1"));
         assert!(matches!(
-            principals.identify(&mut missing),
+            principals.identify(&mut missing, &URI.parse().unwrap()),
             Err(Unidentified::Missing(_))
         ));
         for bad in [" ", &"a".repeat(MAX_HEADER_VALUE + 1)] {
@@ -248,7 +249,7 @@ mod tests {
             headers.insert("x-user", HeaderValue::from_str(bad).unwrap());
             headers.insert("x-run", HeaderValue::from_static("run:1"));
             assert!(matches!(
-                principals.identify(&mut headers),
+                principals.identify(&mut headers, &URI.parse().unwrap()),
                 Err(Unidentified::Invalid(_))
             ));
         }
@@ -257,7 +258,7 @@ mod tests {
         twice.append("x-user", HeaderValue::from_static("user:bob"));
         twice.insert("x-run", HeaderValue::from_static("run:1"));
         assert!(matches!(
-            principals.identify(&mut twice),
+            principals.identify(&mut twice, &URI.parse().unwrap()),
             Err(Unidentified::Invalid(_))
         ));
     }
@@ -267,12 +268,12 @@ mod tests {
         let principals = Principals::new(
             Some("team:ops"),
             None,
+            Vec::new(),
             ScopeSource::Fixed(IntentScope::new("cli")),
             &key(7),
         );
-        let (actor, _) = principals
-            .identify(&mut with_authorization("Bearer x"))
-            .unwrap();
-        assert_eq!(actor.as_str(), "team:ops");
+        let fixed = actor(&principals, &mut with_authorization("Bearer x"), URI);
+        assert_eq!(fixed.as_str(), "team:ops");
+        assert!(principals.credential_headers().is_none());
     }
 }
