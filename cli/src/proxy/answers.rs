@@ -24,6 +24,7 @@ use tower::ServiceExt;
 
 use super::{
     ProxyBody, Upstream,
+    client_close::{ClientLeft, until_client_left},
     delivery::{Deliveries, Written},
     serve,
 };
@@ -87,11 +88,12 @@ pub(super) async fn answer(
     stopping: &CancellationToken,
 ) -> Response<ProxyBody> {
     let asked = Asked::of(&parts, &bytes);
+    let client = parts.extensions.get::<ClientLeft>().cloned();
     let mut execution: Option<ExecutionId> = None;
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => match prepared(&guard, &asked, response, stopping).await {
+            Ok(response) => match prepared(&guard, &asked, response, stopping, &client).await {
                 Ok(prepared) => return streamed(prepared, deliveries),
                 // The guard recorded the cut before it reported it: it decides again.
                 Err(cut) => {
@@ -175,6 +177,7 @@ async fn prepared(
     asked: &Asked,
     response: Response<GuardResponseBody<hyper::body::Incoming>>,
     stopping: &CancellationToken,
+    client: &Option<ClientLeft>,
 ) -> Result<Prepared, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
@@ -184,6 +187,9 @@ async fn prepared(
         let mut body = body.map_err(Into::into).boxed_unsync();
         if asked.listen {
             body = serve::until_stopping(body, stopping);
+            if let Some(client) = client {
+                body = until_client_left(body, client.clone());
+            }
         }
         if let (true, Some(delivery)) = (sse, &delivery) {
             // The stream may end with one more event than the upstream sent.

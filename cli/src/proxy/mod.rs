@@ -65,9 +65,11 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 mod answers;
+mod client_close;
 mod clients;
 mod delivery;
 mod principals;
+mod request_body;
 mod serve;
 
 use clients::Sessions;
@@ -234,7 +236,7 @@ async fn forward(
     upstream: Uri,
     deliveries: Arc<Deliveries>,
     front: Arc<Front>,
-    request: Request<hyper::body::Incoming>,
+    request: Request<request_body::RequestBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let (mut parts, body) = request.into_parts();
     // Read whole (as the guard would): the proxy reads who the client is from it.
@@ -249,6 +251,9 @@ async fn forward(
                     "the request body is larger than the proxy's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
                 ),
             )));
+        }
+        Err(error) if error.is::<request_body::TooSlow>() => {
+            return Ok(request_body::too_slow(&error));
         }
         Err(error) => {
             let message = format!(
