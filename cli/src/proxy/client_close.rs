@@ -12,13 +12,13 @@ use std::{
     net::TcpStream,
     pin::Pin,
     sync::{Arc, Weak},
-    task::{Context, Poll, ready},
+    task::{Context, Poll},
 };
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use tokio::io::{Interest, ReadBuf};
+use tokio::io::Interest;
 
 use super::ProxyBody;
 use crate::mcp_http::BoxError;
@@ -28,16 +28,19 @@ use crate::mcp_http::BoxError;
 pub(super) struct ClientClose {
     /// A second descriptor of the connection's socket: `None` where it could not be made (the
     /// connection is then never seen to close early).
-    socket: Option<tokio::net::TcpStream>,
+    socket: Option<Arc<tokio::net::TcpStream>>,
 }
+
+/// Resolves once the client closed its connection.
+type Closed = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl ClientClose {
     /// The probe of `stream`'s socket. It holds a descriptor of the socket: the connection
-    /// keeps the only strong reference, and requests carry a [`ClientLeft`] (weak).
+    /// keeps the only long-lived reference, and requests carry a [`ClientLeft`] (weak).
     pub(super) fn of(stream: &tokio::net::TcpStream) -> Arc<Self> {
         match second_descriptor(stream) {
             Ok(socket) => Arc::new(Self {
-                socket: Some(socket),
+                socket: Some(Arc::new(socket)),
             }),
             Err(error) => {
                 tracing::debug!(%error, "cannot watch a client connection for its close");
@@ -46,26 +49,28 @@ impl ClientClose {
         }
     }
 
-    /// Ready once the client closed (FIN) or reset its connection. Bytes the client sent
-    /// (a pipelined request) are left where they are, for hyper.
-    fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(socket) = &self.socket else {
-            return Poll::Pending;
+    /// Resolves once the client closed (FIN) or reset its connection, as the reactor reports
+    /// it, also with bytes still unread before the close (a TLS `close_notify`, a pipelined
+    /// request): those are left where they are, for hyper.
+    fn closed(&self) -> Closed {
+        let Some(socket) = self.socket.clone() else {
+            return Box::pin(std::future::pending());
         };
-        loop {
-            let mut byte = [0u8; 1];
-            let mut peeked = ReadBuf::new(&mut byte);
-            match ready!(socket.poll_peek(cx, &mut peeked)) {
-                Ok(0) | Err(_) => return Poll::Ready(()),
-                // Bytes wait: not a close. Forget this readiness and wait for the next change
-                // (more bytes, or the close, which the reactor keeps until it is seen).
-                Ok(_) => {
-                    let _ = socket.try_io(Interest::READABLE, || {
-                        Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                    });
+        Box::pin(async move {
+            loop {
+                let Ok(ready) = socket.ready(Interest::READABLE).await else {
+                    return;
+                };
+                if ready.is_read_closed() || ready.is_error() {
+                    return;
                 }
+                // Bytes wait, not a close: forget this readiness and wait for the next change
+                // (the close is reported apart, and never forgotten this way).
+                let _ = socket.try_io(Interest::READABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
             }
-        }
+        })
     }
 }
 
@@ -100,6 +105,7 @@ pub(super) fn until_client_left(body: ProxyBody, client: ClientLeft) -> ProxyBod
     UntilClientLeft {
         body,
         client,
+        closed: None,
         left: false,
     }
     .boxed_unsync()
@@ -108,6 +114,8 @@ pub(super) fn until_client_left(body: ProxyBody, client: ClientLeft) -> ProxyBod
 struct UntilClientLeft {
     body: ProxyBody,
     client: ClientLeft,
+    /// Made when the stream first waits on the upstream.
+    closed: Option<Closed>,
     left: bool,
 }
 
@@ -125,9 +133,16 @@ impl Body for UntilClientLeft {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
             return Poll::Ready(frame);
         }
-        let left = match self.client.0.upgrade() {
-            Some(close) => close.poll_closed(cx).is_ready(),
-            None => true,
+        let this = &mut *self;
+        let left = match &mut this.closed {
+            Some(closed) => closed.as_mut().poll(cx).is_ready(),
+            None => match this.client.0.upgrade() {
+                Some(close) => {
+                    let closed = this.closed.insert(close.closed());
+                    closed.as_mut().poll(cx).is_ready()
+                }
+                None => true,
+            },
         };
         if left {
             self.left = true;
