@@ -351,3 +351,90 @@ async fn a_resume_that_finds_the_answer_gone_ends_with_the_honest_answer() {
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
 }
+
+/// An upstream with an event store, killed after the side effect while the call's stream was
+/// cut: the client's resume (GET + `Last-Event-ID`) finds the upstream unreachable, and gets
+/// the guard's uncertain answer for its call as an SSE `message` event, which its SDK takes
+/// as the call's answer on its first attempt. (Before: a plain-text 502, on which an SDK
+/// waits for its own timeout.)
+#[tokio::test]
+async fn a_resume_with_the_upstream_gone_is_answered_from_the_ledger_as_an_event() {
+    let server = server(
+        Era::Sessions,
+        ServerOptions {
+            event_store: true,
+            ..ServerOptions::default()
+        },
+    )
+    .await;
+    let proxy = start_proxy(&server.url, &[]).await;
+    let session = Era::Sessions.open_session(&proxy.url).await;
+    server
+        .state
+        .faults()
+        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
+    let call = Era::Sessions.tool_call(
+        &proxy.url,
+        session.as_deref(),
+        7,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+    );
+    let response = send(&mut hyper_client(), call).await.unwrap();
+    let mut cut = SseReader::new(response.into_body());
+    let mut last_event_id = None;
+    while let Ok(Some(event)) = cut.next_event().await {
+        last_event_id = event.id.or(last_event_id);
+    }
+    let last_event_id = last_event_id.expect("the priming event has an id");
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
+            .await,
+        1
+    );
+    // The upstream dies after the effect: its port refuses.
+    let address = server.addr;
+    server.shutdown();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(address).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server stops listening"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A second resume (the client tries again) is answered the same: the stream stays the
+    // execution's.
+    for _ in 0..2 {
+        let resume = get_stream(
+            &proxy.url,
+            session.as_deref(),
+            PROTOCOL_VERSION,
+            Some(&last_event_id),
+        );
+        let response = send(&mut hyper_client(), resume).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/event-stream",
+            "{response:?}"
+        );
+        let answer = read_jsonrpc_response(response, &json!(7))
+            .await
+            .unwrap_or_else(|error| panic!("the resume answers nothing: {error}"));
+        assert_valid_tool_answer(
+            Era::Sessions,
+            "a resume with the upstream gone",
+            &answer,
+            &json!(7),
+        );
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
+        assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    }
+    assert_eq!(server.state.side_effects("slow_deploy"), 1);
+    assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
+}

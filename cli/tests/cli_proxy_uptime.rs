@@ -608,3 +608,198 @@ async fn a_signal_ends_open_listen_streams_instead_of_waiting_out_the_shutdown_t
         .expect("the listen stream ends");
     assert!(rest.is_ok(), "it ends, not cut: {:?}", rest.err());
 }
+
+/// Four connections that send a request head announcing a 100 000-byte body, then one byte
+/// every 2 s, while the proxy allows 4 connections: each is answered 408 once its body is
+/// late (and its connection closed), so a normal client waiting behind them is answered; the
+/// proxy logs each one with its peer and counts them. (Before: the body was read without a
+/// deadline, the trickling connections held every place, and the normal client waited for
+/// ever.)
+#[tokio::test]
+async fn trickled_request_bodies_are_answered_408_and_a_normal_client_is_served() {
+    let server = TestServer::start().await;
+    let dir = temp_dir("cli-proxy-uptime", "trickle");
+    let stderr = dir.join("stderr.log");
+    let proxy = proxy_logging_to(
+        &server.url,
+        &[
+            "--max-connections",
+            "4",
+            "--request-body-timeout",
+            "2s",
+            "--request-body-min-rate",
+            "1024",
+        ],
+        &stderr,
+        "warn",
+    )
+    .await;
+    let address = authority(&proxy);
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: 100000\r\n\r\n{{"
+    );
+    let mut tricklers = tokio::task::JoinSet::new();
+    let (heads_sent, mut heads) = tokio::sync::mpsc::channel(4);
+    for _ in 0..4 {
+        let (address, head, heads_sent) = (address.clone(), head.clone(), heads_sent.clone());
+        tricklers.spawn(async move {
+            let mut stream = TcpStream::connect(&address).await.unwrap();
+            stream.write_all(head.as_bytes()).await.unwrap();
+            heads_sent.send(()).await.unwrap();
+            let mut ticks = tokio::time::interval(Duration::from_secs(2));
+            let mut answer = Vec::new();
+            let mut buf = [0u8; 1024];
+            // One body byte every 2 s, reading whatever the proxy answers, until it closes.
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {
+                        if stream.write_all(b" ").await.is_err() {
+                            break;
+                        }
+                    }
+                    read = stream.read(&mut buf) => match read {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => answer.extend_from_slice(&buf[..n]),
+                    },
+                }
+            }
+            String::from_utf8_lossy(&answer).into_owned()
+        });
+    }
+    for _ in 0..4 {
+        heads.recv().await.unwrap();
+    }
+
+    // A normal client, behind the four.
+    let client = connect(&proxy.url).await;
+    let answer = deploy(&client)
+        .await
+        .expect("the normal client is answered");
+    assert_eq!(answer.is_error, Some(false), "{answer:?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    let answers = tokio::time::timeout(HANG, async {
+        let mut answers = Vec::new();
+        while let Some(answer) = tricklers.join_next().await {
+            answers.push(answer.unwrap());
+        }
+        answers
+    })
+    .await
+    .expect("the proxy closes every trickling connection");
+    for answer in &answers {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"jsonrpc\""), "{answer}");
+    }
+    let log = wait_for_log(&stderr, "slow_requests=4").await;
+    assert_eq!(
+        log.matches("request body too slowly").count(),
+        4,
+        "one warning per slow request:\n{log}"
+    );
+    assert!(log.contains("peer=127.0.0.1:"), "{log}");
+    // Nothing of the trickled requests reached the upstream.
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    client.cancel().await.unwrap();
+}
+
+/// The proxy's TCP sockets on `port` (local or remote), by state, from `/proc/net/tcp`: the
+/// kernel's own view, whatever the proxy believes.
+fn sockets_on_port(port: u16, local: bool) -> Vec<&'static str> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let address = if local { fields[1] } else { fields[2] };
+            let socket_port = u16::from_str_radix(address.rsplit(':').next()?, 16).ok()?;
+            (socket_port == port).then(|| match fields[3] {
+                "01" => "ESTABLISHED",
+                "06" => "TIME_WAIT",
+                "08" => "CLOSE_WAIT",
+                "09" => "LAST_ACK",
+                "0A" => "LISTEN",
+                _ => "OTHER",
+            })
+        })
+        .collect()
+}
+
+/// Waits (polling, bounded by [`HANG`]) until `done` holds of `/proc/net/tcp`.
+async fn wait_for_sockets(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Five clients open a listen stream (GET without `Last-Event-ID`) and go away while the
+/// upstream has nothing to send (it sends no keep-alive comments): the proxy notices each close, ends the stream and its
+/// upstream exchange, so no socket of the proxy's port is left (no CLOSE-WAIT), its upstream
+/// connections go back to what they were, and SIGTERM then exits at once. (Before: the
+/// proxy's sockets stayed in CLOSE-WAIT with their upstream connections open until the
+/// upstream next wrote, counted against `--max-connections`.)
+#[tokio::test]
+async fn abandoned_listen_streams_are_closed_with_their_upstream_exchanges() {
+    // No keep-alive comments: the upstream writes nothing on an idle listen stream.
+    let server = TestServer::start_with(ServerOptions {
+        sse_keep_alive: None,
+        ..ServerOptions::default()
+    })
+    .await;
+    let mut proxy = start_proxy(&server.url, &["--shutdown-timeout", "1h"]).await;
+    let proxy_port: u16 = authority(&proxy)
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let upstream_port = server.addr.port();
+    let open_upstream = || {
+        sockets_on_port(upstream_port, false)
+            .iter()
+            .filter(|state| **state == "ESTABLISHED")
+            .count()
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..5 {
+        sessions.push(Era::Sessions.open_session(&proxy.url).await.unwrap());
+    }
+    let upstream_before = open_upstream();
+
+    let mut listens = Vec::new();
+    for session in &sessions {
+        // A client of its own per stream: dropping it closes its connection.
+        let mut client = hyper_client();
+        let listen = send(
+            &mut client,
+            get_stream(&proxy.url, Some(session), PROTOCOL_VERSION, None),
+        )
+        .await
+        .expect("the listen stream opens");
+        assert!(listen.status().is_success(), "{listen:?}");
+        listens.push((client, listen));
+    }
+    drop(listens);
+
+    wait_for_sockets(
+        "no socket of the proxy's port is left after its clients went away",
+        || {
+            sockets_on_port(proxy_port, true)
+                .iter()
+                .all(|state| matches!(*state, "LISTEN" | "TIME_WAIT"))
+        },
+    )
+    .await;
+    wait_for_sockets(
+        "the upstream exchanges of the abandoned streams end",
+        || open_upstream() <= upstream_before,
+    )
+    .await;
+
+    send_signal(&proxy.child, "TERM");
+    assert_eq!(exit_code(&mut proxy.child).await, Some(0));
+}

@@ -217,10 +217,16 @@ where
         };
         tracing::info!(execution_id = %link.execution_id, %last_event_id, "a resume stream continues an execution");
         let (body, _) = GuardRequestBody::new(bytes);
-        let mut response = self
-            .send(Request::from_parts(parts, body))
-            .await
-            .map_err(GuardError::inner)?;
+        let mut response = match self.send(Request::from_parts(parts, body)).await {
+            Ok(response) => response,
+            Err(error) => {
+                // Nothing came of this resume: the stream is still the execution's to resume,
+                // and the caller still owes its call an answer.
+                let (execution_id, request_id) = (link.execution_id, link.request_id.clone());
+                self.inflight.link(key, link);
+                return Err(GuardError::inner(error).resuming(execution_id, request_id));
+            }
+        };
         if !response.status().is_success() {
             return Ok(response.map(GuardResponseBody::passthrough));
         }

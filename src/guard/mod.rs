@@ -130,7 +130,7 @@ pub use layer::{GuardLayer, resolve};
 pub use redact::redact_url;
 pub use service::Guard;
 
-use crate::{ExecutionId, ledger::LedgerError};
+use crate::{ExecutionId, ledger::LedgerError, protocol::RequestId};
 
 pub use crate::BoxError;
 
@@ -158,6 +158,8 @@ pub fn jsonrpc_error_may_have_run(code: i64) -> bool {
 pub struct GuardError {
     kind: ErrorKind,
     execution_id: Option<ExecutionId>,
+    /// The call a failed resume continued (with `execution_id`, its execution).
+    resumed: Option<RequestId>,
     source: BoxError,
 }
 
@@ -175,6 +177,7 @@ impl GuardError {
         Self {
             kind: ErrorKind::NotSent,
             execution_id: Some(id),
+            resumed: None,
             source,
         }
     }
@@ -182,6 +185,7 @@ impl GuardError {
         Self {
             kind: ErrorKind::Unknown,
             execution_id: Some(id),
+            resumed: None,
             source,
         }
     }
@@ -189,6 +193,7 @@ impl GuardError {
         Self {
             kind: ErrorKind::Ledger,
             execution_id: None,
+            resumed: None,
             source: source.into(),
         }
     }
@@ -196,6 +201,7 @@ impl GuardError {
         Self {
             kind: ErrorKind::RequestBody,
             execution_id: None,
+            resumed: None,
             source,
         }
     }
@@ -203,6 +209,7 @@ impl GuardError {
         Self {
             kind: ErrorKind::Inner,
             execution_id: None,
+            resumed: None,
             source: source.into(),
         }
     }
@@ -239,9 +246,26 @@ impl GuardError {
             .is_some_and(LedgerError::is_invalid_transition)
     }
 
-    /// The execution the error belongs to, for `not_sent` and `unknown`.
+    /// A resume (GET with `Last-Event-ID`) of the broken stream of execution `id`, answering
+    /// the call `request`, failed: the stream stays linked to its execution for a later
+    /// resume.
+    pub(crate) fn resuming(mut self, id: ExecutionId, request: RequestId) -> Self {
+        self.execution_id = Some(id);
+        self.resumed = Some(request);
+        self
+    }
+
+    /// The execution the error belongs to, for `not_sent` and `unknown`, and for a failed
+    /// resume of an execution's stream.
     pub fn execution_id(&self) -> Option<ExecutionId> {
         self.execution_id
+    }
+
+    /// For a resume of an execution's broken stream that failed (the target could not be
+    /// reached, say): the JSON-RPC id of the call that stream answers, whose answer is still
+    /// owed to the caller ([`Guard::unanswered`] gives the guard's own for it).
+    pub fn resumed_call(&self) -> Option<&RequestId> {
+        self.resumed.as_ref()
     }
 }
 

@@ -24,6 +24,7 @@ use tower::ServiceExt;
 
 use super::{
     ProxyBody, Upstream,
+    client_close::{ClientLeft, until_client_left},
     delivery::{Deliveries, Written},
     serve,
 };
@@ -45,6 +46,8 @@ struct Asked {
     jsonrpc: bool,
     /// A GET that opens a listen stream (no call's answer rides on it).
     listen: bool,
+    /// A GET that resumes a stream (`Last-Event-ID`).
+    resume: bool,
 }
 
 impl Asked {
@@ -65,6 +68,7 @@ impl Asked {
                     era: classified.era(),
                     jsonrpc,
                     listen: matches!(classified.kind, RequestKind::Listen),
+                    resume: matches!(classified.kind, RequestKind::Resume { .. }),
                 }
             }
             Err(_) => Self {
@@ -73,6 +77,7 @@ impl Asked {
                 era: Era::Sessions,
                 jsonrpc,
                 listen: false,
+                resume: false,
             },
         }
     }
@@ -87,11 +92,12 @@ pub(super) async fn answer(
     stopping: &CancellationToken,
 ) -> Response<ProxyBody> {
     let asked = Asked::of(&parts, &bytes);
+    let client = parts.extensions.get::<ClientLeft>().cloned();
     let mut execution: Option<ExecutionId> = None;
     let mut last_error = None;
     for attempt in 1..=ATTEMPTS {
         let error = match guard.clone().oneshot(again(&parts, &bytes)).await {
-            Ok(response) => match prepared(&guard, &asked, response, stopping).await {
+            Ok(response) => match prepared(&guard, &asked, response, stopping, &client).await {
                 Ok(prepared) => return streamed(prepared, deliveries),
                 // The guard recorded the cut before it reported it: it decides again.
                 Err(cut) => {
@@ -109,6 +115,12 @@ pub(super) async fn answer(
                 || error.is_inner()
                 || (error.is_not_sent() && execution.is_some()));
         if !ask_again {
+            if asked.resume
+                && let (Some(execution), Some(id)) = (error.execution_id(), error.resumed_call())
+                && let Some(answer) = unreachable_resume(&guard, execution, id, asked.era).await
+            {
+                return answer;
+            }
             return failed(&asked, &error, execution);
         }
         execution = error.execution_id().or(execution);
@@ -175,6 +187,7 @@ async fn prepared(
     asked: &Asked,
     response: Response<GuardResponseBody<hyper::body::Incoming>>,
     stopping: &CancellationToken,
+    client: &Option<ClientLeft>,
 ) -> Result<Prepared, Cut> {
     let (mut parts, mut body) = response.into_parts();
     super::strip_hop_by_hop(&mut parts.headers);
@@ -184,6 +197,9 @@ async fn prepared(
         let mut body = body.map_err(Into::into).boxed_unsync();
         if asked.listen {
             body = serve::until_stopping(body, stopping);
+            if let Some(client) = client {
+                body = until_client_left(body, client.clone());
+            }
         }
         if let (true, Some(delivery)) = (sse, &delivery) {
             // The stream may end with one more event than the upstream sent.
@@ -376,8 +392,7 @@ impl Body for Unresumable {
                 let (id, era) = (this.id.clone(), this.era);
                 let asking = Box::pin(async move {
                     let response = guard.unanswered(execution, &id, era).await.ok()??;
-                    let json = String::from_utf8_lossy(response.body());
-                    Some(Bytes::from(format!("event: message\ndata: {json}\n\n")))
+                    Some(message_event(response.body()))
                 });
                 this.asking = Some((asking, cut));
                 self.poll_frame(cx)
@@ -393,6 +408,40 @@ impl Body for Unresumable {
     fn is_end_stream(&self) -> bool {
         self.ended
     }
+}
+
+/// A JSON-RPC message as one SSE `message` event.
+fn message_event(json: &[u8]) -> Bytes {
+    let json = String::from_utf8_lossy(json);
+    Bytes::from(format!("event: message\ndata: {json}\n\n"))
+}
+
+/// A resume of a guarded call's broken stream that could not reach the upstream (it is down):
+/// the client waits on that stream for its call's answer, so rather than a bare error it would
+/// resume again until its own timeout, the stream carries the guard's answer for the call (the
+/// same as on a cut stream) as its one event, and ends. The event has no id: there is nothing
+/// the upstream could resume after it. `None` when the ledger has no such execution.
+async fn unreachable_resume(
+    guard: &Upstream,
+    execution: ExecutionId,
+    id: &RequestId,
+    era: Era,
+) -> Option<Response<ProxyBody>> {
+    let answer = guard.unanswered(execution, id, era).await.ok()??;
+    tracing::warn!(%execution, "the upstream is unreachable for a resume of a call's stream; answering from the ledger");
+    let event = Full::new(message_event(answer.body()))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = Response::new(event);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    Some(response)
 }
 
 /// The guard's answer (the target's, or its own), streamed to the client; delivered when

@@ -67,10 +67,12 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 
 mod answers;
+mod client_close;
 mod clients;
 mod delivery;
 mod origins;
 mod principals;
+mod request_body;
 mod serve;
 
 use clients::Sessions;
@@ -292,7 +294,7 @@ async fn forward(
     upstream: Uri,
     deliveries: Arc<Deliveries>,
     front: Arc<Front>,
-    request: Request<hyper::body::Incoming>,
+    request: Request<request_body::RequestBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     // Before anything of the request is read: a page elsewhere never acts through the proxy.
     if let Err(foreign) = front.origins.check(request.headers(), request.uri()) {
@@ -317,6 +319,9 @@ async fn forward(
                     "the request body is larger than the proxy's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
                 ),
             )));
+        }
+        Err(error) if error.is::<request_body::TooSlow>() => {
+            return Ok(request_body::too_slow(&error));
         }
         Err(error) => {
             let message = format!(

@@ -1,6 +1,7 @@
 //! The proxy's listener: accepting client connections (bounded, backing off when accepting
-//! fails), serving each over HTTP/1.1 with a header timeout, and the graceful shutdown on
-//! SIGTERM or SIGINT.
+//! fails), serving each over HTTP/1.1 with a header timeout and a body deadline
+//! (`request_body`), watching it for the client's close (`client_close`), and the graceful
+//! shutdown on SIGTERM or SIGINT.
 //!
 //! # Shutdown
 //!
@@ -17,6 +18,7 @@
 use std::{
     convert::Infallible,
     io,
+    net::SocketAddr,
     pin::Pin,
     process::ExitCode,
     sync::Arc,
@@ -45,7 +47,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{
     ProxyBody,
+    client_close::{ClientClose, ClientLeft},
     delivery::{Deliveries, Watched},
+    request_body::{BodyDeadline, RequestBody},
 };
 use crate::{
     mcp_http::{BoxError, describe},
@@ -61,6 +65,16 @@ pub(super) struct ServeOptions {
     /// connection for the client's next request stays undelivered (kept for a repeat).
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = positive_duration)]
     header_timeout: Duration,
+    /// How long a client may take to send a request's body, counted from the end of its head;
+    /// a body sent at `--request-body-min-rate` or faster gets the time that rate needs for it.
+    /// A body not sent in time is answered `408`, its connection closed, and it is logged and
+    /// counted.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = positive_duration)]
+    request_body_timeout: Duration,
+    /// The slowest a request body may arrive, in bytes a second, once it takes longer than
+    /// `--request-body-timeout`.
+    #[arg(long, default_value_t = 8192, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    request_body_min_rate: u64,
     /// The most client connections open at once; at the bound the proxy accepts no more until
     /// one closes (the kernel's backlog holds the rest).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -97,7 +111,7 @@ pub(super) async fn serve<F, S>(
 where
     F: Fn(Arc<Deliveries>) -> S + Send + Sync + 'static,
     S: hyper::service::Service<
-            Request<Incoming>,
+            Request<RequestBody>,
             Response = Response<ProxyBody>,
             Error = Infallible,
         > + Send
@@ -110,17 +124,23 @@ where
     let mut connections = JoinSet::new();
     let mut errors = AcceptErrors::default();
     let header_timeout = options.header_timeout;
+    let body_deadline = Arc::new(BodyDeadline::new(
+        options.request_body_timeout,
+        options.request_body_min_rate,
+    ));
     let signal = loop {
         while connections.try_join_next().is_some() {}
-        let (stream, permit) = tokio::select! {
+        let (stream, peer, permit) = tokio::select! {
             accepted = accept(&listener, &limit, &mut errors) => accepted,
             signal = signals.recv() => break signal,
         };
         let handler = handler.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
+        let body_deadline = body_deadline.clone();
         connections.spawn(async move {
             let _permit = permit;
+            let close = ClientClose::of(&stream);
             // The TLS handshake runs here, bounded: a client that stalls it holds only this task.
             let stream = match tls.accept(stream).await {
                 Ok(stream) => stream,
@@ -129,7 +149,13 @@ where
                     return;
                 }
             };
-            serve_connection(stream, &*handler, watcher, header_timeout).await;
+            let client = Client {
+                peer,
+                close,
+                header_timeout,
+                body_deadline,
+            };
+            serve_connection(stream, &*handler, watcher, client).await;
         });
     };
     drop(listener);
@@ -138,6 +164,7 @@ where
     tracing::info!(
         signal = signal.name(),
         connections = connections.len(),
+        slow_requests = body_deadline.refused(),
         "shutting down: no new connections; calls in flight may finish for up to {:?}",
         options.shutdown_timeout
     );
@@ -214,32 +241,37 @@ async fn accept(
     listener: &TcpListener,
     limit: &Arc<Semaphore>,
     errors: &mut AcceptErrors,
-) -> (TcpStream, OwnedSemaphorePermit) {
+) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
     let Ok(permit) = limit.clone().acquire_owned().await else {
         unreachable!("the connection bound is never closed")
     };
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 errors.recovered();
-                return (stream, permit);
+                return (stream, peer, permit);
             }
             Err(error) => tokio::time::sleep(errors.failed(&error)).await,
         }
     }
 }
 
-/// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
-async fn serve_connection<IO, F, S>(
-    io: IO,
-    handler: &F,
-    shutdown: Watcher,
+/// One client connection: who it is and how long its requests may take.
+struct Client {
+    peer: SocketAddr,
+    /// Watches the socket for the client's close.
+    close: Arc<ClientClose>,
     header_timeout: Duration,
-) where
+    body_deadline: Arc<BodyDeadline>,
+}
+
+/// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
+async fn serve_connection<IO, F, S>(io: IO, handler: &F, shutdown: Watcher, client: Client)
+where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Arc<Deliveries>) -> S,
     S: hyper::service::Service<
-            Request<Incoming>,
+            Request<RequestBody>,
             Response = Response<ProxyBody>,
             Error = Infallible,
         > + Send
@@ -248,12 +280,25 @@ async fn serve_connection<IO, F, S>(
 {
     let deliveries = Arc::new(Deliveries::default());
     let io = TokioIo::new(Watched::new(io, deliveries.clone()));
+    let service = handler(deliveries);
+    // Each request's body is read under the body deadline, and knows how to see its client
+    // leave.
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request
+            .extensions_mut()
+            .insert(ClientLeft::new(&client.close));
+        let deadline = client.body_deadline.clone();
+        hyper::service::Service::call(
+            &service,
+            request.map(|body| RequestBody::new(body, deadline, client.peer)),
+        )
+    });
     let connection = hyper::server::conn::http1::Builder::new()
         // A half-closed client still gets its answer (see the module docs).
         .half_close(true)
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .serve_connection(io, handler(deliveries));
+        .header_read_timeout(client.header_timeout)
+        .serve_connection(io, service);
     if let Err(error) = shutdown.watch(connection).await {
         tracing::debug!(error = %describe(&error), "client connection ended");
     }

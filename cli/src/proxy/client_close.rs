@@ -1,0 +1,164 @@
+//! Whether a client left its connection while its response waits on the upstream.
+//!
+//! The proxy serves half-closed clients (see the module docs of `proxy`), so hyper does not
+//! read a connection while a response is being written, and a client that leaves a listen
+//! stream is noticed only when the upstream next writes on it: until then the proxy's socket
+//! sits in CLOSE-WAIT, its upstream connection stays open, and both hold a place under
+//! `--max-connections`. A listen stream (no call's answer rides on it) looks at the client's
+//! socket itself while it waits, and ends when the client closed or reset it.
+
+use std::{
+    io,
+    net::TcpStream,
+    pin::Pin,
+    sync::{Arc, Weak},
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::io::Interest;
+
+use super::ProxyBody;
+use crate::mcp_http::BoxError;
+
+/// One client connection's socket, looked at (never read from) for the client's close.
+#[derive(Debug)]
+pub(super) struct ClientClose {
+    /// A second descriptor of the connection's socket: `None` where it could not be made (the
+    /// connection is then never seen to close early).
+    socket: Option<Arc<tokio::net::TcpStream>>,
+}
+
+/// Resolves once the client closed its connection.
+type Closed = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl ClientClose {
+    /// The probe of `stream`'s socket. It holds a descriptor of the socket: the connection
+    /// keeps the only long-lived reference, and requests carry a [`ClientLeft`] (weak).
+    pub(super) fn of(stream: &tokio::net::TcpStream) -> Arc<Self> {
+        match second_descriptor(stream) {
+            Ok(socket) => Arc::new(Self {
+                socket: Some(Arc::new(socket)),
+            }),
+            Err(error) => {
+                tracing::debug!(%error, "cannot watch a client connection for its close");
+                Arc::new(Self { socket: None })
+            }
+        }
+    }
+
+    /// Resolves once the client closed (FIN) or reset its connection, as the reactor reports
+    /// it, also with bytes still unread before the close (a TLS `close_notify`, a pipelined
+    /// request): those are left where they are, for hyper.
+    fn closed(&self) -> Closed {
+        let Some(socket) = self.socket.clone() else {
+            return Box::pin(std::future::pending());
+        };
+        Box::pin(async move {
+            loop {
+                let Ok(ready) = socket.ready(Interest::READABLE).await else {
+                    return;
+                };
+                if ready.is_read_closed() || ready.is_error() {
+                    return;
+                }
+                // Bytes wait, not a close: forget this readiness and wait for the next change
+                // (the close is reported apart, and never forgotten this way).
+                let _ = socket.try_io(Interest::READABLE, || {
+                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
+                });
+            }
+        })
+    }
+}
+
+/// Another descriptor of `stream`'s socket, registered with the runtime on its own.
+#[cfg(unix)]
+fn second_descriptor(stream: &tokio::net::TcpStream) -> io::Result<tokio::net::TcpStream> {
+    use std::os::fd::AsFd;
+    let socket = TcpStream::from(stream.as_fd().try_clone_to_owned()?);
+    tokio::net::TcpStream::from_std(socket)
+}
+
+#[cfg(windows)]
+fn second_descriptor(stream: &tokio::net::TcpStream) -> io::Result<tokio::net::TcpStream> {
+    use std::os::windows::io::AsSocket;
+    let socket = TcpStream::from(stream.as_socket().try_clone_to_owned()?);
+    tokio::net::TcpStream::from_std(socket)
+}
+
+/// A request's handle on its connection's [`ClientClose`] (in the request's extensions).
+/// Weak, so that a handle kept anywhere never keeps the client's socket open.
+#[derive(Debug, Clone)]
+pub(super) struct ClientLeft(Weak<ClientClose>);
+
+impl ClientLeft {
+    pub(super) fn new(close: &Arc<ClientClose>) -> Self {
+        Self(Arc::downgrade(close))
+    }
+}
+
+/// `body`, ended once the client left (a listen stream: no answer is lost by ending it).
+pub(super) fn until_client_left(body: ProxyBody, client: ClientLeft) -> ProxyBody {
+    UntilClientLeft {
+        body,
+        client,
+        closed: None,
+        left: false,
+    }
+    .boxed_unsync()
+}
+
+struct UntilClientLeft {
+    body: ProxyBody,
+    client: ClientLeft,
+    /// Made when the stream first waits on the upstream.
+    closed: Option<Closed>,
+    left: bool,
+}
+
+impl Body for UntilClientLeft {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.left {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        let this = &mut *self;
+        let left = match &mut this.closed {
+            Some(closed) => closed.as_mut().poll(cx).is_ready(),
+            None => match this.client.0.upgrade() {
+                Some(close) => {
+                    let closed = this.closed.insert(close.closed());
+                    closed.as_mut().poll(cx).is_ready()
+                }
+                None => true,
+            },
+        };
+        if left {
+            self.left = true;
+            tracing::debug!(
+                "the client left its listen stream; ending it and its upstream exchange"
+            );
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
