@@ -278,6 +278,7 @@ fn regression_plans() -> Vec<Plan> {
             link_window_ms: 4632,
             attach_ms: 914,
             keep_results: [true, false, true, true],
+            retention_ms: [None; 4],
             entries: vec![
                 Call {
                     id: 2,
@@ -316,6 +317,7 @@ fn regression_plans() -> Vec<Plan> {
             link_window_ms: 3900,
             attach_ms: 1660,
             keep_results: [true, true, true, false],
+            retention_ms: [None; 4],
             entries: vec![
                 Call {
                     id: 3,

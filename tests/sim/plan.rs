@@ -74,6 +74,9 @@ pub enum Fault {
     Slow { ms: u64 },
     /// Answers this status without running the tool.
     Status { code: u16 },
+    /// Runs the tool, then answers HTTP 200 with a JSON-RPC error of `code` (an exception
+    /// after the commit, a gateway's error after forwarding): the effect happened.
+    ErrorAfterEffect { code: i32 },
 }
 
 /// What crashes.
@@ -163,8 +166,19 @@ pub struct Plan {
     pub attach_ms: u64,
     /// Per tool (in [`Tool::ALL`] order): whether results are kept.
     pub keep_results: [bool; 4],
+    /// Per tool (in [`Tool::ALL`] order): a short retention (ms, at least the link window),
+    /// or `None` for [`DEFAULT_RETENTION_MS`].
+    pub retention_ms: [Option<u64>; 4],
     pub entries: Vec<Entry>,
 }
+
+/// The retention of a tool without a short one: longer than any schedule.
+pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
+
+/// The seed of the draws added after the first ones (JSON-RPC errors after the effect, short
+/// retentions and the slow runs that outlast them): a second generator, so that the plan a
+/// seed drew before is drawn unchanged, with these added to it.
+const SECOND_DRAWS: u64 = 0x5EA4_5EA4_5EA4_5EA4;
 
 impl Plan {
     /// The plan of `seed`.
@@ -268,7 +282,7 @@ impl Plan {
                 at_ms: rng.random_range(2_000..20_000),
             });
         }
-        Plan {
+        let mut plan = Plan {
             seed,
             ledger,
             processes,
@@ -277,8 +291,72 @@ impl Plan {
             link_window_ms: rng.random_range(500..8_000),
             attach_ms: rng.random_range(300..4_000),
             keep_results: [(); 4].map(|()| rng.random_bool(0.8)),
+            retention_ms: [None; 4],
             entries,
+        };
+        plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
+        plan
+    }
+
+    /// The second draws: short retentions, and, on attempts the first draws left without a
+    /// fault, JSON-RPC errors after the effect and slow runs that outlast a short retention.
+    fn draw_seams(&mut self, rng: &mut StdRng) {
+        if rng.random_bool(0.35) {
+            for (i, tool) in Tool::ALL.into_iter().enumerate() {
+                // Retention at least the link window: a policy the guard accepts.
+                if tool != Tool::Read && rng.random_bool(0.7) {
+                    self.retention_ms[i] = Some(self.link_window_ms + rng.random_range(500..4_000));
+                }
+            }
         }
+        let calls: Vec<(u32, Tool, u8)> = self
+            .calls()
+            .filter_map(|e| match e {
+                Entry::Call {
+                    id, tool, attempts, ..
+                } => Some((*id, *tool, *attempts)),
+                _ => None,
+            })
+            .collect();
+        for (id, tool, attempts) in calls {
+            for attempt in 0..attempts {
+                let draw: f64 = rng.random();
+                let slow = rng.random_range(300..3_000);
+                let code = [-32603, -32000, -32001][rng.random_range(0..3)];
+                if self.fault(id, attempt).is_some() {
+                    continue;
+                }
+                let fault = if draw < 0.1 {
+                    Fault::ErrorAfterEffect { code }
+                } else if draw < 0.5
+                    && let Some(retention) = self.retention_ms(tool)
+                    // Outlasting the retention, yet under the 10 s a silent TCP connection
+                    // lives: the call is still running, not cut.
+                    && retention + slow < 9_000
+                {
+                    Fault::Slow {
+                        ms: retention + slow,
+                    }
+                } else {
+                    continue;
+                };
+                self.entries.push(Entry::TargetFault {
+                    call: id,
+                    attempt,
+                    fault,
+                });
+            }
+        }
+    }
+
+    /// The short retention of `tool`, if the plan gives it one.
+    pub fn retention_ms(&self, tool: Tool) -> Option<u64> {
+        self.retention_ms[Tool::ALL.iter().position(|t| *t == tool).unwrap_or(0)]
+    }
+
+    /// The retention of `tool`'s contract, in ms.
+    pub fn retention_of(&self, tool: Tool) -> u64 {
+        self.retention_ms(tool).unwrap_or(DEFAULT_RETENTION_MS)
     }
 
     pub fn calls(&self) -> impl Iterator<Item = &Entry> {
@@ -318,7 +396,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}",
+            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}",
             self.seed,
             self.ledger,
             self.processes,
@@ -330,7 +408,8 @@ impl fmt::Display for Plan {
             },
             self.link_window_ms,
             self.attach_ms,
-            self.keep_results
+            self.keep_results,
+            self.retention_ms
         )?;
         for entry in &self.entries {
             writeln!(f, "  {entry:?}")?;

@@ -144,6 +144,16 @@ async fn handle(
             &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "in flight"}}),
         ));
     };
+    if let Some(Fault::ErrorAfterEffect { code }) = fault {
+        // The work is done (and counted); the answer says only that something went wrong.
+        let error = json!({"jsonrpc": "2.0", "id": id,
+            "error": {"code": code, "message": "sim: failed after the effect"}});
+        return Ok(if plan.sse {
+            sse(&error, None)
+        } else {
+            json_response(StatusCode::OK, &error)
+        });
+    }
     let result = tool_result(&id, &key, n);
     match fault {
         Some(Fault::LostAfterEffect) => Err(std::io::Error::other("lost after the effect")),
@@ -191,7 +201,7 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
         .expect("a valid response")
 }
 
-/// An SSE answer: a priming event, the result event, the end; cut after `cut` frames.
+/// An SSE answer: a priming event, the message event, the end; cut after `cut` frames.
 fn sse(result: &Value, cut: Option<u8>) -> Response<Body> {
     let frames = vec![
         Bytes::from_static(b": priming\n\n"),

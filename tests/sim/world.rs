@@ -37,7 +37,7 @@ use tower::{ServiceBuilder, ServiceExt};
 
 use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
-    plan::{Entry, LedgerKind, Plan, Tool, Victim},
+    plan::{DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
     target::{self, Started},
 };
 
@@ -47,7 +47,8 @@ pub const TICK: Duration = Duration::from_millis(20);
 pub const LIMIT_MS: u64 = 120_000;
 /// The simulated wall clock at time zero (2026-07-22T00:00:00Z).
 const EPOCH_MS: u64 = 1_784_678_400_000;
-const RETENTION: Duration = Duration::from_secs(3600);
+/// The longest retention of any contract (a tool without a short one from the plan).
+const RETENTION: Duration = Duration::from_millis(DEFAULT_RETENTION_MS);
 
 thread_local! {
     static NOW_MS: Cell<u64> = const { Cell::new(0) };
@@ -94,6 +95,8 @@ pub struct Shared {
     delivered: HashMap<String, u64>,
     resolved: HashMap<String, u64>,
     progress: HashMap<u32, Progress>,
+    /// When each agent process crashed (process, ms).
+    crashes: Vec<(usize, u64)>,
     disks: Vec<Option<Arc<ProcessDisk>>>,
     /// A hold is on, or ended this recently (ms): the network may still carry a request.
     quiet_after: u64,
@@ -317,7 +320,7 @@ fn contracts(plan: &Plan, shared: &Arc<Mutex<Shared>>) -> ContractRegistry {
     let with = |contract: ToolContract, tool: Tool| {
         contract
             .link_window(window)
-            .retention(RETENTION)
+            .retention(Duration::from_millis(plan.retention_of(tool)))
             .keep_results(plan.keeps_results(tool))
     };
     ContractRegistry::builder()
@@ -945,13 +948,19 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         shared.violation(problem);
     }
     let records = end_records(&plan, &env);
-    check_effects(&mut shared, &records);
+    check_effects(&plan, &mut shared, &records);
     if plan.ledger == LedgerKind::Memory {
+        // An unsettled execution may be kept past its retention while its owner (this
+        // process, for the memory ledger) lives; nothing else may.
+        let unsettled = records
+            .values()
+            .filter(|(record, _)| record.state.is_unsettled())
+            .count();
         env.memory
             .purge_expired(ts(now).saturating_add(RETENTION + Duration::from_secs(1)));
-        if !env.memory.is_empty() {
+        if env.memory.len() > unsettled {
             shared.violation(format!(
-                "{} records outlive their retention",
+                "{} records outlive their retention ({unsettled} of them unsettled)",
                 env.memory.len()
             ));
         }
@@ -1039,10 +1048,13 @@ fn crash(
         }
         // Nothing the dying process does from here reaches the disk: a SIGKILL runs no
         // destructor.
-        if let Some(p) = p
-            && let Some(disk) = &env.shared.lock().unwrap().disks[p]
-        {
-            disk.dead.store(true, Ordering::SeqCst);
+        if let Some(p) = p {
+            let mut shared = env.shared.lock().unwrap();
+            let now = shared.now_ms;
+            shared.crashes.push((p, now));
+            if let Some(disk) = &shared.disks[p] {
+                disk.dead.store(true, Ordering::SeqCst);
+            }
         }
         if host == "target" {
             env.shared.lock().unwrap().target_down();
@@ -1093,6 +1105,7 @@ fn end_records(plan: &Plan, env: &Env) -> HashMap<String, (ExecutionRecord, Vec<
 /// other was asked for (delivered to a caller, resolved by an operator or a probe, or
 /// settled and past its link window), and never twice under one key.
 fn check_effects(
+    plan: &Plan,
     shared: &mut Shared,
     records: &HashMap<String, (ExecutionRecord, Vec<LedgerEvent>)>,
 ) {
@@ -1117,7 +1130,7 @@ fn check_effects(
             }
             let asked = |effect: &Effect| shared.issued.get(&effect.tag).copied().unwrap_or(0);
             let (a, b) = (asked(first), asked(second));
-            let settled = |effect: &Effect| settled_at(shared, records, &effect.key);
+            let settled = |effect: &Effect| settled_at(plan, shared, records, effect);
             let ok =
                 settled(first).is_some_and(|s| s <= b) || settled(second).is_some_and(|s| s <= a);
             if !ok {
@@ -1130,29 +1143,72 @@ fn check_effects(
     }
 }
 
-/// When the execution `key` stopped standing in the way of a new one: delivered to a
-/// caller, resolved, or settled (completed, resolved) and past its link window or its
-/// retention.
+/// The earliest time the execution of `effect` may stop standing in the way of a new one,
+/// computed from the plan and the ground truth, never from a deadline the ledger derived
+/// (`link_until`, `retain_until`): the oracle must not take the system's word for its own
+/// clocks.
+///
+/// - Delivered to a caller, or resolved as applied by the operator: from then on.
+/// - Completed or resolved as applied in the ledger (the event, not a state a record could
+///   be given by a bug): from that event, and not before its acceptance plus the link window
+///   the plan configured. The window counts from acceptance (as the contract says), so
+///   acceptance plus window is the earliest a correct guard starts a new execution; counting
+///   it from the completion instead would be later and would flag correct schedules.
+/// - Failed, unknown, not sent, needs review: never by their state; only by retention.
+/// - Retention, from the plan's retention for the tool and the target's own record of the
+///   run. A correct guard keeps an unsettled execution while its owner lives and, once it is
+///   settled or its owner is gone, counts retention from its last event. While the owner
+///   lives, the last event about a run that ended at `t_end` (the effect's time at the
+///   target) comes at or after `t_end` (the answer or the failure that records its outcome
+///   cannot precede the end of the work it reports; an earlier `unknown` leaves it unsettled,
+///   and so kept), so it may be forgotten no earlier than `t_end + retention`. If the owner
+///   process crashed at any time after the run was asked for, the last event is at least the
+///   `dispatched` of the request that reached the target, written after that attempt was
+///   asked (and synced before it was sent), so no earlier than `asked + retention`. Both are
+///   lower bounds of the moment a correct guard may forget; the oracle uses the weaker one
+///   whenever a crash could have made it apply, so no correct schedule is flagged.
 fn settled_at(
+    plan: &Plan,
     shared: &Shared,
     records: &HashMap<String, (ExecutionRecord, Vec<LedgerEvent>)>,
-    key: &str,
+    effect: &Effect,
 ) -> Option<u64> {
+    let key = effect.key.as_str();
     let to_ms = |t: Timestamp| t.as_millis().saturating_sub(EPOCH_MS);
     let mut candidates = vec![];
     candidates.extend(shared.delivered.get(key).copied());
     candidates.extend(shared.resolved.get(key).copied());
-    if let Some((record, events)) = records.get(key) {
+    if let Some((_, events)) = records.get(key) {
+        let accepted = events.iter().find_map(|e| match &e.kind {
+            EventKind::Accepted { .. } => Some(to_ms(e.at)),
+            _ => None,
+        });
         let settled = events.iter().find_map(|e| match &e.kind {
             EventKind::Completed { .. } => Some(to_ms(e.at)),
             EventKind::Resolved { applied: true, .. } => Some(to_ms(e.at)),
             _ => None,
         });
-        if let Some(settled) = settled {
-            candidates.push(settled.max(to_ms(record.link_until) + 1));
+        if let (Some(settled), Some(accepted)) = (settled, accepted) {
+            candidates.push(settled.max(accepted + plan.link_window_ms + 1));
         }
-        candidates.push(to_ms(record.retain_until) + 1);
     }
+    // The request that first reached the target under this key, and who asked it.
+    let asked = shared.issued.get(&effect.tag).copied().unwrap_or(0);
+    let owner = match target::parse_tag(&effect.tag) {
+        (Some(call), _) => plan.calls().find_map(|e| match e {
+            Entry::Call { id, process, .. } if *id == call => Some(*process),
+            _ => None,
+        }),
+        (None, _) => None,
+    };
+    let owner_crashed = owner.is_none_or(|owner| {
+        shared
+            .crashes
+            .iter()
+            .any(|(p, at)| *p == owner && *at >= asked)
+    });
+    let retained_from = if owner_crashed { asked } else { effect.at };
+    candidates.push(retained_from + plan.retention_of(effect.tool) + 1);
     candidates.into_iter().min()
 }
 
