@@ -100,6 +100,7 @@
 
 mod body;
 mod call;
+mod deliveries;
 mod dispatch;
 mod future;
 mod hooks;
@@ -123,6 +124,7 @@ pub use crate::DEFAULT_MAX_BODY_BYTES;
 use crate::answer;
 pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
+pub use deliveries::Deliveries;
 pub use future::ResponseFuture;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};
 pub use layer::{GuardLayer, resolve};
