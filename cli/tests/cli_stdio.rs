@@ -590,7 +590,6 @@ async fn until_readable(stdout: ChildStdout) -> std::os::fd::OwnedFd {
         let mut polled = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
         let ready = poll(&mut polled, PollTimeout::from(30_000u16)).unwrap();
         assert_eq!(ready, 1, "the answer reaches the host's pipe in time");
-        drop(polled);
         fd
     })
     .await

@@ -296,10 +296,10 @@ impl Wire {
             tokio::time::sleep(CANCELLED_ANSWER_WAIT).await;
             let waiter = {
                 let mut waiting = wire.lock();
-                if !waiting
+                if waiting
                     .by_id
                     .get(&id)
-                    .is_some_and(|entry| entry.number == number)
+                    .is_none_or(|entry| entry.number != number)
                 {
                     return;
                 }
