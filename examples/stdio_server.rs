@@ -20,6 +20,8 @@
 //!   `PID_FILE` after the effect and never answer), `huge_answer` (answer with `HUGE_BYTES`
 //!   bytes of text, 8 MiB by default), `garbage` (print `this is not json` on stdout before
 //!   serving), `exit_at_once` (exit with code 3 before reading anything).
+//! - `ANSWER_DELAY_MS`: after each effect, write the pid to `PID_FILE` (when set) and wait that
+//!   long before answering (a call that is in flight for a while).
 //!
 //! Logs go to stderr; stdout carries only JSON-RPC lines. Run with
 //! `EFFECTS_FILE=/tmp/effects cargo run --features server --example stdio_server`.
@@ -137,6 +139,15 @@ impl Tools {
             }
             tracing::warn!("FAULT=hang_after_effect: never answering");
             std::future::pending::<()>().await;
+        }
+        if let Some(delay) = std::env::var("ANSWER_DELAY_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+        {
+            if let Some(pid_file) = std::env::var_os("PID_FILE") {
+                let _ = std::fs::write(pid_file, std::process::id().to_string());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
         }
         if fault("huge_answer") {
             let bytes = std::env::var("HUGE_BYTES")

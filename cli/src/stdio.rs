@@ -13,9 +13,17 @@
 //! `notifications/initialized`, and goes on: messages waiting to be written go to the new
 //! child. With a shared `--ledger`, a host that starts the wrapper again and repeats a call
 //! is told the same execution.
+//!
+//! An answer written to the host is recorded `delivered` only once the host's next line
+//! proves it read on (the library's one delivery rule): a host that dies with the answer
+//! unread in its pipe leaves it completed and kept, and the repeat gets it.
+//!
+//! On SIGTERM or SIGINT the wrapper stops reading the host, gives the calls in flight up to
+//! ten seconds to be answered (each answer written to the host and recorded), then ends the
+//! server's process group (the server runs in a group of its own) and exits with 128 + the
+//! signal's number.
 
 use std::{
-    borrow::Cow,
     ffi::OsString,
     path::Path,
     process::{ExitCode, ExitStatus, Stdio},
@@ -37,6 +45,7 @@ use serde_json::{Value, json};
 use tokio::{
     io::{AsyncBufRead, BufReader},
     process::{Child, ChildStdin, ChildStdout, Command},
+    sync::watch,
 };
 
 use crate::options::GuardOptions;
@@ -46,6 +55,12 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a child that closed its stdout is given to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// After SIGTERM or SIGINT, how long the calls in flight are given to be answered.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the answers owed to the host may take to be written at the end.
+const LAST_ANSWERS: Duration = Duration::from_secs(10);
 
 /// A child that lived less than this, `MAX_QUICK_EXITS` times in a row, is not started again.
 const QUICK_EXIT: Duration = Duration::from_secs(2);
@@ -118,7 +133,8 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
     let max = args.max_line_bytes;
     let (relay, wire_queue, mut client_queue) = Relay::new(&layer);
 
-    // Everything for the host goes out here, one line each, in the order it is ready.
+    // Everything for the host goes out here, one line each, in the order it is ready. An
+    // answer written whole and flushed is delivered once the host's next line comes.
     let to_host = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
         while let Some(message) = client_queue.next().await {
@@ -126,14 +142,13 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
                 tracing::warn!(%error, "the host's stdout is closed; answers from now on stay undelivered");
                 break;
             }
-            if let Err(error) = message.delivered().await {
-                tracing::error!(%error, "an answer was written but its delivery was not recorded");
-            }
+            message.written();
         }
     });
     let initialize = Initialize::default();
-    let (host_done, host_closed) = tokio::sync::watch::channel(false);
+    let (host_done, host_closed) = watch::channel(false);
     let from_host = tokio::spawn(read_host(relay.clone(), initialize.clone(), max, host_done));
+    let stopping = stop_on_signal(from_host.abort_handle())?;
 
     let mut child = Server::start(program, program_args).with_context(|| {
         format!(
@@ -146,7 +161,7 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
         &relay,
         wire_queue,
         &initialize,
-        host_closed,
+        (host_closed, stopping.clone()),
         &mut child,
     )
     .await;
@@ -154,16 +169,44 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
     // The host gets an answer for every request it sent; then the wrapper ends.
     from_host.abort();
     drop(relay);
-    let _ = to_host.await;
-    let code = match status {
-        Some(status) => status
+    if tokio::time::timeout(LAST_ANSWERS, to_host).await.is_err() {
+        tracing::warn!("the host did not take the last answers in time; they stay undelivered");
+    }
+    let signalled = *stopping.borrow();
+    let code = match (signalled, status) {
+        (Some(signal), _) => 128 + signal,
+        (None, Some(status)) => status
             .code()
             .and_then(|code| u8::try_from(code).ok())
             .unwrap_or(1),
-        None => 1,
+        (None, None) => 1,
     };
     // tokio's stdin reads on a thread of its own that a runtime cannot stop: leave at once.
     std::process::exit(i32::from(code));
+}
+
+/// Watches for SIGTERM and SIGINT: the first stops reading the host (`reading`) and is
+/// told, by its number, on the channel returned.
+fn stop_on_signal(
+    reading: tokio::task::AbortHandle,
+) -> anyhow::Result<watch::Receiver<Option<u8>>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
+    let (stop, stopping) = watch::channel(None);
+    tokio::spawn(async move {
+        let number = tokio::select! {
+            _ = terminate.recv() => 15,
+            _ = interrupt.recv() => 2,
+        };
+        tracing::warn!(
+            signal = number,
+            "stopping: no more requests are read; the calls in flight get {SHUTDOWN_GRACE:?} to be answered"
+        );
+        reading.abort();
+        let _ = stop.send(Some(number));
+    });
+    Ok(stopping)
 }
 
 /// Lines from the host, until it closes its stdin.
@@ -194,14 +237,14 @@ async fn read_host(
     let _ = done.send(true);
 }
 
+/// Whether `message` is an `initialize` request: a JSON object with that method and an id
+/// (anything else, an array that happens to hold the word included, is never replayed).
 fn is_initialize(message: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Method<'a> {
-        #[serde(borrow)]
-        method: Option<Cow<'a, str>>,
-    }
-    serde_json::from_slice::<Method<'_>>(message)
-        .is_ok_and(|m| m.method.as_deref() == Some("initialize"))
+    let Ok(Value::Object(message)) = serde_json::from_slice::<Value>(message) else {
+        return false;
+    };
+    message.get("method").and_then(Value::as_str) == Some("initialize")
+        && matches!(message.get("id"), Some(Value::String(_) | Value::Number(_)))
 }
 
 /// One run of the server process.
@@ -214,11 +257,14 @@ struct Server {
 
 impl Server {
     fn start(program: &OsString, args: &[OsString]) -> std::io::Result<Self> {
+        // A process group of its own: the wrapper can end the server and whatever it started,
+        // and a terminal's Ctrl-C reaches the wrapper, which decides when the server stops.
         let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -245,6 +291,31 @@ impl Server {
             }
         }
     }
+
+    /// Ends the server's process group: SIGTERM, then SIGKILL after a grace period.
+    async fn terminate(&mut self) -> Option<ExitStatus> {
+        use nix::{
+            sys::signal::{Signal, killpg},
+            unistd::Pid,
+        };
+        drop(self.stdin.take());
+        let Some(group) = self.child.id().and_then(|id| i32::try_from(id).ok()) else {
+            // Already reaped.
+            return self.child.wait().await.ok();
+        };
+        let group = Pid::from_raw(group);
+        let _ = killpg(group, Signal::SIGTERM);
+        let status = match tokio::time::timeout(EXIT_GRACE, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = killpg(group, Signal::SIGKILL);
+                self.child.wait().await.ok()
+            }
+        };
+        // What the server started in its group goes with it.
+        let _ = killpg(group, Signal::SIGKILL);
+        status
+    }
 }
 
 /// Why one run of the server ended.
@@ -253,6 +324,9 @@ enum Ended {
     ServerGone,
     /// The host closed its stdin: the server's stdin is closed too.
     HostClosed,
+    /// SIGTERM or SIGINT: the calls in flight are given time to be answered, then the
+    /// server's process group is ended.
+    Signalled,
 }
 
 /// Relays between the host and the child until the host is gone, or the child is and is not
@@ -262,7 +336,7 @@ async fn supervise(
     relay: &Relay,
     mut wire_queue: WireQueue,
     initialize: &Initialize,
-    mut host_closed: tokio::sync::watch::Receiver<bool>,
+    (mut host_closed, mut stopping): (watch::Receiver<bool>, watch::Receiver<Option<u8>>),
     server: &mut Server,
 ) -> Option<ExitStatus> {
     let max = args.max_line_bytes;
@@ -274,16 +348,40 @@ async fn supervise(
                 _ = write_queue(&mut wire_queue, stdin) => Ended::ServerGone,
                 _ = read_server(relay, &mut server.stdout, max) => Ended::ServerGone,
                 _ = host_closed.wait_for(|closed| *closed) => Ended::HostClosed,
+                _ = stopping.wait_for(Option::is_some) => Ended::Signalled,
             },
             None => Ended::ServerGone,
         };
+        if matches!(ended, Ended::Signalled) {
+            // No more requests are read; those in flight get their answers, up to a bound.
+            if let Some(stdin) = server.stdin.as_mut() {
+                let answered = async {
+                    tokio::select! {
+                        _ = write_queue(&mut wire_queue, stdin) => {}
+                        _ = read_server(relay, &mut server.stdout, max) => {}
+                        _ = relay.answered() => {}
+                    }
+                };
+                if tokio::time::timeout(SHUTDOWN_GRACE, answered)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        "calls still in flight after {SHUTDOWN_GRACE:?}: their outcome is unknown"
+                    );
+                }
+            }
+            let status = server.terminate().await;
+            relay.server_gone();
+            return status;
+        }
         drop(server.stdin.take());
         // What the server answered before it went is still in its stdout: read to the end.
         // After the host closed, that is MCP's stdio shutdown (the server sees its stdin close
         // and exits), and the answers to what is still in flight come first.
         match ended {
             Ended::HostClosed => read_server(relay, &mut server.stdout, max).await,
-            Ended::ServerGone => {
+            Ended::ServerGone | Ended::Signalled => {
                 let rest = read_server(relay, &mut server.stdout, max);
                 let _ = tokio::time::timeout(EXIT_GRACE, rest).await;
             }
@@ -295,7 +393,11 @@ async fn supervise(
             Some(status) => tracing::warn!(%status, ?lived, "the server exited"),
             None => tracing::warn!(?lived, "the server exited; its status is not known"),
         }
-        if matches!(ended, Ended::HostClosed) || !args.restart || *host_closed.borrow() {
+        if matches!(ended, Ended::HostClosed)
+            || !args.restart
+            || *host_closed.borrow()
+            || stopping.borrow().is_some()
+        {
             return status;
         }
         quick_exits = if lived < QUICK_EXIT {
@@ -362,9 +464,11 @@ async fn replay_initialize(
     relay: &Relay,
 ) -> anyhow::Result<()> {
     let id = format!("replay-guard-initialize-{restarts}");
-    let mut message: Value =
-        serde_json::from_slice(initialize).context("the kept initialize is not JSON")?;
-    message["id"] = json!(id);
+    let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(initialize) else {
+        anyhow::bail!("the kept initialize is not a JSON object");
+    };
+    message.insert("id".into(), json!(id));
+    let message = Value::Object(message);
     let stdin = server.stdin.as_mut().context("the server has no stdin")?;
     write_line(stdin, message.to_string().as_bytes()).await?;
     let answered = async {

@@ -618,3 +618,241 @@ async fn an_answer_over_the_line_bound_becomes_the_uncertain_answer() {
     assert_eq!(ids, [json!(1), json!(2), json!(3)], "one line per request");
     assert_eq!(code, Some(0));
 }
+
+// ---- the promise at every seam ---------------------------------------------------------------
+
+/// Waits until the pipe of `stdout` holds bytes, reading none of them.
+async fn until_readable(stdout: ChildStdout) -> std::os::fd::OwnedFd {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let fd = stdout.into_owned_fd().unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut polled = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let ready = poll(&mut polled, PollTimeout::from(30_000u16)).unwrap();
+        assert_eq!(ready, 1, "the answer reaches the host's pipe in time");
+        fd
+    })
+    .await
+    .unwrap()
+}
+
+/// An answer written into the host's pipe proves nothing: a host that dies before reading it
+/// leaves the execution completed and undelivered, and a new host (a new wrapper on the same
+/// ledger) repeating the call is handed the kept result, not a second run.
+#[tokio::test]
+async fn a_host_that_dies_with_the_answer_unread_gets_the_kept_result_on_the_repeat() {
+    let files = Files::new("host-dies", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let mut host = Host::new(files.wrapper(&[], &[]));
+    host.initialize().await;
+    host.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "deploy", "arguments": deploy()}}))
+        .await;
+    // The answer enters the host's pipe; the host dies without reading it (its ends close,
+    // as the kernel closes a killed process's).
+    let Host {
+        mut child,
+        stdin,
+        stdout,
+        ..
+    } = host;
+    let unread = until_readable(stdout.into_inner().into_inner()).await;
+    drop((stdin, unread));
+    assert_eq!(exit_code(&mut child).await, Some(0));
+    assert_eq!(files.effects().len(), 1, "the deploy ran");
+    let records = files.ledger_list();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        records[0]["state"], "completed_result_not_delivered",
+        "written into the pipe is not delivered: {records:?}"
+    );
+
+    // A new host repeats the call: the kept result, no second deploy.
+    let mut host = Host::new(files.wrapper(&[], &[]));
+    host.initialize().await;
+    let repeat = host
+        .request(
+            2,
+            "tools/call",
+            json!({"name": "deploy", "arguments": deploy()}),
+        )
+        .await;
+    assert_ne!(repeat["result"]["isError"], true, "{repeat}");
+    let text = repeat["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.ends_with(": done"), "the tool's own answer: {repeat}");
+    assert_eq!(files.effects().len(), 1, "never deployed twice");
+    // The host reads on (its next line): now the answer is delivered.
+    host.assert_serving(3).await;
+    let (_, _, code) = host.finish().await;
+    assert_eq!(code, Some(0));
+    let records = files.ledger_list();
+    let deploys: Vec<&Value> = records.iter().filter(|r| r["tool"] == "deploy").collect();
+    assert_eq!(deploys.len(), 1, "one execution: {records:?}");
+    assert_eq!(deploys[0]["attempts"], 1, "{records:?}");
+    assert_eq!(deploys[0]["state"], "completed", "delivered: {records:?}");
+}
+
+/// A line that is not a request (an array holding the word `initialize`) is never kept as the
+/// `initialize` replayed to a restarted server: the restart serves on, nothing panics.
+#[tokio::test]
+async fn a_line_that_is_not_a_request_is_never_replayed_as_initialize() {
+    let files = Files::new(
+        "replay-not-request",
+        "[tools.set_flag]\nclass = \"idempotent\"\n",
+    );
+    let mut host = Host::new(files.wrapper(&["--restart"], &[("FAULT", "hang_after_effect")]));
+    host.initialize().await;
+    for line in [r#"["initialize"]"#, r#"{"method": "initialize"}"#] {
+        host.send_line(line).await;
+        let answer = host.next_message().await;
+        assert!(answer["error"]["code"].is_i64(), "{line}: {answer}");
+    }
+    // The child hangs after the call's effect and is killed: the wrapper restarts it and
+    // replays the host's initialize.
+    host.send(&set_flag_call(2)).await;
+    files.kill_hung_server().await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    // The restarted child serves (the flag was set before the kill).
+    let read = host
+        .request(
+            3,
+            "tools/call",
+            json!({"name": "read_flag", "arguments": {"name": "beta"}}),
+        )
+        .await;
+    assert_eq!(
+        read["result"]["content"][0]["text"], "beta is true",
+        "{read}"
+    );
+    let (rest, _, code) = host.finish().await;
+    assert_eq!(rest, Vec::<Value>::new());
+    assert_eq!(code, Some(0));
+}
+
+/// A cut line (not JSON) is answered -32700 for the id its start names, in the middle of the
+/// stream and at its end alike; nothing is sent.
+#[tokio::test]
+async fn a_cut_line_is_answered_for_the_id_it_names() {
+    let files = Files::new("cut-line", "[tools.set_flag]\nclass = \"idempotent\"\n");
+    let mut host = Host::new(files.wrapper(&[], &[]));
+    host.initialize().await;
+    host.send_line(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"set_fl"#)
+        .await;
+    let answer = host.next_message().await;
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    assert_eq!(answer["id"], 7, "{answer}");
+    // The host's last line, cut by the end of its stdin.
+    let stdin = host.stdin.as_mut().unwrap();
+    stdin
+        .write_all(br#"{"jsonrpc":"2.0","id":"eight","method":"tools/call","params":{"na"#)
+        .await
+        .unwrap();
+    let (rest, _, code) = host.finish().await;
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert_eq!(rest[0]["error"]["code"], -32700, "{rest:?}");
+    assert_eq!(rest[0]["id"], "eight", "{rest:?}");
+    assert_eq!(code, Some(0));
+    assert_eq!(files.effects(), Vec::<String>::new(), "nothing was sent");
+}
+
+/// The host's order on the wire: a call and its cancellation, five times over, reach the
+/// server in the order the host sent them (the server, `cat`, writes what it receives).
+#[tokio::test]
+async fn calls_and_cancellations_reach_the_server_in_the_hosts_order() {
+    let files = Files::new("order", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let received = files.path("received");
+    let mut command = Command::new(BIN);
+    command
+        .arg("stdio")
+        .args(["--ledger", &files.path("ledger.jsonl")])
+        .args(["--policy", &files.path("policy.toml")])
+        // `sh` keeps the server's stdout open while `cat` writes what it receives.
+        .args(["--", "sh", "-c", "cat > \"$RECEIVED\""])
+        .env("RECEIVED", &received)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut host = Host::new(command.spawn().unwrap());
+    let mut sent = Vec::new();
+    for id in 10..15 {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "deploy", "arguments": {"service": "catalog", "version": id}}});
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "changed my mind"}});
+        host.send(&call).await;
+        host.send(&cancel).await;
+        sent.push(format!("call {id}"));
+        sent.push(format!("cancel {id}"));
+    }
+    let read = || -> Vec<String> {
+        std::fs::read_to_string(&received)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| {
+                let message: Value = serde_json::from_str(line).unwrap();
+                match message["method"].as_str() {
+                    Some("tools/call") => format!("call {}", message["id"]),
+                    _ => format!("cancel {}", message["params"]["requestId"]),
+                }
+            })
+            .collect()
+    };
+    tokio::time::timeout(WAIT, async {
+        while read().len() < sent.len() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every message reaches the server");
+    assert_eq!(read(), sent);
+    // One answer per call (the server answers none: each is unknown once its wait ends).
+    let (rest, ids, _) = host.finish().await;
+    assert_eq!(rest.len(), 5, "{rest:?}");
+    let mut ids: Vec<i64> = ids.iter().filter_map(Value::as_i64).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [10, 11, 12, 13, 14]);
+}
+
+/// SIGTERM: the wrapper stops reading the host, the call in flight is answered (written to
+/// the host), and the server's process group is ended before the wrapper exits 143.
+#[tokio::test]
+async fn sigterm_answers_the_call_in_flight_and_ends_the_server() {
+    let files = Files::new("sigterm", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let mut host = Host::new(files.wrapper(&[], &[("ANSWER_DELAY_MS", "1500")]));
+    host.initialize().await;
+    host.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                      "params": {"name": "deploy", "arguments": deploy()}}))
+        .await;
+    // The tool ran and waits before it answers: the call is in flight.
+    let server = files.hung_server_pid().await;
+    let wrapper = host.child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &wrapper])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let answer = host.next_message().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.ends_with(": done"), "the server's answer: {answer}");
+    assert_eq!(host.next().await, None, "nothing more");
+    assert_eq!(exit_code(&mut host.child).await, Some(143));
+    let alive = std::process::Command::new("kill")
+        .args(["-0", &server])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!alive.success(), "the server (pid {server}) is gone");
+    let records = files.ledger_list();
+    assert_eq!(
+        records[0]["state"], "completed_result_not_delivered",
+        "the answer's outcome is recorded: {records:?}"
+    );
+    assert_eq!(files.effects().len(), 1);
+}

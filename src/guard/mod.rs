@@ -101,6 +101,7 @@
 mod body;
 mod call;
 mod claim;
+mod deliveries;
 mod dispatch;
 mod future;
 mod hooks;
@@ -124,6 +125,7 @@ pub use crate::DEFAULT_MAX_BODY_BYTES;
 use crate::answer;
 pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error, refused_request};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
+pub use deliveries::Deliveries;
 pub use future::ResponseFuture;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};
 pub use layer::{GuardLayer, resolve};

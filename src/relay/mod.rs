@@ -5,9 +5,12 @@
 //! of a stdio server, the messages of an rmcp transport). It runs the same [`Guard`] as the
 //! HTTP layer, over a [`Wire`]: every client request becomes one guarded exchange, every
 //! `tools/call` is classified, fingerprinted, recorded `dispatched` (durably) before the wire
-//! writes it, and every repeat is decided from the ledger exactly as over HTTP. Notifications
-//! and the client's answers to server requests go to the wire in order, untouched; server
-//! messages that answer no guarded request go to the client untouched.
+//! writes it, and every repeat is decided from the ledger exactly as over HTTP. Requests and
+//! notifications reach the wire in the client's order (a `notifications/cancelled` never
+//! before its call), notifications and the client's answers to server requests untouched;
+//! server messages that answer no guarded request go to the client untouched. An answer the
+//! driver wrote to the client is `delivered` once the client's next message comes
+//! ([`Deliveries`]).
 //!
 //! What the relay adds for a transport without HTTP:
 //!
@@ -26,9 +29,12 @@
 //! [`integrations::rmcp::GuardedTransport`](crate::integrations) are two such drivers.
 
 pub mod lines;
+mod order;
 #[cfg(test)]
 mod tests;
 mod wire;
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -37,12 +43,12 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_layer::Layer;
 
+use wire::TurnOnWire;
 pub use wire::{Cancelled, Outgoing, PeerGone, Wire, WireQueue};
 
 use crate::{
     ExecutionId,
-    guard::{Delivery, Guard, GuardError, GuardLayer, jsonrpc_error},
-    ledger::LedgerError,
+    guard::{Deliveries, Delivery, Guard, GuardError, GuardLayer, jsonrpc_error},
     protocol::{
         self, Era, RequestId,
         shape::{Shape, shape_of},
@@ -64,6 +70,7 @@ const CLIENT_QUEUE: usize = 64;
 pub struct ToClient {
     message: Bytes,
     delivery: Option<Delivery>,
+    deliveries: Arc<Deliveries>,
 }
 
 impl ToClient {
@@ -72,19 +79,16 @@ impl ToClient {
         &self.message
     }
 
-    /// The message reached the client (it was written and flushed): a guarded call's
-    /// execution is recorded `delivered`. Not calling it leaves the execution completed and
-    /// undelivered, so that a repeat gets the kept result.
-    pub async fn delivered(self) -> Result<(), LedgerError> {
-        match self.delivery {
-            Some(delivery) => delivery.record().await.map(|_| ()),
-            None => Ok(()),
+    /// The driver wrote the whole message to the client and flushed it. A guarded call's
+    /// execution is recorded `delivered` once the client proves it read on: its next message
+    /// through [`Relay::from_client`] ([`Deliveries`], the one rule for every channel). Not
+    /// calling it, or no next message, leaves the execution completed and undelivered, so
+    /// that a repeat gets the kept result.
+    pub fn written(self) {
+        if let Some(delivery) = self.delivery {
+            self.deliveries.written(delivery);
+            self.deliveries.flushed();
         }
-    }
-
-    /// The message and its delivery, for a driver that records the delivery later.
-    pub fn into_parts(self) -> (Bytes, Option<Delivery>) {
-        (self.message, self.delivery)
     }
 }
 
@@ -107,6 +111,9 @@ pub struct Relay {
     guard: Guard<Wire>,
     wire: Wire,
     to_client: mpsc::Sender<ToClient>,
+    deliveries: Arc<Deliveries>,
+    /// How many requests have not yet had their answer queued for the client.
+    unanswered: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl Relay {
@@ -119,6 +126,8 @@ impl Relay {
             guard: layer.layer(wire.clone()),
             wire,
             to_client,
+            deliveries: Arc::default(),
+            unanswered: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
         (relay, wire_queue, ClientQueue(client_queue))
     }
@@ -128,23 +137,37 @@ impl Relay {
         &self.guard
     }
 
-    /// One message from the client. A request runs as a task of its own (its answer reaches
-    /// the [`ClientQueue`] when it is ready); anything else is written to the wire in order
-    /// before this returns. Never fails: what cannot be sent is answered.
+    /// One message from the client. It first proves the client read on: every answer
+    /// [written](ToClient::written) before it is recorded `delivered`. Every message then
+    /// reaches the wire in the client's order. A request runs as a task of its own (its
+    /// answer reaches the [`ClientQueue`] when it is ready); anything else is written to the
+    /// wire before this returns. Never fails: what cannot be sent is answered.
     pub async fn from_client(&self, message: Bytes) {
+        self.deliveries.confirm().await;
         match shape_of(&message) {
             Shape::Request(id) => {
                 let relay = self.clone();
+                let turn = TurnOnWire::new(self.wire.turn());
+                self.unanswered.send_modify(|n| *n += 1);
                 tokio::spawn(async move {
-                    let answer = relay.exchange(message, id).await;
+                    let answer = relay.exchange(message, id, turn).await;
                     if let Some(answer) = answer {
                         let _ = relay.to_client.send(answer).await;
                     }
+                    relay.unanswered.send_modify(|n| *n -= 1);
                 });
             }
-            Shape::Notification | Shape::Response(_) => {
+            Shape::Notification => {
+                let turn = self.wire.turn();
+                if let Err(error) = self.wire.notify_in_turn(message, Some(turn)).await {
+                    tracing::warn!(%error, "a notification for the server was not written");
+                }
+            }
+            // An answer to the server's own request (an elicitation a call waits for) waits
+            // for no turn: a request before it may be waiting on that very call.
+            Shape::Response(_) => {
                 if let Err(error) = self.wire.notify(message).await {
-                    tracing::warn!(%error, "a notification or response for the server was not written");
+                    tracing::warn!(%error, "a response for the server was not written");
                 }
             }
             Shape::ToolCallWithoutId => {
@@ -166,9 +189,11 @@ impl Relay {
             }
             Shape::Unreadable(why) => {
                 tracing::warn!(%why, "a message from the client was refused");
+                // A cut line still names its id when its start does.
+                let id = protocol::shape::id_in_prefix(&message);
                 let answer = jsonrpc_error(
                     StatusCode::BAD_REQUEST,
-                    None,
+                    id.as_ref(),
                     -32700,
                     format!("{why}; nothing was sent"),
                 );
@@ -192,9 +217,18 @@ impl Relay {
         self.wire.peer_gone();
     }
 
+    /// Resolves once every request from the client so far has its answer queued for the
+    /// client ([`ClientQueue`]).
+    pub async fn answered(&self) {
+        let mut unanswered = self.unanswered.subscribe();
+        let _ = unanswered.wait_for(|n| *n == 0).await;
+    }
+
     /// A message from the client over the transport's size bound, of which `prefix` is the
-    /// start: refused unsent, answered for its id when the prefix names it.
+    /// start: refused unsent, answered for its id when the prefix names it. Like any message,
+    /// it proves the client read on.
     pub async fn client_message_too_large(&self, prefix: &[u8], max: usize) {
+        self.deliveries.confirm().await;
         let id = protocol::shape::id_in_prefix(prefix);
         tracing::warn!(
             max,
@@ -220,13 +254,22 @@ impl Relay {
     }
 
     async fn push(&self, message: Bytes, delivery: Option<Delivery>) {
-        let _ = self.to_client.send(ToClient { message, delivery }).await;
+        let _ = self.to_client.send(self.to_client(message, delivery)).await;
+    }
+
+    fn to_client(&self, message: Bytes, delivery: Option<Delivery>) -> ToClient {
+        ToClient {
+            message,
+            delivery,
+            deliveries: self.deliveries.clone(),
+        }
     }
 
     /// One request through the guard and the wire; its answer, or none for an answer with no
     /// body (there is none for a request, but the guard's pass-through would give it).
-    async fn exchange(&self, message: Bytes, id: RequestId) -> Option<ToClient> {
-        let request = Wire::request(RELAY_URI, message.clone());
+    async fn exchange(&self, message: Bytes, id: RequestId, turn: TurnOnWire) -> Option<ToClient> {
+        let mut request = Wire::request(RELAY_URI, message.clone());
+        request.extensions_mut().insert(turn);
         let error = match self.guard.clone().oneshot(request).await {
             Ok(response) => {
                 let execution = response.extensions().get::<ExecutionId>().copied();
@@ -235,10 +278,7 @@ impl Relay {
                 match body.collect().await {
                     Ok(body) => {
                         let bytes = body.to_bytes();
-                        return (!bytes.is_empty()).then_some(ToClient {
-                            message: bytes,
-                            delivery,
-                        });
+                        return (!bytes.is_empty()).then(|| self.to_client(bytes, delivery));
                     }
                     // The wire's bodies are whole; a guard's own answer cannot fail either.
                     Err(error) => match execution {
@@ -250,10 +290,7 @@ impl Relay {
             Err(error) => error,
         };
         let answer = self.answer_failure(&message, &id, &error).await;
-        Some(ToClient {
-            message: answer,
-            delivery: None,
-        })
+        Some(self.to_client(answer, None))
     }
 
     /// The answer to a request the guard could not answer itself: for a guarded call whose

@@ -163,3 +163,113 @@ async fn a_tools_call_without_an_id_is_refused_unsent() {
     }
     assert!(ledger.list().await.unwrap().is_empty());
 }
+
+/// A call written to the wire, then cancelled by the client: the cancellation is on the wire.
+async fn call_then_cancel(relay: &Relay, wire: &mut WireQueue, id: i64) {
+    let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {"v": id}}});
+    relay.from_client(line(&call)).await;
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .written();
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": id}});
+    let sending = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.from_client(line(&cancel)).await }
+    });
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .written();
+    sending.await.unwrap();
+}
+
+fn server_answer(id: i64) -> Bytes {
+    line(&json!({"jsonrpc": "2.0", "id": id,
+        "result": {"content": [{"type": "text", "text": "deployed"}]}}))
+}
+
+/// After a cancellation, the server's answer (a server that did not stop the tool) settles the
+/// call, and it is the client's one answer for the id.
+#[tokio::test]
+async fn the_servers_answer_after_a_cancel_settles_the_call_and_is_the_one_answer() {
+    let (relay, mut wire, mut client, ledger) = relay();
+    call_then_cancel(&relay, &mut wire, 1).await;
+    relay.from_server(server_answer(1)).await;
+    let answer = next_for_client(&mut client).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "deployed",
+        "{answer}"
+    );
+    // Nothing else for id 1: the next message is the one pushed after.
+    relay
+        .refuse(Some(&RequestId::from(99)), "the next message")
+        .await;
+    let next = next_for_client(&mut client).await;
+    assert_eq!(next["id"], 99, "a second answer for id 1: {next}");
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records[0].state, ExecutionState::Completed, "{records:?}");
+}
+
+/// A cancelled call whose answer comes only after its wait ended: the client got the guard's
+/// answer for the id when the wait ended, and the late answer is not handed on as a second.
+#[tokio::test]
+async fn an_answer_after_the_cancelled_wait_ended_is_not_a_second_answer() {
+    let (relay, mut wire, mut client, _ledger) = relay();
+    call_then_cancel(&relay, &mut wire, 1).await;
+    let answer = next_for_client(&mut client).await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert!(
+        answer["result"]["structuredContent"]["mcp_replay_guard"]["execution_id"].is_string(),
+        "the guard's answer once the wait ended: {answer}"
+    );
+    relay.from_server(server_answer(1)).await;
+    relay
+        .refuse(Some(&RequestId::from(99)), "the next message")
+        .await;
+    let next = next_for_client(&mut client).await;
+    assert_eq!(next["id"], 99, "a second answer for id 1: {next}");
+}
+
+/// Every answer written to the client is delivered only once the client's next message
+/// proves it read on; an answer with no message after it stays undelivered (kept).
+#[tokio::test]
+async fn an_answer_is_delivered_only_when_the_clients_next_message_comes() {
+    let (relay, mut wire, mut client, ledger) = relay();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {"v": 1}}});
+    relay.from_client(line(&call)).await;
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .written();
+    relay.from_server(server_answer(1)).await;
+    let answer = tokio::time::timeout(WAIT, client.next())
+        .await
+        .unwrap()
+        .unwrap();
+    answer.written();
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records[0].state, ExecutionState::Completed);
+    assert_eq!(records[0].delivered_at, None, "written is not delivered");
+
+    let ping = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+        "params": {"progressToken": 1, "progress": 1}});
+    let sending = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.from_client(line(&ping)).await }
+    });
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .written();
+    sending.await.unwrap();
+    let records = ledger.list().await.unwrap();
+    assert!(records[0].delivered_at.is_some(), "{records:?}");
+}

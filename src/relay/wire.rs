@@ -7,11 +7,12 @@
 //! message is an HTTP `POST` of its bytes, a response an `application/json` body.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     future::Future,
     pin::Pin,
     sync::{Arc, Mutex, PoisonError},
     task::{Context, Poll},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -20,6 +21,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::sync::{mpsc, oneshot};
 use tower_service::Service;
+
+use super::order::{Order, Turn};
 
 use crate::{
     BoxError,
@@ -32,6 +35,14 @@ use crate::{
 
 /// How many messages wait for the transport before a sender waits too.
 const QUEUE: usize = 64;
+
+/// How long a request the client cancelled still waits for the server's answer: a server that
+/// does not stop the tool answers when it is done, and that answer settles the call.
+pub(crate) const CANCELLED_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// How many cancelled requests whose wait ended are remembered, so that the server's answer
+/// coming after all is not handed to the client as a second answer for the id.
+const ENDED_CANCELLED: usize = 1024;
 
 /// One message for the transport to write, and the one who waits to hear how that went.
 ///
@@ -133,6 +144,9 @@ impl WireQueue {
 struct Waiting {
     by_id: HashMap<RequestId, Entry>,
     next: u64,
+    /// Cancelled requests whose wait ended without the server's answer (oldest first): an
+    /// answer for one of them that comes after all was already answered for.
+    ended_cancelled: VecDeque<RequestId>,
 }
 
 #[derive(Debug)]
@@ -148,6 +162,23 @@ struct Entry {
 pub struct Wire {
     queue: mpsc::Sender<Outgoing>,
     waiting: Arc<Mutex<Waiting>>,
+    order: Order,
+}
+
+/// A request's turn in the client's order, carried to the wire in the request's extensions
+/// (the guard hands them on): the request is queued in its turn, and the turn ends once it is
+/// (or when the guard answered without sending, and dropped the request).
+#[derive(Debug, Clone)]
+pub(crate) struct TurnOnWire(Arc<Mutex<Option<Turn>>>);
+
+impl TurnOnWire {
+    pub(crate) fn new(turn: Turn) -> Self {
+        Self(Arc::new(Mutex::new(Some(turn))))
+    }
+
+    fn take(&self) -> Option<Turn> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
 }
 
 /// Why a request that was written got no answer.
@@ -167,6 +198,7 @@ impl Wire {
         let wire = Self {
             queue,
             waiting: Arc::default(),
+            order: Order::default(),
         };
         (wire, WireQueue(receiver))
     }
@@ -174,7 +206,22 @@ impl Wire {
     /// Hands a response the transport read to the request that waits for it. `Err` gives the
     /// message back when no request waits for its id (it is someone else's).
     pub fn answer(&self, id: &RequestId, message: Bytes) -> Result<(), Bytes> {
-        let waiter = self.lock().by_id.remove(id);
+        let waiter = {
+            let mut waiting = self.lock();
+            let waiter = waiting.by_id.remove(id);
+            if waiter.is_none()
+                && let Some(at) = waiting.ended_cancelled.iter().position(|ended| ended == id)
+            {
+                // The client was answered for this id when its wait ended: never twice.
+                waiting.ended_cancelled.remove(at);
+                tracing::warn!(
+                    "the server answered a cancelled request after its wait ended; the answer \
+                     is not handed on (the client had its answer for the id)"
+                );
+                return Ok(());
+            }
+            waiter
+        };
         match waiter {
             Some(waiter) => waiter
                 .answer
@@ -206,39 +253,92 @@ impl Wire {
     }
 
     /// Writes one message from the client that waits for no answer (a notification, a
-    /// response to a server request), in order with every other message sent through this
-    /// wire. `Err` when the transport is gone.
+    /// response to a server request) at once, in order with every other message queued on
+    /// this wire. `Err` when the transport is gone.
     ///
-    /// A `notifications/cancelled` also ends the wait of the request it cancels: the server
-    /// need not answer it (MCP), and its outcome is unknown (the tool may have run in part),
-    /// never left waiting. An answer that comes anyway goes to the client, who ignores it.
+    /// A `notifications/cancelled` also ends the wait of the request it cancels, after
+    /// [`CANCELLED_ANSWER_WAIT`]: the server need not answer it (MCP). An answer that comes
+    /// within the wait settles the call as any answer does; without one, its outcome is
+    /// unknown (the tool may have run in part). Either way the client gets one answer for the
+    /// id: an answer coming after the wait ended is not handed on.
     pub async fn notify(&self, message: Bytes) -> Result<(), BoxError> {
+        self.notify_in_turn(message, None).await
+    }
+
+    /// The next turn in the client's order: a message queued in it reaches the transport
+    /// after every message whose turn came before.
+    pub(crate) fn turn(&self) -> Turn {
+        self.order.take()
+    }
+
+    /// [`Self::notify`], queued in `turn` when there is one.
+    pub(crate) async fn notify_in_turn(
+        &self,
+        message: Bytes,
+        turn: Option<Turn>,
+    ) -> Result<(), BoxError> {
         let cancelled = crate::protocol::shape::cancelled_request(&message);
-        self.send(message).await?;
+        self.send_taken(message, None, turn).await?;
         if let Some(id) = cancelled {
-            self.fail(&id, Cancelled);
+            self.end_wait_later(id);
         }
         Ok(())
     }
 
-    /// Writes one message, in order with every other message sent through this wire; `Err`
-    /// when the transport is gone.
-    async fn send(&self, message: Bytes) -> Result<(), BoxError> {
-        self.send_taken(message, None).await
+    /// Ends the wait of the cancelled request `id` after [`CANCELLED_ANSWER_WAIT`], unless
+    /// its answer came first.
+    fn end_wait_later(&self, id: RequestId) {
+        let Some(number) = self.lock().by_id.get(&id).map(|entry| entry.number) else {
+            return;
+        };
+        let wire = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(CANCELLED_ANSWER_WAIT).await;
+            let waiter = {
+                let mut waiting = wire.lock();
+                if waiting
+                    .by_id
+                    .get(&id)
+                    .is_none_or(|entry| entry.number != number)
+                {
+                    return;
+                }
+                if waiting.ended_cancelled.len() >= ENDED_CANCELLED {
+                    waiting.ended_cancelled.pop_front();
+                }
+                waiting.ended_cancelled.push_back(id.clone());
+                waiting.by_id.remove(&id)
+            };
+            if let Some(waiter) = waiter {
+                let _ = waiter.answer.send(Err(Cancelled.into()));
+            }
+        });
     }
 
-    /// [`Self::send`], for a request whose waiting-table entry is marked taken when a
-    /// transport takes the message from the queue.
-    async fn send_taken(&self, message: Bytes, request: Option<Taken>) -> Result<(), BoxError> {
+    /// Writes one message in `turn` (at once without one), in order with every other message
+    /// sent through this wire; `Err` when the transport is gone. `request` is the waiting-table
+    /// entry of a request, marked taken when a transport takes the message from the queue.
+    async fn send_taken(
+        &self,
+        message: Bytes,
+        request: Option<Taken>,
+        turn: Option<Turn>,
+    ) -> Result<(), BoxError> {
         let (written, result) = oneshot::channel();
-        self.queue
+        if let Some(turn) = &turn {
+            turn.wait().await;
+        }
+        let queued = self
+            .queue
             .send(Outgoing {
                 message,
                 written: Some(written),
                 request,
             })
-            .await
-            .map_err(|_| NotWritten("the transport is closed".into()))?;
+            .await;
+        // In the queue, the message keeps its place: the next turn may begin.
+        drop(turn);
+        queued.map_err(|_| NotWritten("the transport is closed".into()))?;
         result
             .await
             .unwrap_or_else(|_| Err(NotWritten("the transport dropped the message".into()).into()))
@@ -302,7 +402,11 @@ impl Wire {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn exchange(self, message: Bytes) -> Result<Response<Full<Bytes>>, BoxError> {
+    async fn exchange(
+        self,
+        message: Bytes,
+        turn: Option<Turn>,
+    ) -> Result<Response<Full<Bytes>>, BoxError> {
         let id = match shape_of(&message) {
             Shape::Request(id) => Some(id),
             _ => None,
@@ -320,6 +424,8 @@ impl Wire {
                 }
                 let number = waiting.next;
                 waiting.next += 1;
+                // The id is this request's now: its answer is handed on.
+                waiting.ended_cancelled.retain(|ended| ended != id);
                 waiting.by_id.insert(
                     id.clone(),
                     Entry {
@@ -335,7 +441,7 @@ impl Wire {
         let taken = answer
             .as_ref()
             .map(|(_, Unwait(waiting, id, number))| Taken(waiting.clone(), id.clone(), *number));
-        self.send_taken(message, taken).await?;
+        self.send_taken(message, taken, turn).await?;
         let Some((answer, _unwait)) = answer else {
             return Ok(respond(StatusCode::ACCEPTED, Bytes::new()));
         };
@@ -385,6 +491,10 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let wire = self.clone();
+        let turn = request
+            .extensions()
+            .get::<TurnOnWire>()
+            .and_then(TurnOnWire::take);
         Box::pin(async move {
             let message = request
                 .into_body()
@@ -392,7 +502,7 @@ where
                 .await
                 .map_err(Into::into)?
                 .to_bytes();
-            wire.exchange(message).await
+            wire.exchange(message, turn).await
         })
     }
 }

@@ -50,14 +50,18 @@ enum Fault {
     ChildKilled,
     /// The tool ran and answered over the line bound: the answer was not relayed.
     AnswerTooLarge,
+    /// The tool ran and answered; the answer was written into the host's pipe, and the host
+    /// died before reading it. The repeat comes from a new host (a new relay on the ledger).
+    HostGone,
 }
 
 impl Fault {
-    const ALL: [Fault; 4] = [
+    const ALL: [Fault; 5] = [
         Fault::ChildGone,
         Fault::NoAnswer,
         Fault::ChildKilled,
         Fault::AnswerTooLarge,
+        Fault::HostGone,
     ];
 
     fn label(self) -> &'static str {
@@ -66,6 +70,7 @@ impl Fault {
             Fault::NoAnswer => "after the effect, no answer (stdin closed, child went)",
             Fault::ChildKilled => "after the effect, child SIGKILLed",
             Fault::AnswerTooLarge => "answer over --max-line-bytes (tool ran)",
+            Fault::HostGone => "host dies with the answer unread (tool ran, answered)",
         }
     }
 
@@ -75,6 +80,7 @@ impl Fault {
             Fault::ChildGone => "exit_at_once",
             Fault::NoAnswer | Fault::ChildKilled => "hang_after_effect",
             Fault::AnswerTooLarge => "huge_answer",
+            Fault::HostGone => "none",
         }
     }
 }
@@ -150,6 +156,19 @@ fn expected(fault: Fault, class: Class) -> Cell {
         return Cell {
             effects: 1,
             first: NOT_SENT,
+            repeat: RESULT,
+            ledger: ledger.into(),
+        };
+    }
+    if fault == Fault::HostGone {
+        // Written into a pipe is not delivered: the repeat is handed the kept result.
+        let (effects, ledger) = match class {
+            ReadOnly => (2, "not recorded"),
+            _ => (1, "completed, delivered"),
+        };
+        return Cell {
+            effects,
+            first: RESULT,
             repeat: RESULT,
             ledger: ledger.into(),
         };
@@ -304,15 +323,22 @@ impl Agent {
             .await;
     }
 
-    /// The next message for the agent, recorded delivered as the CLI does once it is written.
+    /// The next message for the agent, written to it as the CLI writes it: delivered once the
+    /// agent's next message comes.
     async fn answer(&mut self) -> Value {
         let message = tokio::time::timeout(WAIT, self.answers.next())
             .await
             .expect("an answer in time")
             .expect("the relay is open");
         let value = serde_json::from_slice(message.message()).expect("JSON");
-        message.delivered().await.expect("delivery recorded");
+        message.written();
         value
+    }
+
+    /// A message that proves the agent read every answer before it.
+    async fn read_on(&self) {
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            .await;
     }
 
     async fn initialize(&mut self) {
@@ -357,7 +383,7 @@ async fn run_cell(fault: Fault, class: Class) -> Cell {
         .actor(Actor::from("signed-process:com.example.agent"))
         .intent_scope(IntentScope::from("run:fault-matrix-stdio"))
         .max_body_bytes(MAX_LINE);
-    let (relay, mut queue, answers) = Relay::new(&layer);
+    let (mut relay, mut queue, answers) = Relay::new(&layer);
     let mut agent = Agent {
         relay: relay.clone(),
         answers,
@@ -407,6 +433,21 @@ async fn run_cell(fault: Fault, class: Class) -> Cell {
             queue = driven.stop().await;
             first
         }
+        Fault::HostGone => {
+            let driven = Driven::start(&relay, queue, files.child(fault));
+            agent.initialize().await;
+            agent.call(1, class).await;
+            // Written to the host, which dies before its next message.
+            let first = agent.answer().await;
+            drop(driven.stop().await);
+            let (new_relay, new_queue, answers) = Relay::new(&layer);
+            (relay, queue) = (new_relay, new_queue);
+            agent = Agent {
+                relay: relay.clone(),
+                answers,
+            };
+            first
+        }
     };
     assert_eq!(first["id"], 1, "{first}");
 
@@ -416,6 +457,7 @@ async fn run_cell(fault: Fault, class: Class) -> Cell {
     agent.call(2, class).await;
     let repeat = agent.answer().await;
     assert_eq!(repeat["id"], 2, "{repeat}");
+    agent.read_on().await;
     let _ = driven.stop().await;
 
     // An uncertain repeat names the execution the first answer named.
@@ -539,6 +581,7 @@ async fn a_call_queued_when_the_child_went_gets_the_next_childs_answer_once() {
 
     let answer = agent.answer().await;
     assert_eq!(answer["id"], 1, "{answer}");
+    agent.read_on().await;
     // Whatever else the agent is told, until the child's effect is on disk and its stdout
     // has ended.
     tokio::time::timeout(WAIT, async {

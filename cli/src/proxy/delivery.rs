@@ -4,7 +4,7 @@
 use std::{
     io,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context as TaskContext, Poll, ready},
     time::Duration,
 };
@@ -17,61 +17,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::ProxyBody;
 use crate::mcp_http::BoxError;
 
-/// The deliveries of one client connection, on their way to being recorded (see the module
-/// docs): handed to the connection whole, then flushed to it, then confirmed by the client.
-#[derive(Debug, Default)]
-pub(super) struct Deliveries {
-    state: Mutex<Stages>,
-}
-
-#[derive(Debug, Default)]
-struct Stages {
-    /// The whole response was handed to the connection.
-    written: Vec<Delivery>,
-    /// ... and the connection flushed it.
-    flushed: Vec<Delivery>,
-}
-
-impl Deliveries {
-    fn stages(&self) -> std::sync::MutexGuard<'_, Stages> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn written(&self, delivery: Delivery) {
-        self.stages().written.push(delivery);
-    }
-
-    fn flushed(&self) {
-        let mut stages = self.stages();
-        let written = std::mem::take(&mut stages.written);
-        stages.flushed.extend(written);
-    }
-
-    fn awaiting_client(&self) -> bool {
-        !self.stages().flushed.is_empty()
-    }
-
-    /// The client showed it holds the flushed answers: record them.
-    fn confirm(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let confirmed = std::mem::take(&mut self.stages().flushed);
-        Box::pin(async move {
-            for delivery in confirmed {
-                if let Err(error) = delivery.record().await {
-                    tracing::warn!(execution_id = %delivery.execution_id(), %error, "could not record the delivery");
-                }
-            }
-        })
-    }
-
-    /// The connection broke: nothing that waited on it was delivered.
-    fn discard(&self) {
-        let mut stages = self.stages();
-        stages.written.clear();
-        stages.flushed.clear();
-    }
-}
+/// The deliveries of one client connection, on their way to being recorded: the library's one
+/// delivery rule (written whole, flushed, then confirmed by the client's next request or clean
+/// close), which every channel uses.
+pub(super) use mcp_replay_guard::guard::Deliveries;
 
 /// A response body on its way to the client: once its last byte was handed to the connection,
 /// its delivery waits for the connection's flush.

@@ -62,6 +62,11 @@ use crate::{
 /// what only HTTP has (`Idempotency-Key` headers, statuses, stream resumption); this wrapper
 /// works over rmcp's HTTP transport too, with what any transport has.
 ///
+/// An answer counts as delivered once rmcp took it from [`receive`](Transport::receive) and
+/// then sent its next message through this transport (the rule of
+/// [`Deliveries`](crate::guard::Deliveries)); an answer rmcp took last, before it closed the
+/// transport, stays completed and undelivered, and a repeat gets the kept result.
+///
 /// A guard layer shared by two transports (a client and the one it starts after its server
 /// died) shares its in-flight table and ledger: the repeat after the restart is decided from
 /// what the first one recorded.
@@ -198,10 +203,8 @@ impl Transport<RoleClient> for GuardedTransport {
             let answer = self.answers.next().await?;
             match serde_json::from_slice::<ServerJsonRpcMessage>(answer.message()) {
                 Ok(message) => {
-                    // In rmcp's hands now: the execution is delivered.
-                    if let Err(error) = answer.delivered().await {
-                        tracing::warn!(%error, "a delivered answer could not be recorded");
-                    }
+                    // In rmcp's hands now; delivered once rmcp sends its next message.
+                    answer.written();
                     return Some(message);
                 }
                 Err(error) => {
