@@ -1,4 +1,4 @@
-//! The fault matrix (issue 8, part 1): every named fault point × every retry class × both
+//! The fault matrix: every named fault point × every retry class × both
 //! protocol eras, against rmcp's own Streamable HTTP server on 127.0.0.1 and a `FileLedger` on
 //! disk. Each cell asserts the side-effect count the class allows, the final ledger state and
 //! what the agent was told, then the table is printed (README "Fault matrix" carries it).

@@ -943,7 +943,7 @@ async fn a_key_the_caller_set_is_kept_and_recorded() {
     );
     let events = ledger.events(record.execution_id).await.unwrap();
     let names: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
-    // No authorization hook: no `authorized` (issue 15: three appends per execution).
+    // No authorization hook: no `authorized` (three appends per execution).
     assert_eq!(names, ["accepted", "dispatched", "completed", "delivered"]);
     let dispatched = serde_json::to_value(&events[1]).unwrap();
     assert_eq!(dispatched["key_from_caller"], true);
@@ -1231,7 +1231,7 @@ async fn a_nonzero_number_that_reads_as_zero_is_refused_unsent() {
 /// The child's task for [`dropping_the_runtime_with_an_abandoned_body_does_not_abort`].
 const ABANDONED_BODY: &str = "abandoned-body:";
 
-/// Issue 12, item 12. A library user drops a runtime while a guarded call's body is abandoned
+/// A library user drops a runtime while a guarded call's body is abandoned
 /// (its drain task still waiting for an answer that never comes): the process does not abort
 /// (before: every cancelled drain dropped a `Watch` that spawned a drain again, until the stack
 /// overflowed), and the ledger says unknown. Run in a child process, because a stack overflow
@@ -1264,7 +1264,7 @@ fn dropping_the_runtime_with_an_abandoned_body_does_not_abort() {
 /// The child's task for [`dropping_the_runtime_with_an_abandoned_keyed_response_does_not_abort`].
 const ABANDONED_KEYED: &str = "abandoned-keyed";
 
-/// Issue 12, item 12, on the server side: the Idempotency-Key layer's drain of a response its
+/// On the server side: the Idempotency-Key layer's drain of a response its
 /// client abandoned is cancelled by a runtime that is dropped; the process does not abort (its
 /// drained copy used to drain again on every drop, without end).
 #[test]
@@ -1375,7 +1375,7 @@ fn child_entry() {
     println!("runtime dropped");
 }
 
-/// Issue 12, item 12: a body dropped where no runtime runs (a plain thread) cannot drain, so it
+/// A body dropped where no runtime runs (a plain thread) cannot drain, so it
 /// records `unknown` in place and stops; before, nothing was recorded and the execution stayed
 /// `dispatched`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1401,7 +1401,7 @@ async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
     assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
 }
 
-/// Issue 12, item 5: concurrent identical calls in one process to a tool whose results are not
+/// Concurrent identical calls in one process to a tool whose results are not
 /// kept. The waiters take the completed execution's answer (honestly: finished, result not
 /// kept), as a waiter in another process does; none of them decides again and starts a second
 /// execution once the first answer was delivered. The server answers with JSON, so the first
@@ -1474,7 +1474,7 @@ async fn waiters_on_a_tool_whose_results_are_not_kept_never_dispatch_again() {
     }
 }
 
-/// Issue 12, item 9: two actors make the identical call, and the first actor's answer is
+/// Two actors make the identical call, and the first actor's answer is
 /// lost after its tool ran (its result is kept). The second actor's call is its own execution:
 /// it runs, and gets its own result; the first actor's repeat gets the first result back. No
 /// kept result crosses actors.
@@ -1527,9 +1527,9 @@ async fn a_kept_result_is_never_handed_to_another_actor() {
     assert_eq!(actors, ["actor:a", "actor:b"].into_iter().collect());
 }
 
-/// Issue 12, item 9, the resume path: a broken stream is remembered by its last event id, and
+/// The resume path: a broken stream is remembered by its last event id, and
 /// only a GET of the same actor continues (and completes) its execution. Another actor's GET
-/// with that event id is refused unsent, without touching it (issue 13: passed through, the
+/// With that event id is refused unsent, without touching it (passed through, the
 /// server replayed A's answer to B).
 #[tokio::test]
 async fn another_actors_resume_never_takes_over_a_broken_stream() {
@@ -1596,7 +1596,7 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
 
-/// Issue 13: a caller's own `Idempotency-Key` that is another actor's execution id is refused
+/// A caller's own `Idempotency-Key` that is another actor's execution id is refused
 /// unsent. Sent, it would let a server that honours keys (and sees both actors as one
 /// principal, behind a proxy that holds the token) hand A's result to B.
 #[tokio::test]

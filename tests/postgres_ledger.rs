@@ -409,7 +409,7 @@ async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_no
     };
     let ledger = schema.replica().await;
     let first = new_execution(&ledger, 1, 0).await;
-    // In flight, it holds its intent past the window (issue 12, item 1).
+    // In flight, it holds its intent past the window.
     assert!(matches!(
         ledger.claim(claim(1, 60_001)).await.unwrap(),
         Claimed::Existing(r) if r.execution_id == first
@@ -689,7 +689,7 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
     schema.drop(&other).await;
 }
 
-/// Issue 12, item 4, in PostgreSQL: an execution dispatched by an owner that is gone and
+/// In PostgreSQL: an execution dispatched by an owner that is gone and
 /// continued through another replica belongs to the continuing owner, whose lease is taken
 /// in the dispatch's own transaction (that replica never claimed anything). A stale
 /// continuation, from what was read before, is refused.
@@ -724,7 +724,7 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
         reason: "its owner is gone".into(),
         attempt: Some(attempt),
     };
-    // Issue 14: the replica that connects after the owner is gone settles its dispatched
+    // the replica that connects after the owner is gone settles its dispatched
     // attempt as unknown (as the file ledger does on open), so the continuation starts there.
     let orphan = second.get(id).await.unwrap().unwrap();
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Issue 12 item 11 in the PostgreSQL ledger: a result kept before its `completed` is recorded
+//! In the PostgreSQL ledger: a result kept before its `completed` is recorded
 //! survives what removes rows in between (a purge), and loads after the `completed`. PostgreSQL
 //! keeps results in `mrg_results`, keyed by the execution and removed only with it (at the end
 //! of its retention), so the file ledger's compaction gap has no counterpart here; this test

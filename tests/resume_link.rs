@@ -1,4 +1,4 @@
-//! Issue 14: the guard links a resume GET to a broken stream by target, session and event id.
+//! The guard links a resume GET to a broken stream by target, session and event id.
 //! The same event id on another session is another stream: it neither takes nor completes the
 //! execution (keyed by the event id alone, it did, and the right GET then found no link).
 

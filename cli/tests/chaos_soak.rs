@@ -1,4 +1,4 @@
-//! The seeded chaos soak (issue 8, part 2): two agent processes share one `FileLedger` and call
+//! The seeded chaos soak: two agent processes share one `FileLedger` and call
 //! the four classes of tools on two rmcp servers (one per protocol era), while this process
 //! injects random faults into the servers and the plan repeats intents at random, often from
 //! both processes at once. At the end: no irreversible execution ran twice and no new one was

@@ -425,7 +425,7 @@ async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 2. A `call` killed once its teardown began (the session DELETE, which this
+/// A `call` killed once its teardown began (the session DELETE, which this
 /// server never answers) has printed its answer; and whenever stdout is empty, the ledger does
 /// not say delivered and the repeat prints the kept result without running the tool again.
 #[tokio::test]
@@ -496,7 +496,7 @@ async fn the_answer_is_printed_before_delivery_is_recorded_and_before_teardown()
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 12. A stream that never brings the answer: `--timeout` ends the call with
+/// A stream that never brings the answer: `--timeout` ends the call with
 /// exit 3 (not a stack overflow at shutdown, exit 134), and the ledger says unknown.
 #[tokio::test]
 async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_unknown() {
@@ -532,7 +532,7 @@ async fn a_stream_without_an_answer_exits_3_at_the_timeout_and_the_ledger_says_u
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, items 12 and 15. A JSON answer over the CLI's 16 MiB bound: the tool ran, so the
+/// A JSON answer over the CLI's 16 MiB bound: the tool ran, so the
 /// exit is 3 (never 2, "nothing was sent"; never 134), and the ledger says unknown, not
 /// delivered.
 #[tokio::test]
@@ -568,7 +568,7 @@ async fn an_answer_over_the_size_bound_exits_3_and_is_not_delivered() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 13. Credentials in the URL (userinfo, query) reach neither the ledger nor
+/// Credentials in the URL (userinfo, query) reach neither the ledger nor
 /// stdout nor stderr: not on a call that completes, not on one that cannot connect, not on a URL
 /// that does not parse.
 #[tokio::test]
@@ -650,7 +650,7 @@ async fn call_with_stdout_closed(url: &str, extra: &[&str]) -> Run {
     Run::from_output(&output)
 }
 
-/// Issue 12, item 2, the kept result too. An answer that cannot be printed (stdout is gone) is
+/// The kept result too. An answer that cannot be printed (stdout is gone) is
 /// not delivered: the exit is 3, and the repeat gets the kept result, whether the first answer
 /// came from the tool or was itself a kept result handed back; the tool ran once.
 #[tokio::test]
@@ -681,7 +681,7 @@ async fn an_answer_that_cannot_be_printed_is_not_delivered_and_stays_kept() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-// ---- issue 12: the ledger file (keys, foreign files, read-only commands, a held lock) -------
+// ---- The ledger file (keys, foreign files, read-only commands, a held lock) -------
 
 #[tokio::test]
 async fn a_held_call_is_not_resent_when_the_key_file_is_gone() {
@@ -1071,7 +1071,7 @@ fn child_entry() {
     }
 }
 
-/// Issue 12, item 1: an irreversible call held for review stays held when it is repeated after
+/// An irreversible call held for review stays held when it is repeated after
 /// its link window. The window limits how long a settled result is handed back, never how long
 /// an unknown outcome blocks a second dispatch.
 #[tokio::test]
@@ -1141,7 +1141,7 @@ fn events_of_kind(ledger: &str, kind: &str) -> usize {
         .count()
 }
 
-/// Issue 12, item 4: process 1 dispatches and is SIGKILLed; process 2 continues the execution
+/// Process 1 dispatches and is SIGKILLed; process 2 continues the execution
 /// (an idempotent re-send under the same key); while process 2's request is in flight, process
 /// 3 opens the ledger. Ownership moved with the continuation: process 3 neither marks the
 /// record unknown nor re-sends, it attaches and gets process 2's answer.
@@ -1210,7 +1210,7 @@ async fn a_continued_execution_belongs_to_its_new_owner_and_a_third_process_atta
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 4, under load: thirty processes make the same idempotent call at once over
+/// Under load: thirty processes make the same idempotent call at once over
 /// one ledger, and the first response is lost. Exactly one of them re-sends it; the others
 /// attach. None fails with a refused `dispatched` (which used to surface, exit 2, as "nothing
 /// was sent" after a request had been sent).
@@ -1261,7 +1261,7 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 1, the long deploy: an irreversible call still running when its link window
+/// The long deploy: an irreversible call still running when its link window
 /// ends is not started again by a repeat from another process; the repeat attaches and gets
 /// the running call's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,7 +135,7 @@ fn deploy_body(id: i64) -> Value {
     )
 }
 
-/// Issue 12, item 6, JSON. A JSON answer the client read is recorded delivered once the client
+/// JSON. A JSON answer the client read is recorded delivered once the client
 /// is done with it: its next request on the connection (recorded before that request is
 /// decided) or its clean close. A repeat after that is a new execution, as for any delivered
 /// call. (Before, a JSON answer was never delivered, and every repeat got the old result.)
@@ -224,7 +224,7 @@ async fn a_json_answer_is_delivered_once_the_client_is_done_with_it() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 6, SSE. The proxy wrote an SSE answer to the connection, and the client
+/// SSE. The proxy wrote an SSE answer to the connection, and the client
 /// resets it without reading (what its TCP stack does when it closes a connection with unread
 /// data): not delivered, and the client's repeat gets the kept result; the tool ran once.
 /// (Before, the end of the body counted as delivered, and the repeat deployed again.)
@@ -282,7 +282,7 @@ async fn an_sse_answer_the_client_resets_unread_is_not_delivered_and_the_repeat_
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 13, for the proxy: an upstream URL with credentials is never printed.
+/// For the proxy: an upstream URL with credentials is never printed.
 #[tokio::test]
 async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
     let server = TestServer::start_with(ServerOptions {
@@ -325,7 +325,7 @@ async fn the_proxy_never_prints_the_credentials_of_its_upstream_url() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Issue 12, item 12, for the proxy: Ctrl-C while the guard still drains a response its client
+/// For the proxy: Ctrl-C while the guard still drains a response its client
 /// abandoned. The proxy exits 0 (before: the cancelled drain respawned itself until the stack
 /// overflowed, exit 134), and the ledger says unknown.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Issue 13, items 2 and 5: principals behind `replay-guard proxy` (the built binary) and
+//! Principals behind `replay-guard proxy` (the built binary) and
 //! OAuth-protected upstreams, between plain hyper clients and rmcp's own server. Each client is
 //! its own connection, held open: an answer it read but did not confirm stays undelivered and
 //! kept, so a repeat of the same actor gets the kept result, and another actor's repeat would

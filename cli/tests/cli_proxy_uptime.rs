@@ -1,4 +1,4 @@
-//! Issue 13, item 6: `replay-guard proxy` stays up. The built binary on 127.0.0.1 between
+//! `replay-guard proxy` stays up. The built binary on 127.0.0.1 between
 //! real clients and rmcp's own server: idle and slowloris connections, the descriptor limit,
 //! SIGTERM and SIGINT with calls in flight, and `--log-format json`.
 

@@ -1,4 +1,4 @@
-//! A full disk after the request left (issue 12, item 15): `replay-guard call` never says
+//! A full disk after the request left: `replay-guard call` never says
 //! "nothing was sent" (exit 2) once `dispatched` is on disk, the read-only commands still work
 //! on the full disk, and the repeat after space returns is decided from the ledger, never sent
 //! blindly. The ledger lives on a small tmpfs that the test fills while the tool runs; the

@@ -656,7 +656,7 @@ async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-// ---- issue 12: integrity of the file (torn tails, foreign files, results, keys) -------------
+// ---- Integrity of the file (torn tails, foreign files, results, keys) -------------
 
 /// A ledger whose last complete line is the `dispatched` event of an execution whose process is
 /// gone; returns the execution and the file's bytes.
@@ -1216,7 +1216,7 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Issue 12, item 4, in the file ledger: an execution dispatched by an owner that is gone,
+/// In the file ledger: an execution dispatched by an owner that is gone,
 /// then continued through another opener (another process), belongs to the continuing owner.
 /// Its lock is held from before the `dispatched` line was written, so a third opener finds the
 /// attempt alive and leaves it `dispatched`; once that opener is gone too, the attempt is

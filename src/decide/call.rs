@@ -1,4 +1,4 @@
-//! What the guard does with a `tools/call`, decided from its ledger claim (DESIGN §4).
+//! What the guard does with a `tools/call`, decided from its ledger claim.
 //!
 //! There is no "resume" decision: a broken response stream is resumed by `ResumeLayer` on the
 //! call's own body before the caller sees an error, and a GET with `Last-Event-ID` that a
@@ -134,7 +134,7 @@ mod tests {
         }
     }
 
-    /// DESIGN §4, row by row, for every retry class.
+    /// Row by row, for every retry class.
     #[test]
     fn the_decision_table() {
         use Decision as D;
@@ -257,7 +257,7 @@ mod tests {
         }
     }
 
-    /// DESIGN §4, two clocks: every state, inside and past its link window (60 s here),
+    /// Two clocks: every state, inside and past its link window (60 s here),
     /// delivered or not, and past its retention. An unsettled outcome links until retention;
     /// the window limits only settled results and never-sent executions.
     #[test]

@@ -1,4 +1,4 @@
-//! What a retry class allows after an unknown outcome (DESIGN §3): the one table the guard's
+//! What a retry class allows after an unknown outcome: the one table the guard's
 //! decision and `ReplayPolicy` both read.
 
 use crate::contract::RetryClass;
@@ -32,7 +32,7 @@ impl AfterUnknown {
 mod tests {
     use super::*;
 
-    /// DESIGN §3, "Retry classes", row by row.
+    /// "Retry classes", row by row.
     #[test]
     fn the_retry_class_table() {
         let rows = [

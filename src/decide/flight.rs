@@ -1,4 +1,4 @@
-//! Single flight (DESIGN §4, the rows "still owned by a live attempt" and "dispatched, still in
+//! Single flight (the rows "still owned by a live attempt" and "dispatched, still in
 //! flight"): a call whose intent a live attempt owns waits for that attempt instead of starting
 //! its own. The guard keeps the state (which intents are owned in this process, and the
 //! notifiers waiters listen on); this is the rule it applies to that state.

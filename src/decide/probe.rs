@@ -1,4 +1,4 @@
-//! A status probe's answer → the guard's next step (DESIGN §3, `recoverable`): applied → its
+//! A status probe's answer → the guard's next step (`recoverable`): applied → its
 //! result, not applied → re-send under the same key, still running → in progress, can't tell →
 //! review.
 

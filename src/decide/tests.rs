@@ -1,4 +1,4 @@
-//! The README's decision table ("What the guard does", and DESIGN §4), one test row per table
+//! The README's decision table ("What the guard does"), one test row per table
 //! row, named as the README names it, for every retry class.
 
 use super::{
@@ -161,7 +161,7 @@ fn the_readme_table_recoverable_probe() {
     );
 }
 
-/// DESIGN §4, the table under "The decision (the heart)", for every class.
+/// The table under "The decision (the heart)", for every class.
 #[test]
 fn the_design_table() {
     use Decision as D;

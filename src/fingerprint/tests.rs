@@ -610,7 +610,7 @@ fn a_duplicate_key_anywhere_in_the_arguments_is_refused_in_either_order() {
     }
 }
 
-/// Found by the helper of issue 15: a `result` member the message parse skipped without
+/// Found by attacking it: a `result` member the message parse skipped without
 /// checking (`1E400` is out of a double's range) let the body classify while its tree form
 /// could not be re-parsed and read as `{}`; with fingerprint rules (which use the tree) two
 /// calls with different arguments were one intent.

@@ -1,9 +1,9 @@
-//! The guard: the decision of DESIGN §4 and the tower layer that applies it.
+//! The guard: the retry decision and the tower layer that applies it.
 //!
 //! [`GuardLayer`] wraps any `Service<http::Request<GuardRequestBody>>` that speaks MCP
 //! Streamable HTTP (a hyper client, say). Every `tools/call` that passes through it is
 //! classified, fingerprinted, given an execution ID and a ledger record, and every repeat of
-//! the same intent is decided from that record (DESIGN §4) instead of being sent blindly.
+//! The same intent is decided from that record instead of being sent blindly.
 //! Everything else (initialize, tools/list, notifications, GET, DELETE) and every read-only
 //! tool passes through untouched.
 //!

@@ -120,7 +120,7 @@ impl Entry for Stored {
 }
 
 /// The latest execution of each intent, found by a keyed 64-bit hash of the intent: a slot
-/// a third the size of one keyed by the intent itself (issue 15: the memory ledger's bytes
+/// A third the size of one keyed by the intent itself (the memory ledger's bytes
 /// per record). Two intents whose hashes meet (the hasher's keys are random per index, so
 /// only by chance: about one pair in 2^64 / n) are told apart by their executions; the one
 /// that finds the slot taken by another intent is kept in `collided`, by the whole intent.
@@ -491,7 +491,7 @@ mod tests {
         c
     }
 
-    /// Issue 15: a sweep visits the executions that expired, not every retained one (the old
+    /// A sweep visits the executions that expired, not every retained one (the old
     /// sweep scanned them all: with 1,000,000 retained, 6,682 executions/s instead of 125,000).
     fn a_sweep_visits_only_what_expired<E: Entry>() {
         let mut index = IndexOf::<E>::default();

@@ -952,7 +952,7 @@ mod tests {
         }
     }
 
-    /// Issue 12, item 4: the dispatching guard owns the attempt in flight, whoever accepted the
+    /// The dispatching guard owns the attempt in flight, whoever accepted the
     /// execution.
     #[test]
     fn ownership_moves_with_every_dispatch() {

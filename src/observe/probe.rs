@@ -407,7 +407,7 @@ mod tests {
         }
     }
 
-    /// Found by the helper of issue 15: the struct skips members it does not name unread
+    /// Found by attacking it: the struct skips members it does not name unread
     /// (`IgnoredAny` checks neither strings, nor a number's range, nor the nesting limit),
     /// the probe parsed them and gave up on the whole result: a tool error whose text held a
     /// lone surrogate (what JavaScript's `JSON.stringify` writes for a string cut inside a

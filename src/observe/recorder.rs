@@ -573,7 +573,7 @@ pub(crate) mod tests {
         assert_eq!(record.correlation.task_id.as_deref(), Some("t-9"));
     }
 
-    /// Found by the helper of issue 15: a lone surrogate the one pass refused (the envelope
+    /// Found by attacking it: a lone surrogate the one pass refused (the envelope
     /// and the struct skip it unread) ended the pass before the wide integer after it, and the
     /// memory ledger kept that result; the tool's `isError` read as `false` too.
     #[tokio::test(flavor = "current_thread")]

@@ -455,7 +455,7 @@ fn a_resume_key_is_the_stream_and_the_event_id() {
     assert_ne!(a, key("h/mcp", Some("s1"), "0/4"));
 }
 
-/// Found by the helper of issue 15: `result` / `error` members and a non-object `params` were
+/// Found by attacking it: `result` / `error` members and a non-object `params` were
 /// skipped with `IgnoredAny`, which checks neither the recursion limit, nor a number's range,
 /// nor lone surrogates, nor duplicate keys. The body then classified, but the tree of its
 /// arguments (a re-parse of the whole body) failed and read as `{}`: fingerprint rules and

@@ -169,7 +169,7 @@ mod tests {
         assert!(matches!(got[1], Line::TooLong(_)));
     }
 
-    /// Found by attacking issue 16: a write to a server that had already gone (a broken
+    /// Found by attacking it: a write to a server that had already gone (a broken
     /// pipe, not one byte taken) was `failed`, so a call that provably never left was
     /// `unknown` and an irreversible one was held for review.
     #[tokio::test]

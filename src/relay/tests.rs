@@ -42,7 +42,7 @@ async fn next_for_client(client: &mut ClientQueue) -> Value {
     serde_json::from_slice(message.message()).unwrap()
 }
 
-/// Found by attacking issue 16: a server need not answer a request the client cancelled
+/// Found by attacking it: a server need not answer a request the client cancelled
 /// (MCP's `notifications/cancelled`), so the guarded call waited for an answer that never
 /// came; its execution stayed in flight and every repeat waited for it.
 #[tokio::test]

@@ -554,7 +554,7 @@ mod tests {
         dir
     }
 
-    /// Issue 14: the orphan rule of every ledger ([`crate::decide::orphan_unknown`]), on open.
+    /// The orphan rule of every ledger ([`crate::decide::orphan_unknown`]), on open.
     #[tokio::test]
     async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_after_reopen() {
         let dir = temp_dir("orphan-unit");

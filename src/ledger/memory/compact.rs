@@ -1,4 +1,4 @@
-//! The form the memory ledger keeps an execution in (issue 15).
+//! The form the memory ledger keeps an execution in.
 
 use std::{borrow::Cow, collections::HashSet, sync::Arc};
 

@@ -604,7 +604,7 @@ mod tests {
         client.batch_execute(&statement).await.unwrap();
     }
 
-    /// Issue 14: an execution left `dispatched` by an owner whose lease ended reads `unknown`
+    /// An execution left `dispatched` by an owner whose lease ended reads `unknown`
     /// from a ledger that connects afterwards, as it does in a file ledger reopened; it used
     /// to read `dispatched` in PostgreSQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
