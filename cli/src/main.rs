@@ -64,6 +64,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up and matched once: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show the main job on an embedded server: a lost response, a generic retry (2

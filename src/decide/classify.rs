@@ -10,10 +10,12 @@
 
 /// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` is
 /// still running (HTTP 409). Public as `integrations::server::KEY_IN_FLIGHT`.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) const KEY_IN_FLIGHT: i64 = -32082;
 /// JSON-RPC error code of the server half: the first request with the `Idempotency-Key` may
 /// have run but its answer was not kept (HTTP 409). Public as
 /// `integrations::server::KEY_OUTCOME_UNKNOWN`.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) const KEY_OUTCOME_UNKNOWN: i64 = -32083;
 
 /// The JSON-RPC error codes that prove a `tools/call` was refused before its tool ran, and

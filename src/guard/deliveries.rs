@@ -17,7 +17,8 @@ use std::{
 use super::Delivery;
 
 /// The deliveries of one channel to one peer, on their way to being recorded: written whole,
-/// then flushed, then confirmed by the peer (see the [module docs](self)).
+/// then flushed, then confirmed by the peer: the peer's next message (or a clean close) proves it
+/// read on; a write into a pipe or a socket proves nothing.
 ///
 /// A channel driver calls [`written`](Self::written) once an answer's last byte was handed to
 /// the channel, [`flushed`](Self::flushed) once the channel flushed what it was handed, and

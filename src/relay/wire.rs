@@ -257,7 +257,7 @@ impl Wire {
     /// this wire. `Err` when the transport is gone.
     ///
     /// A `notifications/cancelled` also ends the wait of the request it cancels, after
-    /// [`CANCELLED_ANSWER_WAIT`]: the server need not answer it (MCP). An answer that comes
+    /// a bounded wait (5 s): the server need not answer it (MCP). An answer that comes
     /// within the wait settles the call as any answer does; without one, its outcome is
     /// unknown (the tool may have run in part). Either way the client gets one answer for the
     /// id: an answer coming after the wait ended is not handed on.
