@@ -423,6 +423,14 @@ async fn the_guarded_transport_works_around_rmcps_streamable_http_transport() {
     let result = deploy(&client, "catalog", "2026.12.01").await.unwrap();
     assert_eq!(text(&result), "deployed catalog 2026.12.01");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
+    // Over a transport of messages, the answer is delivered once rmcp sends its next message
+    // (a write into the transport proves nothing): until then it is kept.
+    let kept = ledger.list().await.unwrap();
+    assert!(
+        kept.iter().all(|r| r.delivered_at.is_none()),
+        "{kept:#?}"
+    );
+    client.list_all_tools().await.unwrap();
     let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
     assert_eq!(record.tool, "deploy_release");
     assert_eq!(record.attempts, 1);

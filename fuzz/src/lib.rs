@@ -442,12 +442,21 @@ pub fn ledger_line(data: &[u8]) {
     let opened_ok = opened.is_ok();
     // Dropping the ledger joins its writer thread: the file is final after this.
     drop(opened);
-    let after = verify_file(&path).expect("read the ledger file back");
+    let after = match verify_file(&path) {
+        Ok(after) => Some(after),
+        // A file whose first line is no ledger line is refused whole, and left untouched.
+        Err(_) => {
+            assert!(!opened_ok, "a file audit refuses as no ledger was opened");
+            let now = std::fs::read(&path).expect("read the ledger file back");
+            assert!(now == file, "a file refused as no ledger was changed");
+            None
+        }
+    };
     remove_scratch(&path);
     if report.is_ok() {
         assert!(opened_ok, "a valid chain did not open");
     }
-    if opened_ok {
+    if let (true, Some(after)) = (opened_ok, after) {
         assert!(
             after.is_ok(),
             "the ledger opened and left a file that does not verify: {after}"

@@ -20,9 +20,10 @@ pub(crate) fn is_running(record: &ExecutionRecord, owner_alive: bool) -> bool {
 /// - Retention counts from the execution's last event: every event moves `retain_until`
 ///   ([`ExecutionRecord::apply`]), so a call answered after a day is kept for its retention
 ///   from its answer, not from its acceptance.
-/// - An execution whose attempt may still be running ([`is_running`]) never leaves retention,
-///   however long the tool runs or however far the wall clock steps (a VM resumed, a host
-///   without an RTC).
+/// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, unknown, needs
+///   review) whose owner is alive never leaves retention, however long the tool runs or however
+///   far the wall clock steps (a VM resumed, a host without an RTC): an attempt whose caller
+///   gave up (`unknown`) may still be running at the target, which is where its effect lands.
 /// - A `dispatched` execution whose owner is gone is an orphan: its `unknown`
 ///   ([`orphan_unknown`]), recorded when it is found, is its last event, and its retention
 ///   counts from there. Until then it stays.
@@ -33,7 +34,7 @@ pub(crate) fn is_retained(
 ) -> bool {
     now <= record.retain_until
         || record.state == ExecutionState::Dispatched
-        || is_running(record, owner_alive(&record.owner))
+        || (record.state.is_unsettled() && owner_alive(&record.owner))
 }
 
 /// Whether a repeat of the same intent, asked at `asked_at` and claiming at `now`, links to

@@ -200,13 +200,13 @@ impl Sql {
             ),
             heads: format!("SELECT chain, seq, hash FROM {s}.mrg_chains ORDER BY chain"),
             lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
-            // `decide::is_retained` in SQL: past its `retain_until`, an execution whose attempt
-            // may still run stays (dispatched; accepted or authorized while its owner's lease
-            // lives).
+            // `decide::is_retained` in SQL: past its `retain_until`, an unsettled execution
+            // stays while its owner may live (dispatched always; accepted, authorized, unknown
+            // or needs review while its owner's lease lives).
             purge_executions: format!(
                 "DELETE FROM {s}.mrg_executions e WHERE e.retain_until_ms < $1::int8 \
                  AND e.state <> 'dispatched' \
-                 AND NOT (e.state IN ('accepted', 'authorized') AND EXISTS \
+                 AND NOT (e.state IN ('accepted', 'authorized', 'unknown', 'needs_review') AND EXISTS \
                  (SELECT 1 FROM {s}.mrg_owners o WHERE o.owner = e.owner AND o.lease_until > now()))"
             ),
             purge_owners: format!(
