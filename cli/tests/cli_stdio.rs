@@ -682,8 +682,12 @@ async fn a_host_that_dies_with_the_answer_unread_gets_the_kept_result_on_the_rep
         .unwrap_or_default();
     assert!(text.ends_with(": done"), "the tool's own answer: {repeat}");
     assert_eq!(files.effects().len(), 1, "never deployed twice");
-    // The host reads on (its next line): now the answer is delivered.
+    // The host reads on: its next lines prove it read the answer, and now it is delivered.
+    // (The first line after an answer may reach the wrapper before the wrapper has noted that
+    // answer's write; it then stays undelivered, the safe side. The answer to that line is
+    // written after the deploy's, so the line after it proves both.)
     host.assert_serving(3).await;
+    host.assert_serving(4).await;
     let (_, _, code) = host.finish().await;
     assert_eq!(code, Some(0));
     let records = files.ledger_list();
