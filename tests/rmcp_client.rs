@@ -426,10 +426,7 @@ async fn the_guarded_transport_works_around_rmcps_streamable_http_transport() {
     // Over a transport of messages, the answer is delivered once rmcp sends its next message
     // (a write into the transport proves nothing): until then it is kept.
     let kept = ledger.list().await.unwrap();
-    assert!(
-        kept.iter().all(|r| r.delivered_at.is_none()),
-        "{kept:#?}"
-    );
+    assert!(kept.iter().all(|r| r.delivered_at.is_none()), "{kept:#?}");
     client.list_all_tools().await.unwrap();
     let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
     assert_eq!(record.tool, "deploy_release");

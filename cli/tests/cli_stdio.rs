@@ -485,10 +485,11 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
         .iter()
         .map(|r| r["tool"].clone())
         .collect();
-    assert_eq!(
-        tools,
-        vec![json!("read_flag"); 3],
-        "no set_flag execution began"
+    // The identical read_flag calls are one to three executions (a repeat arriving before the
+    // wrapper noted the earlier answer's write is handed that kept answer); none is a set_flag.
+    assert!(
+        !tools.is_empty() && tools.iter().all(|tool| tool == "read_flag"),
+        "no set_flag execution began: {tools:?}"
     );
 }
 
@@ -525,10 +526,11 @@ async fn a_tools_call_without_an_id_is_refused_unsent() {
         .iter()
         .map(|r| r["tool"].clone())
         .collect();
-    assert_eq!(
-        tools,
-        vec![json!("read_flag"); 3],
-        "no set_flag execution began"
+    // The identical read_flag calls are one to three executions (a repeat arriving before the
+    // wrapper noted the earlier answer's write is handed that kept answer); none is a set_flag.
+    assert!(
+        !tools.is_empty() && tools.iter().all(|tool| tool == "read_flag"),
+        "no set_flag execution began: {tools:?}"
     );
 }
 
@@ -694,7 +696,7 @@ async fn a_host_that_dies_with_the_answer_unread_gets_the_kept_result_on_the_rep
     let deploys: Vec<&Value> = records.iter().filter(|r| r["tool"] == "deploy").collect();
     assert_eq!(deploys.len(), 1, "one execution: {records:?}");
     assert_eq!(deploys[0]["attempts"], 1, "{records:?}");
-    assert_eq!(deploys[0]["state"], "completed", "delivered: {records:?}");
+    assert_eq!(deploys[0]["state"], "delivered", "{records:?}");
 }
 
 /// A line that is not a request (an array holding the word `initialize`) is never kept as the
