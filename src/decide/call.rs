@@ -301,9 +301,9 @@ mod tests {
                     after_window,
                     "{row}, past the window"
                 );
-                // Past retention only a call that may still run links (its owner is taken
-                // to be alive here).
-                let may_run = matches!(state, S::Accepted | S::Authorized | S::Dispatched);
+                // Past retention only an unsettled execution links (its owner is taken to be
+                // alive here: a caller that gave up leaves an attempt that may still run).
+                let may_run = state.is_unsettled();
                 assert_eq!(
                     r.is_linkable(past_retention),
                     may_run,

@@ -170,10 +170,11 @@ mod tests {
         }
     }
 
-    /// Retention never ends the hold of a call still running: past `retain_until` (a tool that
-    /// runs longer than its retention, a wall clock stepped a day forward), an execution in
-    /// flight with its owner alive still links, and a dispatched one whose owner is gone stays
-    /// until its `unknown` is recorded. Nothing else does. Retention used to end every hold at
+    /// Retention never ends the hold of a call that may still run: past `retain_until` (a tool
+    /// that runs longer than its retention, a wall clock stepped a day forward), an unsettled
+    /// execution (in flight, unknown, needs review) whose owner is alive still links, and a
+    /// dispatched one whose owner is gone stays until its `unknown` is recorded. Nothing else
+    /// does. Retention used to end every hold at
     /// `retain_until`, fixed at acceptance, so an identical call started a second execution.
     #[test]
     fn an_execution_that_may_still_run_never_leaves_retention() {
@@ -187,8 +188,10 @@ mod tests {
             (S::Dispatched, false, true),
             (S::Accepted, false, false),
             (S::Authorized, false, false),
-            (S::Unknown, true, false),
-            (S::NeedsReview, true, false),
+            (S::Unknown, true, true),
+            (S::NeedsReview, true, true),
+            (S::Unknown, false, false),
+            (S::NeedsReview, false, false),
             (S::Completed, true, false),
             (S::NotSent, true, false),
         ];
