@@ -22,6 +22,7 @@ mod memory;
 mod postgres;
 mod record;
 pub(crate) mod retry;
+mod shared;
 mod verify;
 
 use std::{fmt, sync::Arc, time::Duration};

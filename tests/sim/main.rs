@@ -5,7 +5,12 @@
 //! - `MRG_SIM_SCHEDULES=N` runs N schedules (default 10,000); `MRG_SIM_BASE=S` starts at seed
 //!   S (default a fixed base, so CI runs the same schedules every time; `random` for a new
 //!   one, printed).
-//! - `MRG_SIM_SEED=S` replays one schedule and prints its timeline.
+//! - `MRG_SIM_SECONDS=T` runs schedules for T seconds instead of a count (with
+//!   `MRG_SIM_SCHEDULES` too, whichever ends first), for a night run bounded by time. Either
+//!   way a line of progress is printed every 30 s (`--nocapture` shows it as it comes).
+//! - `MRG_SIM_SEED=S` replays one schedule and prints its timeline; `MRG_SIM_PLAN=FILE`
+//!   replays a plan written out as JSON (a failing run writes its shrunk plan so; the plans
+//!   of schedules that once failed are kept in `tests/sim/regressions/`).
 //!
 //! A failing schedule is shrunk (entries of its plan dropped while it still fails) and
 //! printed as its plan and a readable timeline, with the command that replays it.
@@ -18,7 +23,7 @@ mod world;
 use std::{
     path::PathBuf,
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use plan::Plan;
@@ -29,6 +34,9 @@ use world::{Outcome, Stack};
 /// threads share, not found yet; see `the_same_seed_is_the_same_schedule`). The 10,000
 /// schedules still run on every core, beside each other.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// How often a run prints how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
 fn alone() -> std::sync::MutexGuard<'static, ()> {
     ALONE
@@ -108,8 +116,9 @@ fn report(plan: &Plan) -> String {
         shrink(plan)
     };
     format!(
-        "schedule {seed} breaks the promise:\n{violations}\n\nshrunk to {n} of {m} entries:\n{shrunk}\ntimeline:\n{timeline}\n\nreplay: MRG_SIM_SEED={seed} cargo test --all-features --test sim -- --nocapture",
+        "schedule {seed} breaks the promise:\n{violations}\n\nshrunk to {n} of {m} entries:\n{shrunk}\ntimeline:\n{timeline}\n\nreplay: MRG_SIM_SEED={seed} cargo test --all-features --test sim -- --nocapture\n{written}",
         seed = plan.seed,
+        written = write_plan(&shrunk),
         violations = outcome.violations.join("\n"),
         n = shrunk.entries.len(),
         m = plan.entries.len(),
@@ -121,8 +130,13 @@ fn report(plan: &Plan) -> String {
 #[test]
 fn schedules_keep_the_promise() {
     let _alone = alone();
-    if let Some(seed) = env_u64("MRG_SIM_SEED") {
-        let plan = Plan::generate(seed);
+    let replay = match (env_u64("MRG_SIM_SEED"), std::env::var_os("MRG_SIM_PLAN")) {
+        (_, Some(path)) => Some(read_plan(std::path::Path::new(&path))),
+        (Some(seed), None) => Some(Plan::generate(seed)),
+        (None, None) => None,
+    };
+    if let Some(plan) = replay {
+        let seed = plan.seed;
         let outcome = run(&plan);
         println!("{plan}\n{}", outcome.timeline.join("\n"));
         assert!(outcome.violations.is_empty(), "{}", report(&plan));
@@ -132,28 +146,64 @@ fn schedules_keep_the_promise() {
         );
         return;
     }
-    let count = env_u64("MRG_SIM_SCHEDULES").unwrap_or(10_000);
+    let seconds = env_u64("MRG_SIM_SECONDS").map(Duration::from_secs);
+    let count =
+        env_u64("MRG_SIM_SCHEDULES").unwrap_or(if seconds.is_some() { u64::MAX } else { 10_000 });
     let base = env_u64("MRG_SIM_BASE").unwrap_or(0x5EED_0000);
-    println!("simulating {count} schedules from seed {base}");
+    match seconds {
+        Some(seconds) if count == u64::MAX => {
+            println!("simulating for {} s from seed {base}", seconds.as_secs())
+        }
+        Some(seconds) => println!(
+            "simulating for {} s (at most {count} schedules) from seed {base}",
+            seconds.as_secs()
+        ),
+        None => println!("simulating {count} schedules from seed {base}"),
+    }
     let next = AtomicU64::new(0);
+    let finished = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
     let effects = AtomicU64::new(0);
     let virtual_ms = AtomicU64::new(0);
     let started = Instant::now();
+    let out_of_time = || seconds.is_some_and(|seconds| started.elapsed() >= seconds);
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let failure = std::thread::scope(|scope| {
+        let progress = scope.spawn(|| {
+            let mut last = Instant::now();
+            while finished.load(Ordering::SeqCst) < count
+                && !failed.load(Ordering::SeqCst)
+                && !out_of_time()
+            {
+                std::thread::park_timeout(Duration::from_millis(200));
+                if last.elapsed() >= PROGRESS_EVERY {
+                    last = Instant::now();
+                    let done = finished.load(Ordering::SeqCst);
+                    println!(
+                        "{done} schedules in {:.0} s ({:.0}/s), {} effects, no violation",
+                        started.elapsed().as_secs_f64(),
+                        done as f64 / started.elapsed().as_secs_f64(),
+                        effects.load(Ordering::SeqCst),
+                    );
+                }
+            }
+        });
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
                     loop {
+                        if failed.load(Ordering::SeqCst) || out_of_time() {
+                            return None;
+                        }
                         let i = next.fetch_add(1, Ordering::SeqCst);
-                        if i >= count || failed.load(Ordering::SeqCst) {
+                        if i >= count {
                             return None;
                         }
                         let plan = Plan::generate(base.wrapping_add(i));
                         let outcome = run(&plan);
                         effects.fetch_add(outcome.effects as u64, Ordering::SeqCst);
                         virtual_ms.fetch_add(outcome.virtual_ms, Ordering::SeqCst);
+                        finished.fetch_add(1, Ordering::SeqCst);
                         if !outcome.violations.is_empty() {
                             failed.store(true, Ordering::SeqCst);
                             return Some((i, plan));
@@ -162,13 +212,17 @@ fn schedules_keep_the_promise() {
                 })
             })
             .collect();
-        workers
+        let failure = workers
             .into_iter()
             .filter_map(|w| w.join().expect("a worker"))
-            .min_by_key(|(i, _)| *i)
+            .min_by_key(|(i, _)| *i);
+        // Every worker ended: the count is reached, time is up or a schedule failed.
+        failed.store(true, Ordering::SeqCst);
+        progress.thread().unpark();
+        failure
     });
     let elapsed = started.elapsed();
-    let ran = next.load(Ordering::SeqCst).min(count);
+    let ran = finished.load(Ordering::SeqCst);
     println!(
         "{ran} schedules in {:.1} s ({:.0} schedules/s on {threads} threads), {} effects, {:.0} simulated minutes",
         elapsed.as_secs_f64(),
@@ -249,114 +303,76 @@ fn is_timeline_line(line: &str) -> bool {
     })
 }
 
-/// Seeds that once broke the promise, each a fixed bug (the README's simulator section says
-/// which). A seed names a schedule of this version of `Plan::generate`; the shrunk plans
-/// below keep each schedule whatever the generator becomes.
-const REGRESSIONS: &[u64] = &[
-    // A re-send of an unknown execution that was not sent made the execution `not_sent`;
-    // past its link window a repeat ran as a new execution (set_flag twice).
-    1_592_590_567,
-    // The same with a refusal: a 429 on the re-send made the execution `failed`, and the
-    // next repeat ran as a new execution.
-    1_592_590_620,
-    // Three concurrent twins after a restart: the owner's re-send was lost, the next owner's
-    // probe found it applied and handed it back; the third twin, waiting all along, started
-    // a new execution.
-    7_044_674,
-];
+/// Where the plans of schedules that once broke the promise are kept, one JSON file each,
+/// each a fixed bug (the README's simulator section says which). A plan is kept whole, never
+/// by its seed alone: a seed names a schedule of one version of `Plan::generate` only.
+fn regressions_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sim/regressions")
+}
 
-/// The shrunk plans of [`REGRESSIONS`], written out.
-fn regression_plans() -> Vec<Plan> {
-    use plan::{Entry::*, Era, Fault, LedgerKind, Tool, Victim};
-    vec![
-        Plan {
-            seed: 1_592_590_567,
-            ledger: LedgerKind::File,
-            processes: 1,
-            era: Era::Stateless,
-            sse: false,
-            link_window_ms: 4632,
-            attach_ms: 914,
-            keep_results: [true, false, true, true],
-            retention_ms: [None; 4],
-            entries: vec![
-                Call {
-                    id: 2,
-                    process: 0,
-                    actor: 0,
-                    tool: Tool::SetFlag,
-                    args: 0,
-                    at_ms: 426,
-                    attempts: 4,
-                    timeout_ms: 3190,
-                    backoff_ms: 2477,
-                },
-                TargetFault {
-                    call: 2,
-                    attempt: 0,
-                    fault: Fault::Slow { ms: 2179 },
-                },
-                Crash {
-                    at_ms: 2262,
-                    victim: Victim::Machine,
-                    down_ms: 2262,
-                },
-                Crash {
-                    at_ms: 2742,
-                    victim: Victim::Target,
-                    down_ms: 2248,
-                },
-            ],
-        },
-        Plan {
-            seed: 1_592_590_620,
-            ledger: LedgerKind::Memory,
-            processes: 1,
-            era: Era::Sessions,
-            sse: false,
-            link_window_ms: 3900,
-            attach_ms: 1660,
-            keep_results: [true, true, true, false],
-            retention_ms: [None; 4],
-            entries: vec![
-                Call {
-                    id: 3,
-                    process: 0,
-                    actor: 0,
-                    tool: Tool::SetFlag,
-                    args: 1,
-                    at_ms: 3964,
-                    attempts: 4,
-                    timeout_ms: 3968,
-                    backoff_ms: 550,
-                },
-                TargetFault {
-                    call: 3,
-                    attempt: 0,
-                    fault: Fault::LostAfterEffect,
-                },
-                TargetFault {
-                    call: 3,
-                    attempt: 1,
-                    fault: Fault::Status { code: 429 },
-                },
-            ],
-        },
-    ]
+/// The kept plans, in file name order.
+fn regression_plans() -> Vec<(PathBuf, Plan)> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(regressions_dir())
+        .expect("tests/sim/regressions")
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let plan = read_plan(&path);
+            (path, plan)
+        })
+        .collect()
+}
+
+fn read_plan(path: &std::path::Path) -> Plan {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// Writes a failing schedule's shrunk plan where the next run of the failing test can keep
+/// it, and says how.
+fn write_plan(plan: &Plan) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sim-regressions");
+    let path = dir.join(format!("{}.json", plan.seed));
+    let written = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(plan).expect("a plan is JSON") + "\n",
+        )
+    });
+    match written {
+        Ok(()) => format!(
+            "the shrunk plan is written to {path}: keep it as tests/sim/regressions/<what broke>.json once fixed; replay it: MRG_SIM_PLAN={path} cargo test --all-features --test sim -- --nocapture schedules_keep_the_promise",
+            path = path.display()
+        ),
+        Err(error) => format!(
+            "the shrunk plan could not be written to {}: {error}",
+            path.display()
+        ),
+    }
 }
 
 #[test]
 fn schedules_that_once_failed_keep_the_promise() {
     let _alone = alone();
-    let only = env_u64("MRG_SIM_REGRESSION");
-    let plans = REGRESSIONS
-        .iter()
-        .map(|&seed| Plan::generate(seed))
-        .chain(regression_plans())
-        .filter(|plan| only.is_none_or(|seed| seed == plan.seed));
-    for plan in plans {
+    let plans = regression_plans();
+    assert!(
+        !plans.is_empty(),
+        "no plan in {}",
+        regressions_dir().display()
+    );
+    for (path, plan) in plans {
         let outcome = run(&plan);
-        assert!(outcome.violations.is_empty(), "{}", report(&plan));
+        assert!(
+            outcome.violations.is_empty(),
+            "{}: {}",
+            path.display(),
+            report(&plan)
+        );
     }
 }
 

@@ -8,9 +8,10 @@
 use std::fmt;
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
+use serde::{Deserialize, Serialize};
 
 /// The four retry classes, one tool each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Tool {
     /// `read_only`: re-sent freely.
     Read,
@@ -39,13 +40,13 @@ impl Tool {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LedgerKind {
     Memory,
     File,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Era {
     Sessions,  // 2025-11-25
     Stateless, // 2026-07-28
@@ -61,7 +62,7 @@ impl Era {
 }
 
 /// What the target does with one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Fault {
     /// Reads the request, then closes the connection without running the tool.
     DropBeforeEffect,
@@ -80,7 +81,7 @@ pub enum Fault {
 }
 
 /// What crashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Victim {
     /// One agent process (SIGKILL: the kernel keeps what it wrote).
     Process(usize),
@@ -91,14 +92,14 @@ pub enum Victim {
 }
 
 /// Where, inside one disk operation, a crash falls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     BeforeWrite,
     AfterWrite,
     AfterSync,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Entry {
     /// One caller's logical call: it asks up to `attempts` times until it gets an answer it
     /// can act on.
@@ -154,7 +155,7 @@ pub enum Entry {
     Operator { at_ms: u64 },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
     pub seed: u64,
     pub ledger: LedgerKind,

@@ -434,7 +434,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         }
     };
     let layer = GuardLayer::new(
-        ArcLedger(ledger.clone()),
+        ledger.clone(),
         contracts(&env.plan, &env.shared),
         env.key.clone(),
     )
@@ -468,57 +468,6 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     }
     std::future::pending::<()>().await;
     Ok(())
-}
-
-/// A ledger behind an `Arc` (the guard takes one by value).
-#[derive(Debug, Clone)]
-struct ArcLedger(Arc<dyn Ledger>);
-
-#[async_trait::async_trait]
-impl Ledger for ArcLedger {
-    async fn claim(
-        &self,
-        claim: mcp_replay_guard::ledger::Claim,
-    ) -> Result<mcp_replay_guard::ledger::Claimed, mcp_replay_guard::ledger::LedgerError> {
-        self.0.claim(claim).await
-    }
-    async fn append(
-        &self,
-        event: LedgerEvent,
-    ) -> Result<ExecutionRecord, mcp_replay_guard::ledger::LedgerError> {
-        self.0.append(event).await
-    }
-    async fn get(
-        &self,
-        id: mcp_replay_guard::ExecutionId,
-    ) -> Result<Option<ExecutionRecord>, mcp_replay_guard::ledger::LedgerError> {
-        self.0.get(id).await
-    }
-    async fn events(
-        &self,
-        id: mcp_replay_guard::ExecutionId,
-    ) -> Result<Vec<LedgerEvent>, mcp_replay_guard::ledger::LedgerError> {
-        self.0.events(id).await
-    }
-    async fn list(&self) -> Result<Vec<ExecutionRecord>, mcp_replay_guard::ledger::LedgerError> {
-        self.0.list().await
-    }
-    async fn store_result(
-        &self,
-        id: mcp_replay_guard::ExecutionId,
-        result: Bytes,
-    ) -> Result<String, mcp_replay_guard::ledger::LedgerError> {
-        self.0.store_result(id, result).await
-    }
-    async fn load_result(
-        &self,
-        reference: &str,
-    ) -> Result<Option<Bytes>, mcp_replay_guard::ledger::LedgerError> {
-        self.0.load_result(reference).await
-    }
-    async fn is_owner_alive(&self, owner: &str) -> bool {
-        self.0.is_owner_alive(owner).await
-    }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
