@@ -396,7 +396,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         LedgerKind::Memory => Arc::new(env.memory.clone()),
         LedgerKind::File => {
             let corrupted = env.machine.corrupted.load(Ordering::SeqCst);
-            let opened = FileLedger::open_on(&env.path, disk.clone()).and_then(|ledger| {
+            let opened = FileLedger::open_batched_on(&env.path, disk.clone()).and_then(|ledger| {
                 ledger.bind_fingerprint_key(&env.key)?;
                 Ok(ledger)
             });

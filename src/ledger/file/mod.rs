@@ -112,6 +112,15 @@ enum Serve {
     /// simulation that drives the ledger is the same schedule every time it runs.
     #[cfg(feature = "simulation")]
     Inline(Arc<Mutex<Writer>>),
+    /// A task on the caller's tokio runtime that batches as the writer thread does (group
+    /// commit, linger on the runtime's clock): a simulation's schedule on one thread stays
+    /// the same every time it runs. The operations that answer a thread that is not async
+    /// are served inline, under the same lock.
+    #[cfg(feature = "simulation")]
+    Task {
+        ops: tokio::sync::mpsc::UnboundedSender<Op>,
+        writer: Arc<Mutex<Writer>>,
+    },
 }
 
 /// Joins the writer thread when the last clone of the ledger is dropped, so that its owner
@@ -161,6 +170,12 @@ enum Op {
 }
 
 impl Op {
+    /// Whether a thread that is not async waits for the answer.
+    #[cfg(feature = "simulation")]
+    fn answers_a_thread(&self) -> bool {
+        matches!(self, Op::KeyState(..) | Op::BindKey(..))
+    }
+
     /// Whether the operation writes to the file (else it only reads).
     fn writes(&self) -> bool {
         matches!(
@@ -256,6 +271,38 @@ impl FileLedger {
         )
     }
 
+    /// Opens (or creates) the ledger at `path` as [`open_on`](Self::open_on) does, with
+    /// operations served in batches by a task on the current tokio runtime, the way the
+    /// writer thread serves them: concurrent callers share one batch and its one sync, and a
+    /// batch after a batch of several lingers (on the runtime's clock) for the callers woken
+    /// by the last sync (feature `simulation`: the simulator runs the group commit that ships,
+    /// on its single-threaded runtime). The task ends once every clone of the ledger is
+    /// dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    #[cfg(feature = "simulation")]
+    pub fn open_batched_on(
+        path: impl AsRef<Path>,
+        disk: Arc<dyn Disk>,
+    ) -> Result<Self, LedgerError> {
+        Self::start(
+            path.as_ref(),
+            Mode {
+                read_only: false,
+                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
+                disk,
+            },
+            |writer| {
+                let writer = Arc::new(Mutex::new(writer));
+                let (ops, receiver) = tokio::sync::mpsc::unbounded_channel();
+                tokio::spawn(writer::run_on_task(writer.clone(), receiver));
+                Ok(Serve::Task { ops, writer })
+            },
+        )
+    }
+
     /// Opens an existing ledger to read it, writing nothing: no recovery line (an execution
     /// left `dispatched` by a process that is gone reads as `dispatched`), no cut tail (a
     /// torn last line is not read), no pruned owner file, and no lock is taken. It works on
@@ -323,6 +370,18 @@ impl FileLedger {
                     .serve(vec![op]);
                 Ok(())
             }
+            #[cfg(feature = "simulation")]
+            Serve::Task { writer, .. } if op.answers_a_thread() => {
+                writer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .serve(vec![op]);
+                Ok(())
+            }
+            #[cfg(feature = "simulation")]
+            Serve::Task { ops, .. } => ops
+                .send(op)
+                .map_err(|_| storage("the ledger writer stopped", "reopen the ledger")),
         }
     }
 

@@ -16,12 +16,42 @@ pub(super) const MAX_BATCH: usize = 4096;
 /// How long a group commit waits for concurrent callers to join it.
 pub(super) const LINGER: std::time::Duration = std::time::Duration::from_micros(150);
 
-pub(super) fn drain(ops: &mpsc::Receiver<Op>, batch: &mut Vec<Op>) {
+/// Takes what waits into `batch`, up to [`MAX_BATCH`].
+fn drain(mut next: impl FnMut() -> Option<Op>, batch: &mut Vec<Op>) {
     while batch.len() < MAX_BATCH {
-        match ops.try_recv() {
-            Ok(op) => batch.push(op),
-            Err(_) => break,
+        match next() {
+            Some(op) => batch.push(op),
+            None => break,
         }
+    }
+}
+
+/// Group commit: when callers are concurrent (the last batch had several), a batch lingers a
+/// moment so that the ones being woken by the last sync join it. A lone caller never waits.
+fn lingers(last_batch: usize, batch: &[Op]) -> bool {
+    last_batch > 1 && batch.len() < MAX_BATCH
+}
+
+/// The writer's loop as a task on a tokio runtime (see `FileLedger::open_batched_on`): the
+/// batches of the writer thread, lingering on the runtime's clock.
+#[cfg(feature = "simulation")]
+pub(super) async fn run_on_task(
+    writer: Arc<Mutex<Writer>>,
+    mut ops: tokio::sync::mpsc::UnboundedReceiver<Op>,
+) {
+    let mut last_batch = 0;
+    while let Some(first) = ops.recv().await {
+        let mut batch = vec![first];
+        drain(|| ops.try_recv().ok(), &mut batch);
+        if lingers(last_batch, &batch) {
+            tokio::time::sleep(LINGER).await;
+            drain(|| ops.try_recv().ok(), &mut batch);
+        }
+        last_batch = batch.len();
+        writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .serve(batch);
     }
 }
 
@@ -369,13 +399,10 @@ impl Writer {
         let mut last_batch = 0;
         while let Ok(first) = ops.recv() {
             let mut batch = vec![first];
-            drain(&ops, &mut batch);
-            // Group commit: when callers are concurrent (the last batch had several), linger a
-            // moment so that the ones being woken by the last fsync join this one. A lone
-            // caller never waits.
-            if last_batch > 1 && batch.len() < MAX_BATCH {
+            drain(|| ops.try_recv().ok(), &mut batch);
+            if lingers(last_batch, &batch) {
                 thread::sleep(LINGER);
-                drain(&ops, &mut batch);
+                drain(|| ops.try_recv().ok(), &mut batch);
             }
             last_batch = batch.len();
             self.serve(batch);
