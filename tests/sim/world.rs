@@ -416,7 +416,21 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                     unreachable!()
                 }
             };
+            // Never a `completed` naming a result that is not there: both are one write.
+            let mut lost = Vec::new();
+            for record in ledger.list().await.unwrap_or_default() {
+                if let Some(reference) = &record.result_reference
+                    && !matches!(ledger.load_result(reference).await, Ok(Some(_)))
+                {
+                    lost.push(record.execution_id.to_string());
+                }
+            }
             let mut shared = env.shared.lock().unwrap();
+            for execution in lost {
+                shared.violation(format!(
+                    "p{p}: {execution} names a kept result the reopened ledger does not hold"
+                ));
+            }
             if corrupted {
                 shared.violation(format!(
                     "p{p}: the ledger opened over a damaged acknowledged line"
@@ -577,7 +591,8 @@ where
         };
         let settled = {
             let mut shared = env.shared.lock().unwrap();
-            let settled = read_answer(&mut shared, &actor, &tag, answer);
+            let keeps = env.plan.keeps_results(tool);
+            let settled = read_answer(&mut shared, &actor, &tag, keeps, answer);
             let now = shared.now_ms;
             let progress = shared.progress.entry(id).or_default();
             progress.next_at = now + backoff_ms;
@@ -594,8 +609,9 @@ where
 
 type Answer = Option<Result<(http::StatusCode, Bytes), Box<dyn std::error::Error + Send + Sync>>>;
 
-/// What the caller makes of an answer; `true` when it needs to ask no more.
-fn read_answer(shared: &mut Shared, actor: &str, tag: &str, answer: Answer) -> bool {
+/// What the caller makes of an answer; `true` when it needs to ask no more. `keeps`: the
+/// plan keeps the tool's results.
+fn read_answer(shared: &mut Shared, actor: &str, tag: &str, keeps: bool, answer: Answer) -> bool {
     let (status, bytes) = match answer {
         None => {
             shared.note(format!("{actor} {tag}: gave up waiting"));
@@ -645,6 +661,14 @@ fn read_answer(shared: &mut Shared, actor: &str, tag: &str, answer: Answer) -> b
         shared.note(format!(
             "{actor} {tag}: the guard answers {state} ({why}) for {execution}"
         ));
+        // The target's answer is what completes an execution, and the plan keeps this tool's
+        // results: the result was kept with its `completed`, in one write, and must be there.
+        // (A resolution, by an operator or a probe, completes without a result.)
+        if keeps && state == "completed" && why.contains("not kept") {
+            shared.violation(format!(
+                "{actor} {tag}: the kept result of {execution} is gone (the guard answers completed, not kept)"
+            ));
+        }
         return why.contains("not kept") || state == "denied";
     }
     shared.note(format!("{actor} {tag}: status {status}"));
