@@ -19,7 +19,7 @@ use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
     fingerprint::{FingerprintKey, FingerprintRules},
     guard::{Authorization, AuthorizationRequest, Authorize, Guard, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionRecord, ExecutionState, Ledger, MemoryLedger},
+    ledger::{ExecutionState, Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use support::*;
@@ -77,7 +77,22 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
-        let server = TestServer::start().await;
+        Self::on(TestServer::start().await).await
+    }
+
+    /// A fixture whose slow tool takes `delay`.
+    async fn with_slow_tool(delay: std::time::Duration) -> Self {
+        Self::on(
+            TestServer::start_with(ServerOptions {
+                slow_tool_delay: delay,
+                ..ServerOptions::default()
+            })
+            .await,
+        )
+        .await
+    }
+
+    async fn on(server: TestServer) -> Self {
         let session = session(&server).await;
         Self {
             server,
@@ -106,16 +121,26 @@ where
     response.unwrap_or_else(|e| panic!("tools/call {tool} failed: {}", error_chain(&*e)))
 }
 
+/// [`call`] of `deploy_release` with [`deploy_args`].
+async fn deploy<S, RB>(
+    client: &mut S,
+    server: &TestServer,
+    session: &Option<String>,
+    id: i64,
+) -> Value
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: http_body::Body,
+    RB::Error: Into<BoxError>,
+{
+    call(client, server, session, id, "deploy_release", deploy_args()).await
+}
+
 fn guard_answer(response: &Value) -> &Value {
     response
         .pointer("/result/structuredContent/mcp_replay_guard")
         .unwrap_or_else(|| panic!("not a guard answer: {response}"))
-}
-
-async fn only_record(ledger: &MemoryLedger) -> ExecutionRecord {
-    let records = ledger.list().await.unwrap();
-    assert_eq!(records.len(), 1, "{records:#?}");
-    records.into_iter().next().unwrap()
 }
 
 /// Reads a response body to its end and returns the JSON-RPC response, checking its id.
@@ -138,15 +163,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
     let mut client = Retry::new(RetryEveryError(3), guarded(&layer(&ledger)));
     server.state.lose_next_response("deploy_release");
 
-    let response = call(
-        &mut client,
-        &server,
-        &session,
-        2,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let response = deploy(&mut client, &server, &session, 2).await;
 
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(response["result"]["isError"], true, "{response}");
@@ -168,15 +185,7 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
     );
     assert_eq!(stored.attempts, 1);
     // Asking again gives the same answer, still without sending.
-    let again = call(
-        &mut client,
-        &server,
-        &session,
-        3,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let again = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(guard_answer(&again)["execution_id"], record["execution_id"]);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
@@ -195,15 +204,7 @@ async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run(
     let mut client = guarded(&layer(&ledger));
     server.state.fail_next_after_effect("deploy_release");
 
-    let first = call(
-        &mut client,
-        &server,
-        &session,
-        1,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let first = deploy(&mut client, &server, &session, 1).await;
     assert_eq!(first["error"]["code"], -32603, "{first}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let stored = wait_for_state(&ledger, ExecutionState::Unknown).await;
@@ -215,15 +216,7 @@ async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run(
         "{stored:?}"
     );
 
-    let again = call(
-        &mut client,
-        &server,
-        &session,
-        2,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let again = deploy(&mut client, &server, &session, 2).await;
     let record = guard_answer(&again);
     assert_eq!(record["state"], "needs_review", "{again}");
     assert_eq!(
@@ -419,15 +412,7 @@ async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
         "completed_result_not_delivered"
     );
 
-    let again = call(
-        &mut client,
-        &server,
-        &session,
-        7,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let again = deploy(&mut client, &server, &session, 7).await;
     assert_eq!(again["id"], 7, "re-keyed to the new JSON-RPC id");
     assert_eq!(
         first_text(&again),
@@ -514,15 +499,7 @@ async fn a_denied_call_gets_the_same_denial_without_asking_again() {
     let authorizer = DenyDeploys::default();
     let mut client = guarded(&layer(&ledger).authorizer(authorizer.clone()));
     for id in [2, 3] {
-        let response = call(
-            &mut client,
-            &server,
-            &session,
-            id,
-            "deploy_release",
-            deploy_args(),
-        )
-        .await;
+        let response = deploy(&mut client, &server, &session, id).await;
         assert_eq!(response["result"]["isError"], true);
         assert!(
             first_text(&response)
@@ -535,6 +512,23 @@ async fn a_denied_call_gets_the_same_denial_without_asking_again() {
     assert_eq!(authorizer.asked.load(Ordering::SeqCst), 1);
     assert_eq!(server.state.side_effects("deploy_release"), 0);
     assert!(server.state.tool_call_requests("deploy_release").is_empty());
+}
+
+/// Sends `message` through the guard and expects a 400: the JSON body of the answer.
+async fn answered_400(
+    client: &mut Guard<Inner>,
+    server: &TestServer,
+    session: &Option<String>,
+    message: Value,
+) -> Value {
+    let response = send(
+        client,
+        post(&server.url, session.as_deref(), PROTOCOL_VERSION, message),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 400);
+    serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap()
 }
 
 #[tokio::test]
@@ -570,15 +564,7 @@ async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"arguments": {}}}),
         json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "deploy_release", "arguments": [1]}}),
     ] {
-        let response = send(
-            &mut client,
-            post(&server.url, session.as_deref(), PROTOCOL_VERSION, malformed),
-        )
-        .await
-        .unwrap();
-        assert_eq!(response.status(), 400);
-        let body: Value =
-            serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
+        let body = answered_400(&mut client, &server, &session, malformed).await;
         assert_eq!(body["error"]["code"], -32600, "{body}");
     }
     // A tools/call without a usable id is no request: a lenient server would run it and
@@ -589,15 +575,7 @@ async fn oversize_and_malformed_calls_are_refused_before_anything_is_sent() {
         if let Some(id) = id {
             body["id"] = id;
         }
-        let response = send(
-            &mut client,
-            post(&server.url, session.as_deref(), PROTOCOL_VERSION, body),
-        )
-        .await
-        .unwrap();
-        assert_eq!(response.status(), 400);
-        let body: Value =
-            serde_json::from_str(&body_text(response.into_body()).await.unwrap()).unwrap();
+        let body = answered_400(&mut client, &server, &session, body).await;
         assert_eq!(body["error"]["code"], -32600, "{body}");
         assert_eq!(body["id"], Value::Null, "{body}");
     }
@@ -652,15 +630,7 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
     assert_eq!(response.status(), 429);
     assert_eq!(only_record(&ledger).await.state, ExecutionState::Failed);
     // A failed execution does not link: the next call is a new one, and it runs.
-    call(
-        &mut client,
-        &server,
-        &session,
-        3,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    deploy(&mut client, &server, &session, 3).await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
     server
@@ -711,15 +681,7 @@ async fn an_operator_settles_a_held_execution() {
     )
     .await
     .unwrap();
-    let held = call(
-        &mut client,
-        &server,
-        &session,
-        3,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let held = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(guard_answer(&held)["state"], "needs_review");
     let id = only_record(&ledger).await.execution_id;
 
@@ -740,15 +702,7 @@ async fn an_operator_settles_a_held_execution() {
     assert_eq!(last["note"], "checked the deploy API: nothing deployed");
 
     // Settled as not applied: the intent may run now.
-    call(
-        &mut client,
-        &server,
-        &session,
-        4,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    deploy(&mut client, &server, &session, 4).await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert!(
         layer.resolve(id, true, "bob", "again").await.is_err(),
@@ -761,13 +715,11 @@ async fn an_operator_settles_a_held_execution() {
 /// answer settles it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_cannot_settle_a_call_still_running() {
-    let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: std::time::Duration::from_secs(2),
-        ..ServerOptions::default()
-    })
-    .await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::with_slow_tool(std::time::Duration::from_secs(2)).await;
     let layer = layer(&ledger);
     let mut client = guarded(&layer);
     let running = tokio::spawn({
@@ -979,15 +931,7 @@ async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() 
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
     assert_eq!(record.result_reference, None);
 
-    let again = call(
-        &mut client,
-        &server,
-        &session,
-        3,
-        "deploy_release",
-        deploy_args(),
-    )
-    .await;
+    let again = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(
         guard_answer(&again)["state"],
         "completed_result_not_delivered"
@@ -1380,13 +1324,11 @@ fn child_entry() {
 /// `dispatched`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
-    let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: std::time::Duration::from_secs(120),
-        ..ServerOptions::default()
-    })
-    .await;
-    let session = session(&server).await;
-    let ledger = MemoryLedger::new();
+    let Fixture {
+        server,
+        session,
+        ledger,
+    } = Fixture::with_slow_tool(std::time::Duration::from_secs(120)).await;
     let mut client = guarded(&layer(&ledger));
     let request = post(
         &server.url,

@@ -39,6 +39,16 @@ fn guard(ledger: PostgresLedger) -> GuardLayer {
     .intent_scope(IntentScope::from("run:pg-faults"))
 }
 
+/// A replica of `schema` through a relay the test cuts, and a test server with a session:
+/// (relay, ledger, server, session).
+async fn relayed(schema: &TestSchema) -> (PgRelay, PostgresLedger, TestServer, Option<String>) {
+    let relay = PgRelay::start(&schema.url).await;
+    let ledger = schema.replica_through(&relay).await;
+    let server = TestServer::start().await;
+    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    (relay, ledger, server, session)
+}
+
 /// The tool's own answer: its `structuredContent`, never a guard answer.
 fn tool_answer(response: &Value) -> &Value {
     let structured = response
@@ -70,10 +80,7 @@ async fn a_lost_commit_answer_on_batched_claims_runs_each_call_once() {
     let Some(schema) = TestSchema::new("claim_answer") else {
         return;
     };
-    let relay = PgRelay::start(&schema.url).await;
-    let ledger = schema.replica_through(&relay).await;
-    let server = TestServer::start().await;
-    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (relay, ledger, server, session) = relayed(&schema).await;
     let layer = guard(ledger.clone());
     let calls = 8;
 
@@ -133,13 +140,12 @@ async fn a_lost_commit_answer_on_batched_claims_runs_each_call_once() {
     schema.drop(&ledger).await;
 }
 
-/// Calls `deploy_release` once through `layer` and returns the answer and the one record.
-async fn one_call_with_a_cut(cut: Cut) -> (Value, TestSchema, PgRelay, PostgresLedger, TestServer) {
+/// Calls `deploy_release` once with the `completed`'s COMMIT meeting `cut`: the caller gets the
+/// tool's answer, the ledger ends with one completed execution (its result kept, one
+/// `completed` event), and the tool ran once.
+async fn the_completed_is_recorded_once_after(cut: Cut) {
     let schema = TestSchema::new("outcome").expect("checked by the caller");
-    let relay = PgRelay::start(&schema.url).await;
-    let ledger = schema.replica_through(&relay).await;
-    let server = TestServer::start().await;
-    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (relay, ledger, server, session) = relayed(&schema).await;
     let mut client = guard(ledger.clone()).layer(hyper_client_with_body::<GuardRequestBody>());
     // The claim's COMMIT goes through; the `completed`'s is cut.
     relay.arm(cut, 1);
@@ -153,7 +159,22 @@ async fn one_call_with_a_cut(cut: Cut) -> (Value, TestSchema, PgRelay, PostgresL
     )
     .await
     .unwrap();
-    (answer, schema, relay, ledger, server)
+    assert_eq!(relay.fired(), 1);
+    assert_eq!(tool_answer(&answer)["deployment"], 1);
+
+    let record = only_record(&ledger).await;
+    assert_eq!(record.state, ExecutionState::Completed, "{record:#?}");
+    assert!(record.result_reference.is_some(), "{record:#?}");
+    let names = event_names(&ledger, record.execution_id).await;
+    assert_eq!(
+        names.iter().filter(|n| **n == "completed").count(),
+        1,
+        "{names:?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let report = ledger.verify().await.unwrap();
+    assert!(report.is_ok(), "{report}");
+    schema.drop(&ledger).await;
 }
 
 /// The `completed` of an answered call whose COMMIT never reached the server: the caller got
@@ -164,31 +185,7 @@ async fn a_completed_whose_commit_was_cut_is_written_again_before_the_caller_rea
     if postgres_url().is_none() {
         return;
     }
-    let (answer, schema, relay, ledger, server) = one_call_with_a_cut(Cut::BeforeCommit).await;
-    assert_eq!(relay.fired(), 1);
-    assert_eq!(tool_answer(&answer)["deployment"], 1);
-
-    let records = ledger.list().await.unwrap();
-    assert_eq!(records.len(), 1, "{records:#?}");
-    let record = &records[0];
-    assert_eq!(record.state, ExecutionState::Completed, "{record:#?}");
-    assert!(record.result_reference.is_some(), "{record:#?}");
-    let names: Vec<_> = ledger
-        .events(record.execution_id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
-    assert_eq!(
-        names.iter().filter(|n| **n == "completed").count(),
-        1,
-        "{names:?}"
-    );
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
-    let report = ledger.verify().await.unwrap();
-    assert!(report.is_ok(), "{report}");
-    schema.drop(&ledger).await;
+    the_completed_is_recorded_once_after(Cut::BeforeCommit).await;
 }
 
 /// The `completed` of an answered call whose COMMIT the server made but whose answer was lost:
@@ -199,30 +196,7 @@ async fn a_completed_whose_commit_answer_was_lost_is_recorded_once() {
     if postgres_url().is_none() {
         return;
     }
-    let (answer, schema, relay, ledger, server) = one_call_with_a_cut(Cut::CommitAnswerLost).await;
-    assert_eq!(relay.fired(), 1);
-    assert_eq!(tool_answer(&answer)["deployment"], 1);
-    let records = ledger.list().await.unwrap();
-    assert_eq!(records.len(), 1, "{records:#?}");
-    let record = &records[0];
-    assert_eq!(record.state, ExecutionState::Completed, "{record:#?}");
-    assert!(record.result_reference.is_some(), "{record:#?}");
-    let names: Vec<_> = ledger
-        .events(record.execution_id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
-    assert_eq!(
-        names.iter().filter(|n| **n == "completed").count(),
-        1,
-        "{names:?}"
-    );
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
-    let report = ledger.verify().await.unwrap();
-    assert!(report.is_ok(), "{report}");
-    schema.drop(&ledger).await;
+    the_completed_is_recorded_once_after(Cut::CommitAnswerLost).await;
 }
 
 /// Two replicas, one intent: the second replica's claim loses its COMMIT answer while the
@@ -319,10 +293,7 @@ async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_r
     let Some(schema) = TestSchema::new("not_sent") else {
         return;
     };
-    let relay = PgRelay::start(&schema.url).await;
-    let ledger = schema.replica_through(&relay).await;
-    let server = TestServer::start().await;
-    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (relay, ledger, server, session) = relayed(&schema).await;
     let mut client = guard(ledger.clone())
         .attach_timeout(Duration::from_secs(1))
         .layer(hyper_client_with_body::<GuardRequestBody>());
@@ -355,21 +326,13 @@ async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_r
     .unwrap();
     assert_eq!(tool_answer(&again)["deployment"], 1);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
-    let records = ledger.list().await.unwrap();
-    assert_eq!(records.len(), 1, "{records:#?}");
-    let record = &records[0];
+    let record = only_record(&ledger).await;
     assert_eq!(
         (record.state, record.attempts),
         (ExecutionState::Completed, 2),
         "{record:#?}"
     );
-    let names: Vec<_> = ledger
-        .events(record.execution_id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&ledger, record.execution_id).await;
     // (`delivered` follows once the caller's read of the body is seen to its end.)
     assert_eq!(
         names[..5],
@@ -396,10 +359,7 @@ async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call
     let Some(schema) = TestSchema::new("resend") else {
         return;
     };
-    let relay = PgRelay::start(&schema.url).await;
-    let ledger = schema.replica_through(&relay).await;
-    let server = TestServer::start().await;
-    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (relay, ledger, server, session) = relayed(&schema).await;
     let mut client = guard(ledger.clone()).layer(hyper_client_with_body::<GuardRequestBody>());
     let args = json!({"amount": 1250, "currency": "EUR"});
 
@@ -442,9 +402,7 @@ async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call
     assert_eq!(relay.fired(), 1);
     tool_answer(&again);
     assert_eq!(server.state.side_effects("create_payment"), 2);
-    let records = ledger.list().await.unwrap();
-    assert_eq!(records.len(), 1, "{records:#?}");
-    let record = &records[0];
+    let record = only_record(&ledger).await;
     assert_eq!(
         (record.state, record.attempts),
         (ExecutionState::Completed, 2),

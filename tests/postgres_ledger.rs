@@ -124,13 +124,7 @@ async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
     drop(ledger);
     let ledger = schema.replica().await;
     assert_eq!(ledger.get(id).await.unwrap(), Some(record));
-    let names: Vec<_> = ledger
-        .events(id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&ledger, id).await;
     assert_eq!(
         names,
         [
@@ -269,13 +263,7 @@ async fn transitions_the_state_machine_refuses_write_nothing() {
             .unwrap_err()
             .is_invalid_transition()
     );
-    let names: Vec<_> = ledger
-        .events(id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&ledger, id).await;
     assert_eq!(names, ["accepted", "authorized"]);
     assert_eq!(
         schema
@@ -655,13 +643,7 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
         answer["execution_id"],
         json!(stored.execution_id.to_string())
     );
-    let names: Vec<_> = other
-        .events(stored.execution_id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&other, stored.execution_id).await;
     assert_eq!(names.first(), Some(&"accepted"), "{names:?}");
     assert_eq!(names.last(), Some(&"needs_review"), "{names:?}");
     assert_eq!(
@@ -1088,13 +1070,7 @@ async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
             .await,
         [7]
     );
-    let names: Vec<_> = ledger
-        .events(open)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&ledger, open).await;
     assert_eq!(names, ["accepted", "authorized", "dispatched"]);
 
     // What a build from before partitions upserts: refused, nothing recorded.
@@ -1209,13 +1185,7 @@ async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across_replicas()
         Some(record.execution_id.to_string())
     );
     // Its two events, and nothing else: the 39 that linked wrote nothing.
-    let names: Vec<_> = replicas[1]
-        .events(record.execution_id)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.kind.name())
-        .collect();
+    let names = event_names(&replicas[1], record.execution_id).await;
     assert_eq!(names, ["accepted", "dispatched"]);
     assert_eq!(
         schema

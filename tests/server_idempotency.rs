@@ -19,6 +19,7 @@ use mcp_replay_guard::{
 };
 use serde_json::{Value, json};
 use support::*;
+use tokio::task::JoinHandle;
 use tower::{Layer, retry::Retry};
 
 fn fingerprint_key() -> FingerprintKey {
@@ -30,6 +31,15 @@ async fn keyed_server(layer: IdempotencyLayer, options: ServerOptions) -> TestSe
         idempotency: Some(layer),
         ..options
     })
+    .await
+}
+
+/// [`keyed_server`] over `ledger`, with the default options.
+async fn keyed_server_over(ledger: impl Ledger) -> TestServer {
+    keyed_server(
+        IdempotencyLayer::new(ledger, fingerprint_key()),
+        ServerOptions::default(),
+    )
     .await
 }
 
@@ -100,11 +110,7 @@ fn temp_dir(name: &str) -> PathBuf {
 #[tokio::test]
 async fn a_lost_response_is_replayed_to_the_client_guard_and_the_tool_runs_once() {
     let server_ledger = MemoryLedger::new();
-    let server = keyed_server(
-        IdempotencyLayer::new(server_ledger.clone(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(server_ledger.clone()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let contracts = ContractRegistry::builder()
         .tool("deploy_release", ToolContract::idempotent())
@@ -161,11 +167,7 @@ async fn a_lost_response_is_replayed_to_the_client_guard_and_the_tool_runs_once(
 #[tokio::test]
 async fn a_repeat_in_either_key_spelling_gets_the_kept_response_under_its_own_id() {
     let ledger = MemoryLedger::new();
-    let server = keyed_server(
-        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(ledger.clone()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "order-7")];
     let args = json!({"service": "catalog", "version": "1.0.0"});
@@ -198,11 +200,7 @@ async fn a_repeat_in_either_key_spelling_gets_the_kept_response_under_its_own_id
 
 #[tokio::test]
 async fn the_same_key_for_another_call_is_422_and_does_not_run() {
-    let server = keyed_server(
-        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(MemoryLedger::new()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "k-422")];
     let first = json!({"service": "catalog", "version": "1.0.0"});
@@ -250,11 +248,7 @@ async fn the_same_key_for_another_call_is_422_and_does_not_run() {
 /// once freed by every JSON-RPC error, and the tool ran twice.
 #[tokio::test]
 async fn a_json_rpc_error_after_the_effect_keeps_the_key_and_the_tool_is_not_run_again() {
-    let server = keyed_server(
-        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(MemoryLedger::new()).await;
     server.state.fail_next_after_effect("deploy_release");
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "k-32603")];
@@ -280,8 +274,10 @@ async fn a_json_rpc_error_after_the_effect_keeps_the_key_and_the_tool_is_not_run
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
 
-#[tokio::test]
-async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
+/// A keyed server over a memory ledger whose slow tool takes 500 ms, with the slow tool's call
+/// (id 1, `{"service": "catalog"}`, under `key`) sent on its own task and begun there. Returns
+/// the server, the session and the task, which ends with the first call's answer.
+async fn slow_call_running(key: &str) -> (TestServer, Option<String>, JoinHandle<Value>) {
     let server = keyed_server(
         IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
         ServerOptions {
@@ -291,19 +287,17 @@ async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
     )
     .await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
-    let key = [("idempotency-key", "k-409")];
-    let args = json!({"service": "catalog"});
     let first = {
-        let (server_url, session, args) = (server.url.clone(), session.clone(), args.clone());
+        let (server_url, session, key) = (server.url.clone(), session.clone(), key.to_owned());
         tokio::spawn(async move {
             let request = with_idempotency_key(
                 post(
                     &server_url,
                     session.as_deref(),
                     PROTOCOL_VERSION,
-                    tool_call_body(1, "slow_deploy", args),
+                    tool_call_body(1, "slow_deploy", json!({"service": "catalog"})),
                 ),
-                "k-409",
+                &key,
             );
             let response = send(&mut hyper_client(), request).await.unwrap();
             read_response_to_end(response).await
@@ -316,6 +310,14 @@ async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
             .await,
         1
     );
+    (server, session, first)
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_runs_is_409_and_after_it_is_the_result() {
+    let (server, session, first) = slow_call_running("k-409").await;
+    let key = [("idempotency-key", "k-409")];
+    let args = json!({"service": "catalog"});
 
     let (status, _, busy) = keyed_call(
         &server,
@@ -345,11 +347,7 @@ const SAME_SERVER_PATHS: [&str; 5] = ["/mcp", "/mcp/", "//mcp", "/MCP", "/other"
 #[tokio::test]
 async fn one_key_on_every_path_to_the_server_is_one_call() {
     let ledger = MemoryLedger::new();
-    let server = keyed_server(
-        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(ledger.clone()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "k-paths")];
     let args = json!({"service": "catalog", "version": "3.0.0"});
@@ -411,40 +409,9 @@ async fn one_key_on_every_path_to_the_server_is_one_call() {
 
 #[tokio::test]
 async fn a_repeat_on_another_path_while_the_first_runs_is_409() {
-    let server = keyed_server(
-        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
-        ServerOptions {
-            slow_tool_delay: Duration::from_millis(500),
-            ..ServerOptions::default()
-        },
-    )
-    .await;
-    let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
+    let (server, session, first) = slow_call_running("k-paths-409").await;
     let key = [("idempotency-key", "k-paths-409")];
     let args = json!({"service": "catalog"});
-    let first = {
-        let (server_url, session, args) = (server.url.clone(), session.clone(), args.clone());
-        tokio::spawn(async move {
-            let request = with_idempotency_key(
-                post(
-                    &server_url,
-                    session.as_deref(),
-                    PROTOCOL_VERSION,
-                    tool_call_body(1, "slow_deploy", args),
-                ),
-                "k-paths-409",
-            );
-            let response = send(&mut hyper_client(), request).await.unwrap();
-            read_response_to_end(response).await
-        })
-    };
-    assert_eq!(
-        server
-            .state
-            .wait_for_started("slow_deploy", 1, Duration::from_secs(5))
-            .await,
-        1
-    );
     for (id, path) in (2..).zip(&SAME_SERVER_PATHS[1..]) {
         let (status, _, busy) = keyed_call_at(
             &format!("http://{}{path}", server.addr),
@@ -687,11 +654,7 @@ async fn a_kept_response_survives_a_server_restart_over_the_file_ledger() {
 
 #[tokio::test]
 async fn an_sse_only_client_gets_the_replay_as_one_sse_event() {
-    let server = keyed_server(
-        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(MemoryLedger::new()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let args = json!({"amount": 100, "currency": "eur"});
     let key = ("idempotency-key", "k-sse");
@@ -876,11 +839,7 @@ async fn a_key_past_its_retention_runs_again() {
 #[tokio::test]
 async fn unkeyed_calls_and_other_traffic_pass_through_and_bad_keys_are_refused() {
     let ledger = MemoryLedger::new();
-    let server = keyed_server(
-        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(ledger.clone()).await;
     // An initialize with a key is not a tools/call: the key means nothing there.
     let init = with_idempotency_key(
         post(
@@ -941,11 +900,7 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
         let ledger = PostgresLedger::connect_with_schema(&url, &schema)
             .await
             .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"));
-        keyed_server(
-            IdempotencyLayer::new(ledger, fingerprint_key()),
-            ServerOptions::default(),
-        )
-        .await
+        keyed_server_over(ledger).await
     };
     let (a, b) = (replica().await, replica().await);
     let args = json!({"service": "catalog", "version": "4.0.0"});
@@ -981,11 +936,7 @@ async fn two_replicas_share_keys_through_the_postgres_ledger() {
 
 #[tokio::test]
 async fn a_key_reused_for_an_order_id_a_double_cannot_tell_apart_is_422() {
-    let server = keyed_server(
-        IdempotencyLayer::new(MemoryLedger::new(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(MemoryLedger::new()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let key = [("idempotency-key", "k-wide")];
     let order =
@@ -1025,11 +976,7 @@ async fn a_key_reused_for_an_order_id_a_double_cannot_tell_apart_is_422() {
 #[tokio::test]
 async fn a_keyed_call_the_layer_cannot_classify_is_refused_not_run_unkeyed() {
     let ledger = MemoryLedger::new();
-    let server = keyed_server(
-        IdempotencyLayer::new(ledger.clone(), fingerprint_key()),
-        ServerOptions::default(),
-    )
-    .await;
+    let server = keyed_server_over(ledger.clone()).await;
     let session = initialize(&mut hyper_client(), &server.url).await.unwrap();
     let raw = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"deploy_release","arguments":{"service":"catalog","version":"1.0.0","version":"2.0.0"}}}"#;
     for _ in 0..3 {

@@ -40,6 +40,16 @@ fn probe(sshd: &Sshd) -> MarkerProbe {
     MarkerProbe::new(sshd.config()).state_dir(sshd.dir.join("markers").display().to_string())
 }
 
+/// What a probe of the markers in `state_dir` reads for `id`.
+async fn probe_outcome_in(sshd: &Sshd, state_dir: &str, id: ExecutionId) -> ProbeOutcome {
+    MarkerProbe::new(sshd.config())
+        .state_dir(state_dir)
+        .status(id)
+        .await
+        .unwrap()
+        .to_probe_outcome()
+}
+
 /// Read the marker until `done` holds (bounded: 15 s).
 async fn wait_for(
     probe: &MarkerProbe,
@@ -420,12 +430,7 @@ async fn a_state_dir_the_account_does_not_control_reads_unknown_and_runs_nothing
             err.is_not_started() && err.to_string().contains("sole control"),
             "{name}: {err}"
         );
-        let outcome = MarkerProbe::new(sshd.config())
-            .state_dir(&state)
-            .status(id)
-            .await
-            .unwrap()
-            .to_probe_outcome();
+        let outcome = probe_outcome_in(&sshd, &state, id).await;
         assert!(
             matches!(outcome, ProbeOutcome::Unknown { .. }),
             "{name}: {outcome:?}"
@@ -439,12 +444,7 @@ async fn a_state_dir_the_account_does_not_control_reads_unknown_and_runs_nothing
             .await
             .expect_err("a run below a directory the account does not control");
         assert!(err.is_not_started(), "{name}/markers: {err}");
-        let outcome = MarkerProbe::new(sshd.config())
-            .state_dir(&below)
-            .status(id)
-            .await
-            .unwrap()
-            .to_probe_outcome();
+        let outcome = probe_outcome_in(&sshd, &below, id).await;
         assert!(
             matches!(outcome, ProbeOutcome::Unknown { .. }),
             "{name}/markers: {outcome:?}"

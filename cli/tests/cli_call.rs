@@ -9,16 +9,6 @@ use std::{path::Path, time::Duration};
 use serde_json::{Value, json};
 use support::*;
 
-/// `replay-guard --json call --url URL --tool TOOL --args ARGS EXTRA…`
-async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
-    let args = args.to_string();
-    let mut argv = vec![
-        "--json", "call", "--url", url, "--tool", tool, "--args", &args,
-    ];
-    argv.extend_from_slice(extra);
-    replay_guard(&argv).await
-}
-
 /// A new temp dir of this file's and the path of `ledger.jsonl` in it.
 fn ledger_dir(name: &str) -> (std::path::PathBuf, String) {
     let dir = temp_dir("cli-call", name);
@@ -32,6 +22,27 @@ fn deploy_args() -> Value {
 
 fn ledger_path(dir: &Path) -> String {
     dir.join("ledger.jsonl").to_string_lossy().into_owned()
+}
+
+/// `second` repeated `first`, a `deploy_release` held for review: the same execution, still
+/// held, and nothing sent again (the tool ran once).
+fn assert_repeat_held(server: &TestServer, first: &Run, second: &Run) {
+    assert_eq!(second.code, 3, "{second:#?}");
+    assert_eq!(second.execution_id(), first.execution_id());
+    assert_eq!(
+        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
+        "needs_review",
+        "{second:#?}"
+    );
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+}
+
+/// Writes `toml` as `policy.toml` in `dir`; returns its path.
+fn policy_file(dir: &Path, toml: &str) -> String {
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, toml).unwrap();
+    policy.to_string_lossy().into_owned()
 }
 
 #[tokio::test]
@@ -164,15 +175,7 @@ async fn a_json_rpc_error_after_the_effect_exits_3_and_the_repeat_does_not_run_t
     assert_eq!(first.code, 3, "{first:#?}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let second = call(&server.url, "deploy_release", deploy_args(), &extra).await;
-    assert_eq!(second.code, 3, "{second:#?}");
-    assert_eq!(second.execution_id(), first.execution_id());
-    assert_eq!(
-        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
-        "needs_review",
-        "{second:#?}"
-    );
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
-    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    assert_repeat_held(&server, &first, &second);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -348,18 +351,8 @@ async fn twenty_concurrent_calls_sharing_a_ledger_dispatch_once() {
     let server = TestServer::start().await;
     server.state.lose_next_response("deploy_release");
     let args = deploy_args().to_string();
-    let argv = [
-        "--json",
-        "call",
-        "--url",
-        &server.url,
-        "--tool",
-        "deploy_release",
-        "--args",
-        &args,
-        "--ledger",
-        &ledger,
-    ];
+    let argv = call_argv(&server.url, "deploy_release", &args, &["--ledger", &ledger]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let runs = concurrently(20, &argv).await;
     let ids: std::collections::BTreeSet<String> = runs.iter().map(Run::execution_id).collect();
     for run in &runs {
@@ -1077,13 +1070,10 @@ fn child_entry() {
 #[tokio::test]
 async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_again() {
     let (dir, ledger) = ledger_dir("window");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
+    let policy = policy_file(
+        &dir,
         "[tools.deploy_release]\nclass = \"irreversible\"\nlink_window = \"3s\"\n",
-    )
-    .unwrap();
-    let policy = policy.to_string_lossy().into_owned();
+    );
     let server = TestServer::start().await;
     server.state.lose_next_response("deploy_release");
     let extra = ["--ledger", ledger.as_str(), "--policy", policy.as_str()];
@@ -1094,36 +1084,14 @@ async fn a_held_call_repeated_after_its_link_window_is_still_held_and_not_sent_a
     // Nothing to poll for: the wall clock has to pass the 3 s window.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let second = call(&server.url, "deploy_release", deploy_args(), &extra).await;
-    assert_eq!(second.code, 3, "{second:#?}");
-    assert_eq!(second.execution_id(), first.execution_id());
-    assert_eq!(
-        second.json()["result"]["structuredContent"]["mcp_replay_guard"]["state"],
-        "needs_review",
-        "{second:#?}"
-    );
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
-    assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    assert_repeat_held(&server, &first, &second);
     let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The `--json call` argv of the slow tool over `ledger`, then `extra`.
 fn slow_argv(url: &str, ledger: &str, extra: &[&str]) -> Vec<String> {
-    [
-        "--json",
-        "call",
-        "--url",
-        url,
-        "--tool",
-        "slow_deploy",
-        "--args",
-        r#"{"service":"catalog"}"#,
-        "--ledger",
-        ledger,
-    ]
-    .iter()
-    .chain(extra)
-    .map(|a| (*a).to_owned())
-    .collect()
+    let extra: Vec<&str> = ["--ledger", ledger].iter().chain(extra).copied().collect();
+    call_argv(url, "slow_deploy", r#"{"service":"catalog"}"#, &extra)
 }
 
 /// The `--json call` argv of the slow tool as an idempotent call over `ledger`.
@@ -1266,39 +1234,13 @@ async fn thirty_processes_continuing_one_execution_resend_it_once_and_never_fail
 /// the running call's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_again() {
-    let (dir, ledger) = ledger_dir("long");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
+    a_repeat_while_the_tool_runs_attaches(
+        "long",
         "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\n",
+        Duration::from_secs(4),
+        Duration::from_millis(1500),
     )
-    .unwrap();
-    let policy = policy.to_string_lossy().into_owned();
-    let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: Duration::from_secs(4),
-        ..ServerOptions::default()
-    })
     .await;
-    let argv = slow_argv(&server.url, &ledger, &["--policy", &policy]);
-    let first = spawn_replay_guard(&argv);
-    let wait = Duration::from_secs(30);
-    assert_eq!(
-        server.state.wait_for_started("slow_deploy", 1, wait).await,
-        1
-    );
-    // Nothing to poll for: the wall clock has to pass the 1 s window while the tool runs.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
-    let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let second = replay_guard(&argv2).await;
-    let first = first.await.unwrap();
-    assert_eq!(first.code, 0, "{first:#?}");
-    assert_eq!(second.code, 0, "{second:#?}");
-    assert_eq!(second.execution_id(), first.execution_id());
-    assert_eq!(second.json()["result"], first.json()["result"]);
-    assert_eq!(server.state.started("slow_deploy"), 1);
-    assert_eq!(server.state.side_effects("slow_deploy"), 1);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Retention never ends the hold of a call still running: with a 1 s link window, a 2 s
@@ -1307,16 +1249,28 @@ async fn a_call_still_running_after_its_link_window_is_attached_to_not_started_a
 /// count from acceptance, and the second call ran the tool again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_still_running_past_its_retention_is_attached_to_not_started_again() {
-    let (dir, ledger) = ledger_dir("retention");
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
+    a_repeat_while_the_tool_runs_attaches(
+        "retention",
         "[tools.slow_deploy]\nclass = \"irreversible\"\nlink_window = \"1s\"\nretention = \"2s\"\n",
+        Duration::from_secs(5),
+        Duration::from_secs(3),
     )
-    .unwrap();
-    let policy = policy.to_string_lossy().into_owned();
+    .await;
+}
+
+/// The slow tool, running for `tool_run` under `policy`, called by one process and repeated by
+/// another `repeat_after` its start: the repeat attaches to the running execution and gets its
+/// result, and the tool ran once.
+async fn a_repeat_while_the_tool_runs_attaches(
+    name: &str,
+    policy: &str,
+    tool_run: Duration,
+    repeat_after: Duration,
+) {
+    let (dir, ledger) = ledger_dir(name);
+    let policy = policy_file(&dir, policy);
     let server = TestServer::start_with(ServerOptions {
-        slow_tool_delay: Duration::from_secs(5),
+        slow_tool_delay: tool_run,
         ..ServerOptions::default()
     })
     .await;
@@ -1327,8 +1281,9 @@ async fn a_call_still_running_past_its_retention_is_attached_to_not_started_agai
         server.state.wait_for_started("slow_deploy", 1, wait).await,
         1
     );
-    // Nothing to poll for: the wall clock has to pass the 2 s retention while the tool runs.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing to poll for: the wall clock has to pass the policy's window (or retention) while
+    // the tool runs.
+    tokio::time::sleep(repeat_after).await;
     assert_eq!(server.state.side_effects("slow_deploy"), 0, "still running");
     let argv2: Vec<&str> = argv.iter().map(String::as_str).collect();
     let second = replay_guard(&argv2).await;
@@ -1410,19 +1365,7 @@ async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() 
         "[18446744073709551616]",
     ] {
         let args = format!(r#"{{"service":"catalog","version":"1","build":{literal}}}"#);
-        let run = replay_guard(&[
-            "--json",
-            "call",
-            "--url",
-            &server.url,
-            "--tool",
-            "deploy_release",
-            "--args",
-            &args,
-            "--ledger",
-            &ledger,
-        ])
-        .await;
+        let run = call_text(&server.url, "deploy_release", &args, &["--ledger", &ledger]).await;
         assert_eq!(run.code, 2, "{literal}: {run:#?}");
         assert!(run.stderr.contains("64 bits"), "{literal}: {run:#?}");
         assert!(
@@ -1432,18 +1375,12 @@ async fn args_with_an_integer_beyond_64_bits_are_refused_unsent_not_rewritten() 
     }
     assert_eq!(server.state.side_effects("deploy_release"), 0);
     // An integer that fits is sent exactly as given.
-    let run = replay_guard(&[
-        "--json",
-        "call",
-        "--url",
+    let run = call_text(
         &server.url,
-        "--tool",
         "deploy_release",
-        "--args",
         r#"{"service":"catalog","version":"1","build":18446744073709551615}"#,
-        "--ledger",
-        &ledger,
-    ])
+        &["--ledger", &ledger],
+    )
     .await;
     assert_eq!(run.code, 0, "{run:#?}");
     assert_eq!(server.state.side_effects("deploy_release"), 1);

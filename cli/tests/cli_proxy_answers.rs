@@ -52,6 +52,26 @@ fn guard_record(message: &Value) -> &Value {
     &message["result"]["structuredContent"]["mcp_replay_guard"]
 }
 
+/// The guard's answer for a call whose outcome it does not know: an error result whose text
+/// names the execution.
+fn assert_an_error_naming_its_execution(answer: &Value) {
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let execution = guard_record(answer)["execution_id"].as_str().unwrap();
+    assert!(first_text(answer).unwrap().contains(execution), "{answer}");
+}
+
+/// A resume (GET + `Last-Event-ID`) of the session's stream through the proxy, answered 200.
+async fn resume(
+    proxy: &str,
+    session: Option<&str>,
+    last_event_id: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let resume = get_stream(proxy, session, PROTOCOL_VERSION, Some(last_event_id));
+    let response = send(&mut hyper_client(), resume).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response
+}
+
 #[tokio::test]
 async fn a_lost_response_on_an_irreversible_call_is_answered_honestly_on_the_first_attempt() {
     for era in Era::ALL {
@@ -278,15 +298,50 @@ async fn an_event_stream_that_ends_without_an_answer_or_an_event_id_ends_with_th
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(content_type, "text/event-stream");
     assert_valid_tool_answer(Era::Stateless, "an empty stream", &answer, &json!(5));
-    assert_eq!(answer["result"]["isError"], true, "{answer}");
-    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
-    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_an_error_naming_its_execution(&answer);
     assert_eq!(
         served.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "sent once"
     );
     server.abort();
+}
+
+/// The slow tool's `tools/call` (id `id`, session era) through the proxy at `proxy`, its
+/// stream cut after the first event and read to that end. Returns the last event id the client
+/// saw, once the tool has made its effect.
+async fn cut_call_run_to_its_end(
+    server: &TestServer,
+    proxy: &str,
+    session: Option<&str>,
+    id: i64,
+) -> String {
+    server
+        .state
+        .faults()
+        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
+    let call = Era::Sessions.tool_call(
+        proxy,
+        session,
+        id,
+        "slow_deploy",
+        json!({"service": "catalog"}),
+    );
+    let response = send(&mut hyper_client(), call).await.unwrap();
+    let mut cut = SseReader::new(response.into_body());
+    let mut last_event_id = None;
+    while let Ok(Some(event)) = cut.next_event().await {
+        last_event_id = event.id.or(last_event_id);
+    }
+    let last_event_id = last_event_id.expect("the priming event has an id");
+    assert_eq!(
+        server
+            .state
+            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
+            .await,
+        1
+    );
+    last_event_id
 }
 
 /// A cut stream resumed (GET + `Last-Event-ID`) after the server let go of its events (the
@@ -298,44 +353,13 @@ async fn a_resume_that_finds_the_answer_gone_ends_with_the_honest_answer() {
     let server = server(Era::Sessions, ServerOptions::default()).await;
     let proxy = start_proxy(&server.url, &[]).await;
     let session = Era::Sessions.open_session(&proxy.url).await;
-    server
-        .state
-        .faults()
-        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
-    let call = Era::Sessions.tool_call(
-        &proxy.url,
-        session.as_deref(),
-        4,
-        "slow_deploy",
-        json!({"service": "catalog"}),
-    );
-    let response = send(&mut hyper_client(), call).await.unwrap();
-    let mut cut = SseReader::new(response.into_body());
-    let mut last_event_id = None;
-    while let Ok(Some(event)) = cut.next_event().await {
-        last_event_id = event.id.or(last_event_id);
-    }
-    let last_event_id = last_event_id.expect("the priming event has an id");
     // The call runs to its end meanwhile; the server then has nothing to replay.
-    assert_eq!(
-        server
-            .state
-            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
-            .await,
-        1
-    );
+    let last_event_id = cut_call_run_to_its_end(&server, &proxy.url, session.as_deref(), 4).await;
     // rmcp lets go of a request's stream as soon as its tool returned, which nothing on the
     // wire shows: a moment for that, so that the resume comes after (it is not what is tested).
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let resume = get_stream(
-        &proxy.url,
-        session.as_deref(),
-        PROTOCOL_VERSION,
-        Some(&last_event_id),
-    );
-    let response = send(&mut hyper_client(), resume).await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let response = resume(&proxy.url, session.as_deref(), &last_event_id).await;
     let answer = read_jsonrpc_response(response, &json!(4)).await;
 
     let answer = answer.unwrap_or_else(|error| panic!("the resume answers nothing: {error}"));
@@ -345,9 +369,7 @@ async fn a_resume_that_finds_the_answer_gone_ends_with_the_honest_answer() {
         &answer,
         &json!(4),
     );
-    assert_eq!(answer["result"]["isError"], true, "{answer}");
-    let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
-    assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+    assert_an_error_naming_its_execution(&answer);
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);
 }
@@ -369,31 +391,7 @@ async fn a_resume_with_the_upstream_gone_is_answered_from_the_ledger_as_an_event
     .await;
     let proxy = start_proxy(&server.url, &[]).await;
     let session = Era::Sessions.open_session(&proxy.url).await;
-    server
-        .state
-        .faults()
-        .schedule("slow_deploy", Fault::CutStreamAfterFirstEvent);
-    let call = Era::Sessions.tool_call(
-        &proxy.url,
-        session.as_deref(),
-        7,
-        "slow_deploy",
-        json!({"service": "catalog"}),
-    );
-    let response = send(&mut hyper_client(), call).await.unwrap();
-    let mut cut = SseReader::new(response.into_body());
-    let mut last_event_id = None;
-    while let Ok(Some(event)) = cut.next_event().await {
-        last_event_id = event.id.or(last_event_id);
-    }
-    let last_event_id = last_event_id.expect("the priming event has an id");
-    assert_eq!(
-        server
-            .state
-            .wait_for_side_effects("slow_deploy", 1, Duration::from_secs(30))
-            .await,
-        1
-    );
+    let last_event_id = cut_call_run_to_its_end(&server, &proxy.url, session.as_deref(), 7).await;
     // The upstream dies after the effect: its port refuses.
     let address = server.addr;
     server.shutdown();
@@ -409,14 +407,7 @@ async fn a_resume_with_the_upstream_gone_is_answered_from_the_ledger_as_an_event
     // A second resume (the client tries again) is answered the same: the stream stays the
     // execution's.
     for _ in 0..2 {
-        let resume = get_stream(
-            &proxy.url,
-            session.as_deref(),
-            PROTOCOL_VERSION,
-            Some(&last_event_id),
-        );
-        let response = send(&mut hyper_client(), resume).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
+        let response = resume(&proxy.url, session.as_deref(), &last_event_id).await;
         assert_eq!(
             response.headers()["content-type"],
             "text/event-stream",
@@ -431,9 +422,7 @@ async fn a_resume_with_the_upstream_gone_is_answered_from_the_ledger_as_an_event
             &answer,
             &json!(7),
         );
-        assert_eq!(answer["result"]["isError"], true, "{answer}");
-        let execution = guard_record(&answer)["execution_id"].as_str().unwrap();
-        assert!(first_text(&answer).unwrap().contains(execution), "{answer}");
+        assert_an_error_naming_its_execution(&answer);
     }
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     assert_eq!(server.state.tool_call_requests("slow_deploy").len(), 1);

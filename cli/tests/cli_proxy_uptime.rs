@@ -63,6 +63,17 @@ async fn slow_deploy(client: &McpClient) -> Result<CallToolResult, ServiceError>
     call(client, "slow_deploy", json!({"service": "catalog"})).await
 }
 
+/// A normal client of the proxy, connected: its deploy is answered and ran once.
+async fn a_normal_client_is_answered(proxy: &Proxy, server: &TestServer) -> McpClient {
+    let client = connect(&proxy.url).await;
+    let answer = deploy(&client)
+        .await
+        .expect("the normal client is answered");
+    assert_eq!(answer.is_error, Some(false), "{answer:?}");
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    client
+}
+
 fn authority(proxy: &Proxy) -> String {
     proxy
         .url
@@ -175,12 +186,7 @@ async fn idle_and_slowloris_connections_do_not_stop_a_normal_client_and_are_clos
     }
 
     // A normal client, meanwhile.
-    let client = connect(&proxy.url).await;
-    let answer = deploy(&client)
-        .await
-        .expect("the normal client is answered");
-    assert_eq!(answer.is_error, Some(false), "{answer:?}");
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let client = a_normal_client_is_answered(&proxy, &server).await;
 
     // Every slowloris connection is closed by the proxy (it sent bytes, never a whole head).
     let closed = tokio::time::timeout(HANG, async {
@@ -247,12 +253,7 @@ async fn at_the_descriptor_limit_the_proxy_backs_off_and_warns_once() {
 
     // The extra connections go away; a normal client is answered.
     drop(extra);
-    let client = connect(&proxy.url).await;
-    let answer = deploy(&client)
-        .await
-        .expect("the normal client is answered");
-    assert_eq!(answer.is_error, Some(false), "{answer:?}");
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let client = a_normal_client_is_answered(&proxy, &server).await;
     let log = wait_for_log(&stderr, "accept errors stopped after").await;
     assert!(log.lines().count() < 10, "{log}");
     client.cancel().await.unwrap();
@@ -672,12 +673,7 @@ async fn trickled_request_bodies_are_answered_408_and_a_normal_client_is_served(
     }
 
     // A normal client, behind the four.
-    let client = connect(&proxy.url).await;
-    let answer = deploy(&client)
-        .await
-        .expect("the normal client is answered");
-    assert_eq!(answer.is_error, Some(false), "{answer:?}");
-    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let client = a_normal_client_is_answered(&proxy, &server).await;
 
     let answers = tokio::time::timeout(HANG, async {
         let mut answers = Vec::new();

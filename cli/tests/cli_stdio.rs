@@ -88,6 +88,22 @@ impl Files {
         ledger_list(&self.path("ledger.jsonl"))
     }
 
+    /// The ledger holds `read_flag` executions and nothing else: no `set_flag` began.
+    fn assert_only_read_flag_executions(&self) {
+        let tools: Vec<Value> = self
+            .ledger_list()
+            .iter()
+            .map(|r| r["tool"].clone())
+            .collect();
+        // The identical read_flag calls are one to three executions (a repeat arriving before
+        // the wrapper noted the earlier answer's write is handed that kept answer); none is a
+        // set_flag.
+        assert!(
+            !tools.is_empty() && tools.iter().all(|tool| tool == "read_flag"),
+            "no set_flag execution began: {tools:?}"
+        );
+    }
+
     /// `replay-guard stdio --ledger … --policy … EXTRA… -- stdio_server`, with the server's
     /// environment `env` (inherited by every child it starts).
     fn wrapper(&self, extra: &[&str], env: &[(&str, &str)]) -> Child {
@@ -480,17 +496,7 @@ async fn bad_input_is_answered_unsent_and_the_wrapper_serves_on() {
     assert_eq!(got, want, "one answer for each request, nothing else");
     assert_eq!(code, Some(0));
     // Only the three `read_flag` calls became executions (unlisted: irreversible).
-    let tools: Vec<Value> = files
-        .ledger_list()
-        .iter()
-        .map(|r| r["tool"].clone())
-        .collect();
-    // The identical read_flag calls are one to three executions (a repeat arriving before the
-    // wrapper noted the earlier answer's write is handed that kept answer); none is a set_flag.
-    assert!(
-        !tools.is_empty() && tools.iter().all(|tool| tool == "read_flag"),
-        "no set_flag execution began: {tools:?}"
-    );
+    files.assert_only_read_flag_executions();
 }
 
 /// A `tools/call` with `"id": null` or without an id is refused unsent with -32600 (a
@@ -521,17 +527,7 @@ async fn a_tools_call_without_an_id_is_refused_unsent() {
     let (rest, _, code) = host.finish().await;
     assert_eq!(rest, Vec::<Value>::new());
     assert_eq!(code, Some(0));
-    let tools: Vec<Value> = files
-        .ledger_list()
-        .iter()
-        .map(|r| r["tool"].clone())
-        .collect();
-    // The identical read_flag calls are one to three executions (a repeat arriving before the
-    // wrapper noted the earlier answer's write is handed that kept answer); none is a set_flag.
-    assert!(
-        !tools.is_empty() && tools.iter().all(|tool| tool == "read_flag"),
-        "no set_flag execution began: {tools:?}"
-    );
+    files.assert_only_read_flag_executions();
 }
 
 /// d. A child that exits at once: the host's pending `initialize` is answered with a

@@ -20,22 +20,23 @@ fn path(path: &std::path::Path) -> String {
 /// `replay-guard --json call --url URL --tool deploy_release --args … EXTRA…`, with `env`.
 async fn call(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Run {
     let args = deploy_args().to_string();
-    let mut command = replay_guard_command(
-        [
-            "--json",
-            "call",
-            "--url",
-            url,
-            "--tool",
-            "deploy_release",
-            "--args",
-            &args,
-        ]
-        .iter()
-        .chain(extra),
-    );
+    let mut command = replay_guard_command(call_argv(url, "deploy_release", &args, extra));
     command.envs(env.iter().copied());
     Run::from_output(&command.output().await.expect("the binary runs"))
+}
+
+/// A stateless `deploy_release` call through the proxy at `proxy`, answered 502: its text.
+async fn bad_gateway_text(proxy: &str) -> String {
+    let mut client = hyper_client();
+    let request = post(
+        proxy,
+        None,
+        STATELESS_PROTOCOL_VERSION,
+        stateless_tool_call_body(1, "deploy_release", deploy_args()),
+    );
+    let response = send(&mut client, request).await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
+    body_text(response.into_body()).await.unwrap()
 }
 
 #[tokio::test]
@@ -84,16 +85,7 @@ async fn a_ca_certificate_used_as_the_servers_own_is_explained() {
     assert!(!run.stderr.contains(CA_CERT_HINT_START), "{run:#?}");
 
     let proxy = start_proxy(&server.url, &["--ca-cert", &ca]).await;
-    let mut client = hyper_client();
-    let request = post(
-        &proxy.url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(1, "deploy_release", deploy_args()),
-    );
-    let response = send(&mut client, request).await.unwrap();
-    assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
-    let text = body_text(response.into_body()).await.unwrap();
+    let text = bad_gateway_text(&proxy.url).await;
     assert!(text.contains("is a CA certificate"), "{text}");
     assert!(!text.contains(CA_CERT_HINT_START), "{text}");
     assert_eq!(server.state.all_requests().len(), 0);
@@ -237,16 +229,7 @@ async fn an_upstream_the_proxy_does_not_trust_is_a_502_and_not_sent() {
     let other_ca = path(&other.ca_pem);
     let proxy = start_proxy(&server.url, &["--ca-cert", &other_ca, "--ledger", &ledger]).await;
 
-    let mut client = hyper_client();
-    let request = post(
-        &proxy.url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(1, "deploy_release", deploy_args()),
-    );
-    let response = send(&mut client, request).await.unwrap();
-    assert_eq!(response.status(), http::StatusCode::BAD_GATEWAY);
-    let text = body_text(response.into_body()).await.unwrap();
+    let text = bad_gateway_text(&proxy.url).await;
     assert!(text.contains("--ca-cert"), "{text}");
     let records = ledger_records(&ledger).await;
     assert_eq!(records.len(), 1, "{records:#?}");

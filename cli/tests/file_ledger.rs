@@ -845,19 +845,7 @@ async fn a_huge_sparse_file_or_an_endless_device_given_as_the_ledger_is_refused_
         let runs = [
             (
                 "call",
-                replay_guard(&[
-                    "--json",
-                    "call",
-                    "--url",
-                    &server.url,
-                    "--tool",
-                    "deploy_release",
-                    "--args",
-                    &args,
-                    "--ledger",
-                    path,
-                ])
-                .await,
+                call_text(&server.url, "deploy_release", &args, &["--ledger", path]).await,
             ),
             ("ledger list", replay_guard(&["ledger", "list", path]).await),
             ("audit show", replay_guard(&["audit", "show", path]).await),

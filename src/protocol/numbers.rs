@@ -153,65 +153,66 @@ mod tests {
         has_inexact_number(&args(body), body.as_bytes())
     }
 
-    #[test]
-    fn literals_beyond_64_bits_are_found_and_64_bit_ones_are_not() {
+    /// Every literal of `found`, as the argument of a call, is found; none of `kept` is.
+    fn assert_found_and_kept(found: &[&str], kept: &[&str]) {
         let call = |n: &str| {
             format!(
                 r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"n":{n}}}}}}}"#
             )
         };
-        for wide in [
-            "18446744073709551616",
-            "18446744073709551617",
-            "-9223372036854775809",
-            "123456789012345678901234567890",
-            "[1, 99999999999999999999999]",
-        ] {
-            assert!(check(&call(wide)), "{wide}");
+        for literal in found {
+            assert!(check(&call(literal)), "{literal}");
         }
-        for exact in [
-            "18446744073709551615",
-            "-9223372036854775808",
-            "9007199254740993",
-            "1e20",
-            "1.8446744073709552e19",
-            "\"18446744073709551617\"",
-        ] {
-            assert!(!check(&call(exact)), "{exact}");
+        for literal in kept {
+            assert!(!check(&call(literal)), "{literal}");
         }
     }
 
     #[test]
+    fn literals_beyond_64_bits_are_found_and_64_bit_ones_are_not() {
+        assert_found_and_kept(
+            &[
+                "18446744073709551616",
+                "18446744073709551617",
+                "-9223372036854775809",
+                "123456789012345678901234567890",
+                "[1, 99999999999999999999999]",
+            ],
+            &[
+                "18446744073709551615",
+                "-9223372036854775808",
+                "9007199254740993",
+                "1e20",
+                "1.8446744073709552e19",
+                "\"18446744073709551617\"",
+            ],
+        );
+    }
+
+    #[test]
     fn a_nonzero_literal_that_reads_as_zero_is_found_and_a_zero_is_not() {
-        let call = |n: &str| {
-            format!(
-                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"n":{n}}}}}}}"#
-            )
-        };
         // As `1e400` is refused by the parser (out of range), `1e-400` is refused here: it
         // would be fingerprinted, and sent, as 0.
-        for underflow in [
-            "1e-400",
-            "-1e-400",
-            "0.0000001e-400",
-            "[0.5, 2.5E-999]",
-            "{\"a\":{\"b\":1e-324}}",
-        ] {
-            assert!(check(&call(underflow)), "{underflow}");
-        }
-        for kept in [
-            "0e-400",
-            "0",
-            "0.0",
-            "-0.0",
-            "0E+5",
-            "1e-300",
-            "5e-324",
-            "1e-7",
-            "\"1e-400\"",
-        ] {
-            assert!(!check(&call(kept)), "{kept}");
-        }
+        assert_found_and_kept(
+            &[
+                "1e-400",
+                "-1e-400",
+                "0.0000001e-400",
+                "[0.5, 2.5E-999]",
+                "{\"a\":{\"b\":1e-324}}",
+            ],
+            &[
+                "0e-400",
+                "0",
+                "0.0",
+                "-0.0",
+                "0E+5",
+                "1e-300",
+                "5e-324",
+                "1e-7",
+                "\"1e-400\"",
+            ],
+        );
         // Without a zero among the parsed numbers the text is not scanned at all.
         let arguments = json!({"n": 1}).as_object().unwrap().clone();
         assert!(!has_inexact_number(&arguments, br#"{"m":1e-400}"#));

@@ -42,6 +42,25 @@ async fn next_for_client(client: &mut ClientQueue) -> Value {
     serde_json::from_slice(message.message()).unwrap()
 }
 
+/// The next message the transport's driver is given, in time.
+async fn next_on_wire(wire: &mut WireQueue) -> Outgoing {
+    tokio::time::timeout(WAIT, wire.next())
+        .await
+        .expect("a message for the wire in time")
+        .expect("the relay is open")
+}
+
+/// A client message that the relay puts on the wire: sent on its own task (it returns once
+/// written), and written by the driver here.
+async fn from_client_written(relay: &Relay, wire: &mut WireQueue, message: Value) {
+    let sending = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.from_client(line(&message)).await }
+    });
+    next_on_wire(wire).await.written();
+    sending.await.unwrap();
+}
+
 /// Found by attacking it: a server need not answer a request the client cancelled
 /// (MCP's `notifications/cancelled`), so the guarded call waited for an answer that never
 /// came; its execution stayed in flight and every repeat waited for it.
@@ -51,10 +70,7 @@ async fn a_cancelled_call_is_unknown_not_left_waiting() {
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "deploy", "arguments": {"v": 1}}});
     relay.from_client(line(&call)).await;
-    let written = tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let written = next_on_wire(&mut wire).await;
     written.written();
 
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -63,10 +79,7 @@ async fn a_cancelled_call_is_unknown_not_left_waiting() {
         let relay = relay.clone();
         async move { relay.from_client(line(&cancel)).await }
     });
-    let cancel = tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let cancel = next_on_wire(&mut wire).await;
     assert_eq!(
         serde_json::from_slice::<Value>(cancel.message()).unwrap()["method"],
         "notifications/cancelled",
@@ -92,11 +105,7 @@ async fn a_call_written_before_its_server_went_away_is_answered_unknown() {
     let call = json!({"jsonrpc": "2.0", "id": "a", "method": "tools/call",
         "params": {"name": "deploy", "arguments": {}}});
     relay.from_client(line(&call)).await;
-    tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .written();
+    next_on_wire(&mut wire).await.written();
     // Wait until the exchange waits for its answer, then the server goes.
     while !relay.wire.is_waiting(&"a".into()) {
         tokio::task::yield_now().await;
@@ -148,10 +157,7 @@ async fn a_tools_call_without_an_id_is_refused_unsent() {
             relay.from_client(line(&after)).await;
         }
     });
-    let written = tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let written = next_on_wire(&mut wire).await;
     let first = serde_json::from_slice::<Value>(written.message()).unwrap();
     written.written();
     assert_eq!(first["method"], "notifications/initialized", "{first}");
@@ -169,23 +175,10 @@ async fn call_then_cancel(relay: &Relay, wire: &mut WireQueue, id: i64) {
     let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": "deploy", "arguments": {"v": id}}});
     relay.from_client(line(&call)).await;
-    tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .written();
+    next_on_wire(wire).await.written();
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": id}});
-    let sending = tokio::spawn({
-        let relay = relay.clone();
-        async move { relay.from_client(line(&cancel)).await }
-    });
-    tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .written();
-    sending.await.unwrap();
+    from_client_written(relay, wire, cancel).await;
 }
 
 fn server_answer(id: i64) -> Bytes {
@@ -243,11 +236,7 @@ async fn an_answer_is_delivered_only_when_the_clients_next_message_comes() {
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "deploy", "arguments": {"v": 1}}});
     relay.from_client(line(&call)).await;
-    tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .written();
+    next_on_wire(&mut wire).await.written();
     relay.from_server(server_answer(1)).await;
     let answer = tokio::time::timeout(WAIT, client.next())
         .await
@@ -260,16 +249,7 @@ async fn an_answer_is_delivered_only_when_the_clients_next_message_comes() {
 
     let ping = json!({"jsonrpc": "2.0", "method": "notifications/progress",
         "params": {"progressToken": 1, "progress": 1}});
-    let sending = tokio::spawn({
-        let relay = relay.clone();
-        async move { relay.from_client(line(&ping)).await }
-    });
-    tokio::time::timeout(WAIT, wire.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .written();
-    sending.await.unwrap();
+    from_client_written(&relay, &mut wire, ping).await;
     let records = ledger.list().await.unwrap();
     assert!(records[0].delivered_at.is_some(), "{records:?}");
 }

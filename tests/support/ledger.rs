@@ -17,6 +17,22 @@ pub async fn wait_for_state(ledger: &impl Ledger, state: ExecutionState) -> Exec
     panic!("no execution reached {state}: {:#?}", ledger.list().await);
 }
 
+/// The ledger's one execution (asserted to be the only one).
+pub async fn only_record(ledger: &impl Ledger) -> ExecutionRecord {
+    let records = ledger.list().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    records.into_iter().next().unwrap()
+}
+
+/// The names of an execution's events, oldest first (`accepted`, `dispatched`, …).
+pub async fn event_names(ledger: &impl Ledger, id: ExecutionId) -> Vec<&'static str> {
+    let events = ledger
+        .events(id)
+        .await
+        .expect("the ledger reads the events");
+    events.iter().map(|e| e.kind.name()).collect()
+}
+
 // ---- record builders ----------------------------------------------------------------------
 
 use mcp_replay_guard::{

@@ -67,8 +67,8 @@ pub use faults::{
 };
 pub use front::{FrontOptions, FrontServer};
 pub use ledger::{
-    deploy_claim, dispatched, dispatched_as, event_now, fingerprint_of, fingerprint_of_byte,
-    wait_for_state,
+    deploy_claim, dispatched, dispatched_as, event_names, event_now, fingerprint_of,
+    fingerprint_of_byte, only_record, wait_for_state,
 };
 pub use log::{Captured, captured_log, head_log_lines, log_field};
 pub use pg_relay::{Cut, PgRelay};

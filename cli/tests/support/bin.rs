@@ -56,6 +56,30 @@ pub async fn replay_guard(args: &[&str]) -> Run {
     Run::from_output(&output)
 }
 
+/// The argv of `replay-guard --json call --url URL --tool TOOL --args ARGS`, then `extra`.
+pub fn call_argv(url: &str, tool: &str, args: &str, extra: &[&str]) -> Vec<String> {
+    [
+        "--json", "call", "--url", url, "--tool", tool, "--args", args,
+    ]
+    .iter()
+    .chain(extra)
+    .map(|arg| (*arg).to_owned())
+    .collect()
+}
+
+/// `replay-guard --json call --url URL --tool TOOL --args ARGS EXTRA…`, to its end, with
+/// `args` passed as written.
+pub async fn call_text(url: &str, tool: &str, args: &str, extra: &[&str]) -> Run {
+    let argv = call_argv(url, tool, args, extra);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    replay_guard(&argv).await
+}
+
+/// [`call_text`] with `args` serialised.
+pub async fn call(url: &str, tool: &str, args: Value, extra: &[&str]) -> Run {
+    call_text(url, tool, &args.to_string(), extra).await
+}
+
 /// [`replay_guard`] on its own task, with owned arguments.
 pub fn spawn_replay_guard(argv: &[String]) -> tokio::task::JoinHandle<Run> {
     let argv = argv.to_vec();

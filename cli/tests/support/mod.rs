@@ -9,8 +9,9 @@ mod shared;
 mod bin;
 
 pub use bin::{
-    BIN, Proxy, Run, concurrently, ledger_list, ledger_records, proxy_args, replay_guard,
-    replay_guard_blocking, replay_guard_command, replay_guard_parts, replay_guard_within,
-    spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command, start_proxy_logged,
+    BIN, Proxy, Run, call, call_argv, call_text, concurrently, ledger_list, ledger_records,
+    proxy_args, replay_guard, replay_guard_blocking, replay_guard_command, replay_guard_parts,
+    replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command,
+    start_proxy_logged,
 };
 pub use shared::*;
