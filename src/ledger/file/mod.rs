@@ -363,25 +363,17 @@ impl FileLedger {
                 .send(op)
                 .map_err(|_| storage("the ledger writer stopped", "reopen the ledger")),
             #[cfg(feature = "simulation")]
-            Serve::Inline(writer) => {
-                writer
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .serve(vec![op]);
-                Ok(())
-            }
-            #[cfg(feature = "simulation")]
-            Serve::Task { writer, .. } if op.answers_a_thread() => {
-                writer
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .serve(vec![op]);
-                Ok(())
-            }
-            #[cfg(feature = "simulation")]
-            Serve::Task { ops, .. } => ops
+            Serve::Task { ops, .. } if !op.answers_a_thread() => ops
                 .send(op)
                 .map_err(|_| storage("the ledger writer stopped", "reopen the ledger")),
+            #[cfg(feature = "simulation")]
+            Serve::Inline(writer) | Serve::Task { writer, .. } => {
+                writer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .serve(vec![op]);
+                Ok(())
+            }
         }
     }
 
