@@ -18,6 +18,7 @@
 mod disk;
 mod plan;
 mod target;
+mod witness;
 mod world;
 
 use std::{

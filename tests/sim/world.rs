@@ -39,6 +39,7 @@ use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
     plan::{DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
     target::{self, Started},
+    witness::{self, AckedWrites, Witness},
 };
 
 /// One step of simulated time.
@@ -365,6 +366,8 @@ struct Env {
     machine: Arc<Machine>,
     ops: Vec<Arc<AtomicU32>>,
     memory: MemoryLedger,
+    /// What the agents' ledgers acknowledged, over every life.
+    acked: AckedWrites,
     path: PathBuf,
     key: FingerprintKey,
 }
@@ -447,6 +450,19 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             Arc::new(ledger)
         }
     };
+    // Every write a ledger acknowledged survives every crash: checked from the oracle's own
+    // record of the acknowledgements, for the tools whose executions outlast the schedule.
+    let lost = witness::lost(&*ledger, &env.acked, |tool| {
+        Tool::from_name(tool).is_some_and(|tool| env.plan.retention_ms(tool).is_none())
+    })
+    .await;
+    {
+        let mut shared = env.shared.lock().unwrap();
+        for write in lost {
+            shared.violation(format!("p{p}: an acknowledged write is gone: {write}"));
+        }
+    }
+    let ledger: Arc<dyn Ledger> = Arc::new(Witness::new(ledger, env.acked.clone()));
     let layer = GuardLayer::new(
         ledger.clone(),
         contracts(&env.plan, &env.shared),
@@ -753,6 +769,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         machine: Arc::new(Machine::default()),
         ops: (0..plan.processes).map(|_| Arc::default()).collect(),
         memory: MemoryLedger::new(),
+        acked: AckedWrites::default(),
         path: path.clone(),
         key: FingerprintKey::from_bytes(&seed_key).expect("a key"),
     });

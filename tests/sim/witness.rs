@@ -1,0 +1,165 @@
+//! The oracle's own record of what a ledger acknowledged: every write the ledger answered as
+//! done and synced (a claim that created an execution, an append, a `completed` with its
+//! result), kept outside the system under test, so that a restart can check that each one
+//! survived whatever crash came between. A write the ledger may lose by design (the unsynced
+//! `delivered`) is not counted.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mcp_replay_guard::{
+    ExecutionId,
+    ledger::{Claim, Claimed, Dispatch, ExecutionRecord, Ledger, LedgerError, LedgerEvent},
+};
+
+/// One acknowledged write: the execution, its tool, and the event's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked {
+    pub execution_id: ExecutionId,
+    pub tool: String,
+    pub event: &'static str,
+}
+
+/// What the ledgers of one machine acknowledged, over every life of its processes.
+pub type AckedWrites = Arc<Mutex<Vec<Acked>>>;
+
+/// A ledger that notes what it acknowledged. It forwards every method of the trait, those
+/// with a default too, so the ledger's own implementation of each runs.
+#[derive(Debug)]
+pub struct Witness {
+    inner: Arc<dyn Ledger>,
+    acked: AckedWrites,
+}
+
+impl Witness {
+    pub fn new(inner: Arc<dyn Ledger>, acked: AckedWrites) -> Self {
+        Self { inner, acked }
+    }
+
+    fn note(&self, record: &ExecutionRecord, events: &[&'static str]) {
+        let mut acked = self.acked.lock().unwrap();
+        for event in events {
+            acked.push(Acked {
+                execution_id: record.execution_id,
+                tool: record.tool.to_string(),
+                event,
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl Ledger for Witness {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        let claimed = self.inner.claim(claim).await?;
+        if let Claimed::New(record) = &claimed {
+            self.note(record, &["accepted"]);
+        }
+        Ok(claimed)
+    }
+
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        let claimed = self.inner.claim_dispatched(claim, dispatch).await?;
+        if let Claimed::New(record) = &claimed {
+            self.note(record, &["accepted", "dispatched"]);
+        }
+        Ok(claimed)
+    }
+
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        let name = event.kind.name();
+        let record = self.inner.append(event).await?;
+        self.note(&record, &[name]);
+        Ok(record)
+    }
+
+    async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        self.inner.append_unsynced(event).await
+    }
+
+    async fn complete(
+        &self,
+        event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        let record = self.inner.complete(event, result).await?;
+        self.note(&record, &["completed"]);
+        Ok(record)
+    }
+
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
+        self.inner.get(execution_id).await
+    }
+
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        self.inner.events(execution_id).await
+    }
+
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
+        self.inner.list().await
+    }
+
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError> {
+        self.inner.store_result(execution_id, result).await
+    }
+
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
+        self.inner.load_result(reference).await
+    }
+
+    async fn is_owner_alive(&self, owner: &str) -> bool {
+        self.inner.is_owner_alive(owner).await
+    }
+}
+
+/// The acknowledged writes of `acked` a reopened `ledger` does not hold. `kept`: whether an
+/// execution of that tool is surely still in the index (its retention outlasts the schedule).
+pub async fn lost(
+    ledger: &dyn Ledger,
+    acked: &AckedWrites,
+    kept: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let acked = acked.lock().unwrap().clone();
+    let mut lost = Vec::new();
+    let mut checked: Vec<(ExecutionId, Vec<&'static str>)> = Vec::new();
+    for write in acked.iter().filter(|write| kept(&write.tool)) {
+        let held = match checked.iter().find(|(id, _)| *id == write.execution_id) {
+            Some((_, names)) => names.clone(),
+            None => {
+                let names: Vec<&'static str> = ledger
+                    .events(write.execution_id)
+                    .await
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|event| event.kind.name())
+                    .collect();
+                checked.push((write.execution_id, names.clone()));
+                names
+            }
+        };
+        let acknowledged = acked
+            .iter()
+            .filter(|w| w.execution_id == write.execution_id && w.event == write.event)
+            .count();
+        let found = held.iter().filter(|name| **name == write.event).count();
+        if found < acknowledged {
+            let text = format!(
+                "{} of {}: {acknowledged} acknowledged, {found} after the restart",
+                write.event, write.execution_id
+            );
+            if !lost.contains(&text) {
+                lost.push(text);
+            }
+        }
+    }
+    lost
+}
