@@ -245,11 +245,7 @@ impl FileLedger {
     ) -> Result<Self, LedgerError> {
         Self::start(
             path.as_ref(),
-            Mode {
-                read_only: false,
-                lock_timeout,
-                disk: Arc::new(OsDisk),
-            },
+            Mode::writing(Arc::new(OsDisk), lock_timeout),
             Self::threaded,
         )
     }
@@ -262,11 +258,7 @@ impl FileLedger {
     pub fn open_on(path: impl AsRef<Path>, disk: Arc<dyn Disk>) -> Result<Self, LedgerError> {
         Self::start(
             path.as_ref(),
-            Mode {
-                read_only: false,
-                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
-                disk,
-            },
+            Mode::writing(disk, Self::DEFAULT_LOCK_TIMEOUT),
             |writer| Ok(Serve::Inline(Arc::new(Mutex::new(writer)))),
         )
     }
@@ -289,11 +281,7 @@ impl FileLedger {
     ) -> Result<Self, LedgerError> {
         Self::start(
             path.as_ref(),
-            Mode {
-                read_only: false,
-                lock_timeout: Self::DEFAULT_LOCK_TIMEOUT,
-                disk,
-            },
+            Mode::writing(disk, Self::DEFAULT_LOCK_TIMEOUT),
             |writer| {
                 let writer = Arc::new(Mutex::new(writer));
                 let (ops, receiver) = tokio::sync::mpsc::unbounded_channel();

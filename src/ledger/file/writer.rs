@@ -64,6 +64,17 @@ pub(super) struct Mode {
     pub(super) disk: Arc<dyn Disk>,
 }
 
+impl Mode {
+    /// A ledger that writes through `disk`, waiting at most `lock_timeout` for the lock.
+    pub(super) fn writing(disk: Arc<dyn Disk>, lock_timeout: Duration) -> Self {
+        Self {
+            read_only: false,
+            lock_timeout,
+            disk,
+        }
+    }
+}
+
 /// Takes the exclusive lock on the ledger, waiting at most `timeout` for another process to
 /// release it. `flock(2)` has no timed wait, so this polls with a short backoff.
 pub(super) fn lock_within(file: &File, path: &Path, timeout: Duration) -> Result<(), LedgerError> {
