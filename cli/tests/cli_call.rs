@@ -946,12 +946,18 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
     };
     set(&path, 0o400);
     set(&dir, 0o500);
-    let mut list = std::process::Command::new(BIN);
+    // The other user runs a copy of the command from a directory it can reach: the build's
+    // own directory may sit below one only root can enter (a clone in `mktemp -d`, mode 0700).
+    let bin = std::env::temp_dir().join(format!("replay-guard-as-nobody-{}", std::process::id()));
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut list = std::process::Command::new(&bin);
     list.args(["ledger", "list", &ledger]);
     if root {
         list.uid(nobody).gid(nobody);
     }
     let output = list.output().unwrap();
+    let _ = std::fs::remove_file(&bin);
     set(&dir, 0o700);
     set(&path, 0o600);
     assert!(
