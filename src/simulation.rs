@@ -15,6 +15,28 @@ use crate::ledger::Timestamp;
 thread_local! {
     static CLOCK: Cell<Option<fn() -> Timestamp>> = const { Cell::new(None) };
     static IDS: Cell<Option<u64>> = const { Cell::new(None) };
+    static KILLING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `kill` (the simulation dropping a host's tasks) as a SIGKILL: no destructor of the
+/// crate on this thread writes anything meanwhile (a killed process runs none). Without it, a
+/// dropped write would be driven in place for its bound in real time, with the whole
+/// simulation waiting on a write that a killed process never makes.
+pub fn kill<R>(kill: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            KILLING.with(|k| k.set(false));
+        }
+    }
+    KILLING.with(|k| k.set(true));
+    let _reset = Reset;
+    kill()
+}
+
+/// Whether this thread is killing a simulated host (see [`kill`]).
+pub(crate) fn killing() -> bool {
+    KILLING.with(Cell::get)
 }
 
 /// Makes [`Timestamp::now`] on this thread read `clock` (until [`clear_clock`]).

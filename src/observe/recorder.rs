@@ -323,6 +323,10 @@ impl Drop for FinishOnDrop {
 /// that panics here (it needed a runtime that is gone) is caught and logged: a `Drop` must not
 /// unwind into a runtime's shutdown.
 fn drive_in_place(mut write: Write) {
+    #[cfg(feature = "simulation")]
+    if crate::simulation::killing() {
+        return;
+    }
     struct Unpark(std::thread::Thread);
     impl std::task::Wake for Unpark {
         fn wake(self: Arc<Self>) {

@@ -928,7 +928,8 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
             break;
         }
     }
-    drop(sim);
+    // The end of a run kills every host: nothing of theirs writes on the way out.
+    mcp_replay_guard::simulation::kill(|| drop(sim));
     mcp_replay_guard::simulation::clear_clock();
     let mut shared = Arc::try_unwrap(shared)
         .map(|m| m.into_inner().unwrap())
@@ -1050,7 +1051,7 @@ fn crash(
             env.shared.lock().unwrap().target_down();
         }
         env.shared.lock().unwrap().note(format!("{host}: CRASH"));
-        sim.crash(host.as_str());
+        mcp_replay_guard::simulation::kill(|| sim.crash(host.as_str()));
         down.insert(host, true);
         crashed = true;
     }
