@@ -99,6 +99,16 @@ pub enum Phase {
     AfterSync,
 }
 
+/// Where a call carries its credential when its actor is read from credentials, as the proxy
+/// reads it (every credential a server could receive enters the actor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Carrier {
+    Authorization,
+    ApiKey,
+    Cookie,
+    Query,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Entry {
     /// One caller's logical call: it asks up to `attempts` times until it gets an answer it
@@ -113,7 +123,23 @@ pub enum Entry {
         attempts: u8,
         timeout_ms: u64,
         backoff_ms: u64,
+        /// `None`: the caller names its actor (an `Actor` of its own); else the actor is read
+        /// from the credential it carries there, and a refreshed credential is another actor.
+        #[serde(default)]
+        carrier: Option<Carrier>,
     },
+    /// The credential of `actor` is replaced at `at_ms` (a refreshed token): its calls from
+    /// then on carry the new one.
+    Refresh { actor: u8, at_ms: u64 },
+    /// The clock of the agents' machine steps by `by_ms` at `at_ms` (forward past a window or
+    /// a retention, or back). The processes of one machine share its clock, and a file ledger's
+    /// processes share one machine.
+    ClockStep { at_ms: u64, by_ms: i64 },
+    /// Process `process` compacts the file ledger at `at_ms`, while the others append.
+    Compact { process: usize, at_ms: u64 },
+    /// An operator who settles as not applied every execution the target is still running,
+    /// at `at_ms`: the guard must refuse while the process that owns it lives.
+    Resolver { at_ms: u64 },
     /// The target's behaviour for attempt `attempt` of call `call`.
     TargetFault {
         call: u32,
@@ -181,6 +207,10 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// seed drew before is drawn unchanged, with these added to it.
 const SECOND_DRAWS: u64 = 0x5EA4_5EA4_5EA4_5EA4;
 
+/// The seed of the third draws (more processes and actors, credentials that change, clock
+/// steps, compaction, an operator racing a live owner), for the same reason.
+const THIRD_DRAWS: u64 = 0x7C1D_7C1D_7C1D_7C1D;
+
 impl Plan {
     /// The plan of `seed`.
     pub fn generate(seed: u64) -> Plan {
@@ -215,6 +245,7 @@ impl Plan {
                 attempts,
                 timeout_ms: rng.random_range(200..4_000),
                 backoff_ms: rng.random_range(50..3_000),
+                carrier: None,
             });
             for attempt in 0..attempts {
                 if rng.random_bool(0.35) {
@@ -296,7 +327,94 @@ impl Plan {
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
+        plan.draw_hosts(&mut StdRng::seed_from_u64(seed ^ THIRD_DRAWS));
         plan
+    }
+
+    /// The third draws: up to four processes on one file ledger, a third actor, actors read
+    /// from credentials (some refreshed during the schedule), clock steps, a compaction while
+    /// others append, and an operator who tries to settle what a live process still runs.
+    fn draw_hosts(&mut self, rng: &mut StdRng) {
+        let processes = if self.ledger == LedgerKind::File && rng.random_bool(0.4) {
+            rng.random_range(3..=4)
+        } else {
+            self.processes
+        };
+        self.processes = processes;
+        for entry in &mut self.entries {
+            if let Entry::Call {
+                process,
+                actor,
+                carrier,
+                ..
+            } = entry
+            {
+                let (moved, third, carried) = (
+                    rng.random_bool(0.5),
+                    rng.random_bool(0.25),
+                    rng.random_bool(0.4),
+                );
+                let (to, kind) = (rng.random_range(0..processes), rng.random_range(0..4));
+                if moved {
+                    *process = to;
+                }
+                if third {
+                    *actor = 2;
+                }
+                if carried {
+                    *carrier = Some(
+                        [
+                            Carrier::Authorization,
+                            Carrier::ApiKey,
+                            Carrier::Cookie,
+                            Carrier::Query,
+                        ][kind],
+                    );
+                }
+            }
+        }
+        for actor in 0..3 {
+            if rng.random_bool(0.2) {
+                self.entries.push(Entry::Refresh {
+                    actor,
+                    at_ms: rng.random_range(0..8_000),
+                });
+            }
+        }
+        for _ in 0..rng.random_range(0..=2) {
+            if rng.random_bool(0.4) {
+                let forward = rng.random_bool(0.6);
+                let by_ms = if forward {
+                    // Past a link window, sometimes past a short retention.
+                    rng.random_range(500..12_000)
+                } else {
+                    -rng.random_range(500..6_000)
+                };
+                self.entries.push(Entry::ClockStep {
+                    at_ms: rng.random_range(0..12_000),
+                    by_ms,
+                });
+            }
+        }
+        if self.ledger == LedgerKind::File && rng.random_bool(0.3) {
+            self.entries.push(Entry::Compact {
+                process: rng.random_range(0..processes),
+                at_ms: rng.random_range(0..12_000),
+            });
+        }
+        if rng.random_bool(0.3) {
+            self.entries.push(Entry::Resolver {
+                at_ms: rng.random_range(0..10_000),
+            });
+        }
+    }
+
+    /// The generation of `actor`'s credential at `at_ms`: how often it was refreshed by then.
+    pub fn credential_generation(&self, actor: u8, at_ms: u64) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Refresh { actor: a, at_ms: t } if *a == actor && *t <= at_ms))
+            .count()
     }
 
     /// The second draws: short retentions, and, on attempts the first draws left without a

@@ -10,15 +10,26 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{Claim, Claimed, Dispatch, ExecutionRecord, Ledger, LedgerError, LedgerEvent},
+    ledger::{
+        Claim, Claimed, Dispatch, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent,
+    },
 };
 
-/// One acknowledged write: the execution, its tool, and the event's name.
+use crate::world::now_ms;
+
+/// One acknowledged write: the execution, its tool, the event's name, when it was asked for
+/// (simulated time, the oracle's own clock, not the machine's) and whether it settles the
+/// execution (`completed`, or resolved as applied). A write that settles is noted when it is
+/// asked for too, not acknowledged yet: a process killed after its write reached the file
+/// leaves it there, acknowledged to nobody.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acked {
     pub execution_id: ExecutionId,
     pub tool: String,
     pub event: &'static str,
+    pub asked_ms: u64,
+    pub settles: bool,
+    pub acknowledged: bool,
 }
 
 /// What the ledgers of one machine acknowledged, over every life of its processes.
@@ -37,24 +48,46 @@ impl Witness {
         Self { inner, acked }
     }
 
-    fn note(&self, record: &ExecutionRecord, events: &[&'static str]) {
+    fn note(
+        &self,
+        record: &ExecutionRecord,
+        events: &[&'static str],
+        asked_ms: u64,
+        settles: bool,
+    ) {
         let mut acked = self.acked.lock().unwrap();
         for event in events {
             acked.push(Acked {
                 execution_id: record.execution_id,
                 tool: record.tool.to_string(),
                 event,
+                asked_ms,
+                settles,
+                acknowledged: true,
             });
         }
+    }
+
+    /// Notes a write that settles `execution_id` as asked for, before the ledger answers.
+    fn asked(&self, execution_id: ExecutionId, event: &'static str, asked_ms: u64) {
+        self.acked.lock().unwrap().push(Acked {
+            execution_id,
+            tool: String::new(),
+            event,
+            asked_ms,
+            settles: true,
+            acknowledged: false,
+        });
     }
 }
 
 #[async_trait]
 impl Ledger for Witness {
     async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        let asked = now_ms();
         let claimed = self.inner.claim(claim).await?;
         if let Claimed::New(record) = &claimed {
-            self.note(record, &["accepted"]);
+            self.note(record, &["accepted"], asked, false);
         }
         Ok(claimed)
     }
@@ -64,17 +97,25 @@ impl Ledger for Witness {
         claim: Claim,
         dispatch: Dispatch,
     ) -> Result<Claimed, LedgerError> {
+        let asked = now_ms();
         let claimed = self.inner.claim_dispatched(claim, dispatch).await?;
         if let Claimed::New(record) = &claimed {
-            self.note(record, &["accepted", "dispatched"]);
+            self.note(record, &["accepted", "dispatched"], asked, false);
         }
         Ok(claimed)
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        let name = event.kind.name();
+        let (name, asked) = (event.kind.name(), now_ms());
+        let settles = matches!(
+            event.kind,
+            EventKind::Completed { .. } | EventKind::Resolved { applied: true, .. }
+        );
+        if settles {
+            self.asked(event.execution_id, name, asked);
+        }
         let record = self.inner.append(event).await?;
-        self.note(&record, &[name]);
+        self.note(&record, &[name], asked, settles);
         Ok(record)
     }
 
@@ -87,8 +128,10 @@ impl Ledger for Witness {
         event: LedgerEvent,
         result: Option<Bytes>,
     ) -> Result<ExecutionRecord, LedgerError> {
+        let asked = now_ms();
+        self.asked(event.execution_id, "completed", asked);
         let record = self.inner.complete(event, result).await?;
-        self.note(&record, &["completed"]);
+        self.note(&record, &["completed"], asked, true);
         Ok(record)
     }
 
@@ -131,6 +174,7 @@ pub async fn lost(
     let acked = acked.lock().unwrap().clone();
     let mut lost = Vec::new();
     let mut checked: Vec<(ExecutionId, Vec<&'static str>)> = Vec::new();
+    let acked: Vec<Acked> = acked.into_iter().filter(|w| w.acknowledged).collect();
     for write in acked.iter().filter(|write| kept(&write.tool)) {
         let held = match checked.iter().find(|(id, _)| *id == write.execution_id) {
             Some((_, names)) => names.clone(),

@@ -25,6 +25,7 @@ use hyper_util::{
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ProbeOutcome, ProbeRequest, StatusProbe, ToolContract},
+    credentials::CredentialActors,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody, STRUCTURED_KEY},
     ledger::{
@@ -37,9 +38,9 @@ use tower::{ServiceBuilder, ServiceExt};
 
 use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
-    plan::{DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
+    plan::{Carrier, DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
     target::{self, Started},
-    witness::{self, AckedWrites, Witness},
+    witness::{self, Acked, AckedWrites, Witness},
 };
 
 /// One step of simulated time.
@@ -53,10 +54,19 @@ const RETENTION: Duration = Duration::from_millis(DEFAULT_RETENTION_MS);
 
 thread_local! {
     static NOW_MS: Cell<u64> = const { Cell::new(0) };
+    /// How far the agents' machine clock was stepped, in all (ms).
+    static STEPPED_MS: Cell<i64> = const { Cell::new(0) };
 }
 
+/// The agents' machine clock: simulated time, and the steps the plan gave it.
 fn sim_clock() -> Timestamp {
-    Timestamp::from_millis(EPOCH_MS + NOW_MS.with(Cell::get))
+    let now = i64::try_from(EPOCH_MS + NOW_MS.with(Cell::get)).unwrap_or(i64::MAX);
+    Timestamp::from_millis(u64::try_from(now + STEPPED_MS.with(Cell::get)).unwrap_or(0))
+}
+
+/// Simulated time (ms since the start of the run), the oracle's clock: it never steps.
+pub fn now_ms() -> u64 {
+    NOW_MS.with(Cell::get)
 }
 
 fn ts(ms: u64) -> Timestamp {
@@ -95,6 +105,12 @@ pub struct Shared {
     first_tag: HashMap<String, String>,
     delivered: HashMap<String, u64>,
     resolved: HashMap<String, u64>,
+    /// The last request of each execution that reached the target (its tag).
+    last_tag: HashMap<String, String>,
+    /// Attempts whose caller still waits for the guard's answer.
+    pending: std::collections::HashSet<String>,
+    /// The steps of the agents' machine clock as they were carried out (ms, by ms).
+    steps: Vec<(u64, i64)>,
     progress: HashMap<u32, Progress>,
     /// When each agent process crashed (process, ms).
     crashes: Vec<(usize, u64)>,
@@ -123,6 +139,7 @@ impl Shared {
             self.first_tag
                 .entry(key.to_owned())
                 .or_insert_with(|| tag.to_owned());
+            self.last_tag.insert(key.to_owned(), tag.to_owned());
         }
         if tool == Tool::SetFlag {
             return match self.honoured.get(key) {
@@ -345,6 +362,9 @@ fn contracts(plan: &Plan, shared: &Arc<Mutex<Shared>>) -> ContractRegistry {
         .expect("valid contracts")
 }
 
+/// What every credential of the simulation begins with: none may reach the ledger.
+const SECRET: &str = "secret-";
+
 fn actor_name(actor: u8) -> String {
     format!("agent-{}", (b'a' + actor) as char)
 }
@@ -546,12 +566,13 @@ where
         attempts,
         timeout_ms,
         backoff_ms,
+        carrier,
         ..
     } = entry
     else {
         return;
     };
-    let actor = actor_name(actor);
+    let (number, name) = (actor, actor_name(actor));
     loop {
         let (attempt, next_at) = {
             let mut shared = env.shared.lock().unwrap();
@@ -568,17 +589,36 @@ where
             tokio::time::sleep(Duration::from_millis(next_at - now)).await;
         }
         let tag = format!("c{id}t{attempt}");
+        // Who asks: an actor that names itself, or one read from the credential it carries
+        // now (a refreshed credential is another actor, and the oracle's principal).
+        let now = env.shared.lock().unwrap().now_ms;
+        let credential = carrier.map(|carrier| {
+            let generation = env.plan.credential_generation(number, now);
+            (carrier, format!("{SECRET}{name}-{generation}"))
+        });
+        let actor = match &credential {
+            // A credential is where it is carried and its value: a server may read a cookie
+            // and an API key of the same bytes as two principals.
+            Some((carrier, secret)) => {
+                format!("{name}.{}.{carrier:?}", &secret[secret.len() - 1..])
+            }
+            None => name.clone(),
+        };
         {
             let mut shared = env.shared.lock().unwrap();
             shared.progress.entry(id).or_default().attempts += 1;
-            let now = shared.now_ms;
             shared.issued.insert(tag.clone(), now);
+            shared.pending.insert(tag.clone());
             shared.note(format!("{actor} asks {tag}: {}(x={args})", tool.name()));
         }
         let last = attempt + 1 == attempts;
         let body = json!({"jsonrpc": "2.0", "id": u64::from(id) * 100 + u64::from(attempt),
             "method": "tools/call", "params": {"name": tool.name(), "arguments": {"x": args}}});
-        let mut request = Request::post("http://target/mcp")
+        let uri = match &credential {
+            Some((Carrier::Query, secret)) => format!("http://target/mcp?access_token={secret}"),
+            _ => "http://target/mcp".to_owned(),
+        };
+        let mut request = Request::post(uri)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", env.plan.era.version())
@@ -586,7 +626,23 @@ where
             .header("x-sim-actor", &actor)
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a valid request");
-        request.extensions_mut().insert(Actor::new(actor.clone()));
+        let expected = match &credential {
+            None => Actor::new(actor.clone()),
+            Some((carrier, secret)) => {
+                let (name, value) = match carrier {
+                    Carrier::Authorization => ("authorization", format!("Bearer {secret}")),
+                    Carrier::ApiKey => ("x-api-key", secret.clone()),
+                    Carrier::Cookie => ("cookie", format!("session={secret}")),
+                    Carrier::Query => ("x-sim-carrier", "query".to_owned()),
+                };
+                request.headers_mut().insert(
+                    http::HeaderName::from_static(name),
+                    http::HeaderValue::from_str(&value).expect("a header value"),
+                );
+                CredentialActors::new(&env.key).actor(request.headers(), request.uri())
+            }
+        };
+        request.extensions_mut().insert(expected.clone());
         let exchange = async {
             let response = service.clone().oneshot(request).await.map_err(Into::into)?;
             let status = response.status();
@@ -607,8 +663,15 @@ where
         };
         let settled = {
             let mut shared = env.shared.lock().unwrap();
+            shared.pending.remove(&tag);
             let keeps = env.plan.keeps_results(tool);
-            let settled = read_answer(&mut shared, &actor, &tag, keeps, answer);
+            let settled = read_answer(
+                &mut shared,
+                (&actor, expected.as_str()),
+                &tag,
+                keeps,
+                answer,
+            );
             let now = shared.now_ms;
             let progress = shared.progress.entry(id).or_default();
             progress.next_at = now + backoff_ms;
@@ -627,7 +690,15 @@ type Answer = Option<Result<(http::StatusCode, Bytes), Box<dyn std::error::Error
 
 /// What the caller makes of an answer; `true` when it needs to ask no more. `keeps`: the
 /// plan keeps the tool's results.
-fn read_answer(shared: &mut Shared, actor: &str, tag: &str, keeps: bool, answer: Answer) -> bool {
+/// `who`: the caller's principal as the oracle names it, and the actor the guard was given.
+fn read_answer(
+    shared: &mut Shared,
+    who: (&str, &str),
+    tag: &str,
+    keeps: bool,
+    answer: Answer,
+) -> bool {
+    let (actor, given) = who;
     let (status, bytes) = match answer {
         None => {
             shared.note(format!("{actor} {tag}: gave up waiting"));
@@ -668,9 +739,12 @@ fn read_answer(shared: &mut Shared, actor: &str, tag: &str, keeps: bool, answer:
         let state = record["state"].as_str().unwrap_or_default().to_owned();
         let execution = record["execution_id"].as_str().unwrap_or_default();
         let owner = record["actor"].as_str().unwrap_or_default();
-        if owner != actor {
+        // The principal that started it, as the target saw it (when it reached the target).
+        let started_by = shared.key_actor.get(execution).cloned();
+        if owner != given || started_by.as_ref().is_some_and(|by| by != actor) {
             shared.violation(format!(
-                "{actor} was handed the record of {execution}, an execution of {owner}"
+                "{actor} was handed the record of {execution}, an execution of {}",
+                started_by.unwrap_or_else(|| owner.to_owned())
             ));
         }
         let why = record["why_not_resent"].as_str().unwrap_or_default();
@@ -726,6 +800,23 @@ async fn operator(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
     }
 }
 
+/// Every file under `dir`, in its subdirectories too.
+fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for path in entries.flatten().map(|entry| entry.path()) {
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
 /// What one run found.
 pub struct Outcome {
     pub violations: Vec<String>,
@@ -739,12 +830,13 @@ enum Action {
     Restart(Victim),
     Partition(usize, bool),
     Hold(usize, bool),
+    ClockStep(i64),
 }
 
-fn host_name(victim: Victim) -> Vec<String> {
+fn host_name(victim: Victim, processes: usize) -> Vec<String> {
     match victim {
         Victim::Process(p) => vec![format!("p{p}")],
-        Victim::Machine => vec!["p0".into(), "p1".into()],
+        Victim::Machine => (0..processes).map(|p| format!("p{p}")).collect(),
         Victim::Target => vec!["target".into()],
     }
 }
@@ -774,6 +866,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         key: FingerprintKey::from_bytes(&seed_key).expect("a key"),
     });
     NOW_MS.with(|n| n.set(0));
+    STEPPED_MS.with(|n| n.set(0));
     mcp_replay_guard::simulation::set_clock(sim_clock);
     mcp_replay_guard::simulation::seed_ids(plan.seed);
 
@@ -831,6 +924,10 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
                 Action::Hold(process, true),
                 Action::Hold(process, false),
             ),
+            // A step is not undone: the second action is a step of nothing.
+            Entry::ClockStep { at_ms, by_ms } => {
+                span(at_ms, 0, Action::ClockStep(by_ms), Action::ClockStep(0))
+            }
             _ => {}
         }
     }
@@ -939,7 +1036,16 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         shared.violation(problem);
     }
     let records = end_records(&plan, &env);
-    check_effects(&plan, &mut shared, &records);
+    // No credential reaches the ledger's files (records, results, side files).
+    for file in files_under(dir) {
+        if std::fs::read(&file)
+            .is_ok_and(|bytes| bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()))
+        {
+            shared.violation(format!("a credential is written in {}", file.display()));
+        }
+    }
+    let acked = env.acked.lock().unwrap().clone();
+    check_effects(&plan, &mut shared, &acked, &records);
     if plan.ledger == LedgerKind::Memory {
         // An unsettled execution may be kept past its retention while its owner (this
         // process, for the memory ledger) lives; nothing else may.
@@ -947,8 +1053,19 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
             .values()
             .filter(|(record, _)| record.state.is_unsettled())
             .count();
+        // Retention runs on the machine clock: past the furthest it was ever stepped forward.
+        let ahead = shared
+            .steps
+            .iter()
+            .scan(0i64, |stepped, (_, by)| {
+                *stepped += by;
+                Some(*stepped)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(0) as u64;
         env.memory
-            .purge_expired(ts(now).saturating_add(RETENTION + Duration::from_secs(1)));
+            .purge_expired(ts(now + ahead).saturating_add(RETENTION + Duration::from_secs(1)));
         if env.memory.len() > unsettled {
             shared.violation(format!(
                 "{} records outlive their retention ({unsettled} of them unsettled)",
@@ -981,7 +1098,7 @@ fn apply(
     match action {
         Action::Crash(victim) => crash(sim, env, down, victim, None),
         Action::Restart(victim) => {
-            for host in host_name(victim) {
+            for host in host_name(victim, env.plan.processes) {
                 if host.starts_with('p')
                     && host[1..].parse::<usize>().unwrap_or(9) >= env.plan.processes
                 {
@@ -1008,6 +1125,13 @@ fn apply(
                 sim.repair(host.as_str(), "target");
             }
         }
+        Action::ClockStep(0) => {}
+        Action::ClockStep(by_ms) => {
+            STEPPED_MS.with(|n| n.set(n.get() + by_ms));
+            let mut shared = env.shared.lock().unwrap();
+            shared.steps.push((now, by_ms));
+            shared.note(format!("machine: the agents' clock steps by {by_ms} ms"));
+        }
         Action::Hold(p, on) => {
             let host = format!("p{p}");
             let mut shared = env.shared.lock().unwrap();
@@ -1032,7 +1156,7 @@ fn crash(
     power: Option<(u64, bool)>,
 ) {
     let mut crashed = false;
-    for host in host_name(victim) {
+    for host in host_name(victim, env.plan.processes) {
         let p = host.strip_prefix('p').and_then(|p| p.parse::<usize>().ok());
         if p.is_some_and(|p| p >= env.plan.processes) || down.contains_key(&host) {
             continue;
@@ -1098,6 +1222,7 @@ fn end_records(plan: &Plan, env: &Env) -> HashMap<String, (ExecutionRecord, Vec<
 fn check_effects(
     plan: &Plan,
     shared: &mut Shared,
+    acked: &[Acked],
     records: &HashMap<String, (ExecutionRecord, Vec<LedgerEvent>)>,
 ) {
     let effects = shared.effects.clone();
@@ -1121,7 +1246,7 @@ fn check_effects(
             }
             let asked = |effect: &Effect| shared.issued.get(&effect.tag).copied().unwrap_or(0);
             let (a, b) = (asked(first), asked(second));
-            let settled = |effect: &Effect| settled_at(plan, shared, records, effect);
+            let settled = |effect: &Effect| settled_at(plan, shared, acked, records, effect);
             let ok =
                 settled(first).is_some_and(|s| s <= b) || settled(second).is_some_and(|s| s <= a);
             if !ok {
@@ -1135,13 +1260,16 @@ fn check_effects(
 }
 
 /// The earliest time the execution of `effect` may stop standing in the way of a new one,
-/// computed from the plan and the ground truth, never from a deadline the ledger derived
-/// (`link_until`, `retain_until`): the oracle must not take the system's word for its own
-/// clocks.
+/// computed from the plan, the ground truth and the oracle's own record of what the ledger
+/// acknowledged and when it was asked to (the witness), never from a field the ledger wrote
+/// (`link_until`, `retain_until`, an event's time, a state): the oracle must not take the
+/// system's word for its own clocks. The windows run on the agents' machine clock, as the
+/// guard's do: the clock steps the simulation carried out are applied to them.
 ///
 /// - Delivered to a caller, or resolved as applied by the operator: from then on.
-/// - Completed or resolved as applied in the ledger (the event, not a state a record could
-///   be given by a bug): from that event, and not before its acceptance plus the link window
+/// - A `completed` or a resolution as applied that the ledger acknowledged, or that a killed
+///   process wrote unacknowledged and the ledger still holds at the end: from when it was
+///   asked for, and not before the machine clock reads its acceptance plus the link window
 ///   the plan configured. The window counts from acceptance (as the contract says), so
 ///   acceptance plus window is the earliest a correct guard starts a new execution; counting
 ///   it from the completion instead would be later and would flag correct schedules.
@@ -1161,27 +1289,36 @@ fn check_effects(
 fn settled_at(
     plan: &Plan,
     shared: &Shared,
+    acked: &[Acked],
     records: &HashMap<String, (ExecutionRecord, Vec<LedgerEvent>)>,
     effect: &Effect,
 ) -> Option<u64> {
     let key = effect.key.as_str();
-    let to_ms = |t: Timestamp| t.as_millis().saturating_sub(EPOCH_MS);
+    let steps = &shared.steps;
     let mut candidates = vec![];
     candidates.extend(shared.delivered.get(key).copied());
     candidates.extend(shared.resolved.get(key).copied());
-    if let Some((_, events)) = records.get(key) {
-        let accepted = events.iter().find_map(|e| match &e.kind {
-            EventKind::Accepted { .. } => Some(to_ms(e.at)),
-            _ => None,
-        });
-        let settled = events.iter().find_map(|e| match &e.kind {
-            EventKind::Completed { .. } => Some(to_ms(e.at)),
-            EventKind::Resolved { applied: true, .. } => Some(to_ms(e.at)),
-            _ => None,
-        });
-        if let (Some(settled), Some(accepted)) = (settled, accepted) {
-            candidates.push(settled.max(accepted + plan.link_window_ms + 1));
-        }
+    let of_this = || acked.iter().filter(|a| a.execution_id.to_string() == key);
+    let accepted = of_this()
+        .filter(|a| a.event == "accepted")
+        .map(|a| a.asked_ms)
+        .min();
+    // Whether a settling event of this execution survived in the ledger (its kind only).
+    let kept = records.get(key).is_some_and(|(_, events)| {
+        events.iter().any(|e| {
+            matches!(
+                e.kind,
+                EventKind::Completed { .. } | EventKind::Resolved { applied: true, .. }
+            )
+        })
+    });
+    let settled = of_this()
+        .filter(|a| a.settles && (a.acknowledged || kept))
+        .map(|a| a.asked_ms)
+        .min();
+    if let (Some(settled), Some(accepted)) = (settled, accepted) {
+        let window_ends = machine_ms(steps, accepted) + plan.link_window_ms as i64 + 1;
+        candidates.push(settled.max(when_machine_reads(steps, accepted, window_ends)));
     }
     // The request that first reached the target under this key, and who asked it.
     let asked = shared.issued.get(&effect.tag).copied().unwrap_or(0);
@@ -1199,8 +1336,45 @@ fn settled_at(
             .any(|(p, at)| *p == owner && *at >= asked)
     });
     let retained_from = if owner_crashed { asked } else { effect.at };
-    candidates.push(retained_from + plan.retention_of(effect.tool) + 1);
+    let retention_ends =
+        machine_ms(steps, retained_from) + plan.retention_of(effect.tool) as i64 + 1;
+    candidates.push(when_machine_reads(steps, retained_from, retention_ends));
     candidates.into_iter().min()
+}
+
+/// What the agents' machine clock reads at simulated time `at` (ms from the run's start),
+/// given the steps carried out (when, by how much).
+fn machine_ms(steps: &[(u64, i64)], at: u64) -> i64 {
+    at as i64
+        + steps
+            .iter()
+            .filter(|(when, _)| *when <= at)
+            .map(|(_, by)| by)
+            .sum::<i64>()
+}
+
+/// The earliest simulated time from `from` on at which the agents' machine clock reads
+/// `reading` or later. Between two steps it runs at the simulation's pace.
+fn when_machine_reads(steps: &[(u64, i64)], from: u64, reading: i64) -> u64 {
+    let mut starts: Vec<u64> = std::iter::once(from)
+        .chain(
+            steps
+                .iter()
+                .map(|(when, _)| *when)
+                .filter(|when| *when > from),
+        )
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    for (i, start) in starts.iter().enumerate() {
+        let offset = machine_ms(steps, *start) - *start as i64;
+        let at = (reading - offset).max(*start as i64) as u64;
+        match starts.get(i + 1) {
+            Some(next) if at >= *next => continue,
+            _ => return at,
+        }
+    }
+    from
 }
 
 /// The timeline with execution ids named E1, E2, … in order of appearance.
