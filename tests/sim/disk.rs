@@ -204,6 +204,27 @@ impl Machine {
         Ok(told.join(", "))
     }
 
+    /// The ledger at `path` was compacted: a new file, written whole and synced, took its
+    /// name; the old one (kept as the archive) is no longer the ledger.
+    pub fn compacted(&self, path: &PathBuf) {
+        let Ok(content) = std::fs::read(path) else {
+            return;
+        };
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        let mut files = self.files.lock().unwrap();
+        files.retain(|_, state| &state.path != path);
+        files.insert(
+            meta.ino(),
+            FileState {
+                path: path.clone(),
+                durable: content.len() as u64,
+                acked: content,
+            },
+        );
+    }
+
     /// Puts back the damaged byte (for the checks at the end, which read the records).
     pub fn repair_damage(&self) {
         if let Some((path, at, byte)) = self.damage.lock().unwrap().take()

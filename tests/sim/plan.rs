@@ -402,9 +402,9 @@ impl Plan {
                 at_ms: rng.random_range(0..12_000),
             });
         }
-        if rng.random_bool(0.3) {
+        if rng.random_bool(0.5) {
             self.entries.push(Entry::Resolver {
-                at_ms: rng.random_range(0..10_000),
+                at_ms: rng.random_range(0..8_000),
             });
         }
     }

@@ -415,6 +415,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         planned,
     ));
     env.shared.lock().unwrap().disks[p] = Some(disk.clone());
+    let mut compactor = None;
     let ledger: Arc<dyn Ledger> = match env.plan.ledger {
         LedgerKind::Memory => Arc::new(env.memory.clone()),
         LedgerKind::File => {
@@ -467,7 +468,9 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                 shared.violation(format!("p{p}: the chain does not verify: {error}"));
             }
             shared.note(format!("p{p}: up"));
-            Arc::new(ledger)
+            let ledger = Arc::new(ledger);
+            compactor = Some(ledger.clone());
+            ledger
         }
     };
     // Every write a ledger acknowledged survives every crash: checked from the oracle's own
@@ -507,13 +510,23 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector()),
         ),
     }
-    if p == 0 {
-        for entry in &env.plan.entries {
-            if let Entry::Operator { at_ms } = entry {
-                let (env, layer, at_ms) = (env.clone(), layer.clone(), *at_ms);
-                let ledger = ledger.clone();
+    for entry in &env.plan.entries {
+        match *entry {
+            Entry::Operator { at_ms } if p == 0 => {
+                let (env, layer, ledger) = (env.clone(), layer.clone(), ledger.clone());
                 tokio::task::spawn_local(async move { operator(env, layer, ledger, at_ms).await });
             }
+            Entry::Resolver { at_ms } if p == 0 => {
+                let (env, layer, ledger) = (env.clone(), layer.clone(), ledger.clone());
+                tokio::task::spawn_local(async move { resolver(env, layer, ledger, at_ms).await });
+            }
+            Entry::Compact { process, at_ms } if process == p => {
+                if let Some(file) = compactor.clone() {
+                    let env = env.clone();
+                    tokio::task::spawn_local(async move { compact(env, file, p, at_ms).await });
+                }
+            }
+            _ => {}
         }
     }
     std::future::pending::<()>().await;
@@ -763,6 +776,106 @@ fn read_answer(
     }
     shared.note(format!("{actor} {tag}: status {status}"));
     false
+}
+
+/// Waits until `at_ms`; `false` when this life started after it (what was planned for then
+/// happened to a process that was down, so not at all).
+async fn until(env: &Env, at_ms: u64) -> bool {
+    let now = env.shared.lock().unwrap().now_ms;
+    if at_ms < now {
+        return false;
+    }
+    tokio::time::sleep(Duration::from_millis(at_ms - now)).await;
+    true
+}
+
+/// Process `p` compacts the file ledger while the others go on appending. The compacted file
+/// replaces the old one whole, synced, so the machine's record of what is on disk starts
+/// again from it.
+async fn compact(env: Arc<Env>, ledger: Arc<FileLedger>, p: usize, at_ms: u64) {
+    if !until(&env, at_ms).await {
+        return;
+    }
+    let compacted = ledger.compact(Timestamp::now()).await;
+    if compacted.is_ok() {
+        env.machine.compacted(&env.path);
+    }
+    env.shared.lock().unwrap().note(format!(
+        "p{p}: compacts the ledger: {:?}",
+        compacted.map(|report| report.kept_executions)
+    ));
+}
+
+/// An operator who, for eight seconds from `at_ms`, settles as not applied every execution
+/// the target is still running (each once). The guard must refuse while the process that
+/// sent it lives and its caller still waits for the answer; once that process is gone, the
+/// operator's word settles it.
+async fn resolver(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_ms: u64) {
+    if !until(&env, at_ms).await {
+        return;
+    }
+    let mut tried = std::collections::HashSet::new();
+    for _ in 0..32 {
+        for record in ledger.list().await.unwrap_or_default() {
+            let id = record.execution_id;
+            if !tried.contains(&id) && settle_as_not_applied(&env, &layer, record).await {
+                tried.insert(id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The resolver's look at one execution: if the target is running it, tries to settle it
+/// (`true`).
+async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionRecord) -> bool {
+    {
+        let key = record.execution_id.to_string();
+        let owner = {
+            let shared = env.shared.lock().unwrap();
+            if !shared.in_progress(&key) {
+                return false;
+            }
+            shared.last_tag.get(&key).cloned().and_then(|tag| {
+                let call = target::parse_tag(&tag).0?;
+                let process = env.plan.calls().find_map(|e| match e {
+                    Entry::Call { id, process, .. } if *id == call => Some(*process),
+                    _ => None,
+                })?;
+                let asked = shared.issued.get(&tag).copied().unwrap_or(0);
+                let alive = shared.pending.contains(&tag)
+                    && !shared
+                        .crashes
+                        .iter()
+                        .any(|(c, at)| *c == process && *at >= asked);
+                alive.then_some(process)
+            })
+        };
+        let resolved = layer
+            .resolve(
+                record.execution_id,
+                false,
+                "sim",
+                "the target shows nothing yet",
+            )
+            .await;
+        let mut shared = env.shared.lock().unwrap();
+        shared.note(format!(
+            "operator resolves {key}, still running, as not applied: {:?}",
+            resolved.as_ref().map(|r| r.state)
+        ));
+        match (resolved, owner) {
+            (Ok(_), Some(owner)) => shared.violation(format!(
+                "an operator settled {key} while p{owner}, alive, still runs it"
+            )),
+            (Ok(_), None) => {
+                let now = shared.now_ms;
+                shared.resolved.entry(key).or_insert(now);
+            }
+            (Err(_), _) => {}
+        }
+    }
+    true
 }
 
 /// An operator: resolves every held execution the target shows applied.
