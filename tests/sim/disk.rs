@@ -174,7 +174,8 @@ impl Machine {
         Ok(())
     }
 
-    /// A power loss: every file keeps what was synced and `tear` bytes of what was not; with
+    /// A power loss: every file keeps what was synced and `tear` thousandths of what was not
+    /// (its first bytes: any suffix of the unsynced writes is lost, a torn one too); with
     /// `corrupt`, a byte in the middle of the last synced line is damaged. Returns what
     /// happened, for the timeline.
     pub fn power_loss(&self, tear: u64, corrupt: bool) -> io::Result<String> {
@@ -185,7 +186,8 @@ impl Machine {
                 continue;
             }
             let len = std::fs::metadata(&state.path)?.len();
-            let kept = len.min(state.durable + tear);
+            let unsynced = len.saturating_sub(state.durable);
+            let kept = len.min(state.durable + unsynced * tear.min(1_000) / 1_000);
             let file = std::fs::OpenOptions::new().write(true).open(&state.path)?;
             file.set_len(kept)?;
             told.push(format!(

@@ -154,7 +154,9 @@ pub enum Entry {
     },
     /// Process `process` crashes inside its `op`-th disk operation (counted over its
     /// lives); with `machine`, the whole machine does, the disk loses what was not synced
-    /// and keeps `tear` bytes of it; with `corrupt`, the last synced line is damaged too.
+    /// and keeps `tear` thousandths of it (a kernel may have written out any prefix of the
+    /// unsynced bytes: the rest, any suffix, is lost); with `corrupt`, the last synced line is
+    /// damaged too.
     DiskCrash {
         process: usize,
         op: u32,
@@ -290,7 +292,7 @@ impl Plan {
                 phase: [Phase::BeforeWrite, Phase::AfterWrite, Phase::AfterSync]
                     [rng.random_range(0..3)],
                 machine,
-                tear: rng.random_range(0..400),
+                tear: rng.random_range(0..=1_000),
                 corrupt: machine && rng.random_bool(0.15),
                 down_ms: rng.random_range(50..3_000),
             });
