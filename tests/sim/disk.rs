@@ -1,12 +1,15 @@
 //! The simulated disk under the `FileLedger`: real files, with the durability of a real disk.
 //!
-//! Every append, sync and cut of the ledger goes through [`ProcessDisk`] (the ledger's one I/O
-//! seam, `mcp_replay_guard::ledger::Disk`). The machine remembers, per file, how much of it
-//! was synced and which bytes the ledger was told are on disk (the acknowledged prefix). A
-//! process crash (SIGKILL) keeps what was written, as the kernel does; a power loss keeps only
-//! what was synced, plus a torn piece of the last write, and may damage the last synced line
-//! (a torn sector). A cut of an acknowledged byte is recorded as a violation the moment it is
-//! tried.
+//! Every append, sync, cut and directory sync of the ledger goes through [`ProcessDisk`] (the
+//! ledger's one I/O seam, `mcp_replay_guard::ledger::Disk`). The machine remembers, per file
+//! (by inode, wherever its name is now), how much of it was synced and which bytes the ledger
+//! was told are on disk (the acknowledged prefix), and, per directory, the names it held when
+//! it was last synced. A process crash (SIGKILL) keeps what was written, as the kernel does; a
+//! power loss keeps only what was synced plus any prefix of the rest (any suffix of the
+//! unsynced writes is lost, a torn one too), may damage the last synced line (a torn sector),
+//! and takes back every name made since its directory was last synced: a new file is gone, a
+//! name renamed over another points at the old file again. A cut of an acknowledged byte is
+//! recorded as a violation the moment it is tried.
 
 use std::{
     collections::HashMap,
@@ -26,7 +29,6 @@ use crate::plan::Phase;
 
 #[derive(Debug, Default)]
 struct FileState {
-    path: PathBuf,
     durable: u64,
     /// The bytes every ledger on this machine was told are on disk.
     acked: Vec<u8>,
@@ -36,6 +38,8 @@ struct FileState {
 #[derive(Debug, Default)]
 pub struct Machine {
     files: Mutex<HashMap<u64, FileState>>,
+    /// Per synced directory, the inode of each file name it held at its last sync.
+    dirs: Mutex<HashMap<PathBuf, HashMap<std::ffi::OsString, u64>>>,
     /// What a disk operation saw that a ledger must never do.
     pub violations: Mutex<Vec<String>>,
     /// The acknowledged bytes of a ledger file were damaged by a power loss: opening it
@@ -118,6 +122,18 @@ impl Disk for ProcessDisk {
         if self.crash_here(op, Phase::BeforeWrite) {
             return Err(dead());
         }
+        // A file first written here holds only synced bytes so far (a new file, or one written
+        // whole and synced by other means, as a compaction writes its file).
+        let meta = file.metadata()?;
+        self.machine
+            .files
+            .lock()
+            .unwrap()
+            .entry(meta.ino())
+            .or_insert_with(|| FileState {
+                durable: meta.len(),
+                ..FileState::default()
+            });
         file.write_all(bytes)?;
         if self.crash_here(op, Phase::AfterWrite) {
             return Err(dead());
@@ -156,39 +172,45 @@ impl Disk for ProcessDisk {
         Ok(())
     }
 
-    /// Directory entries are not modelled (the machine follows files by inode, and a power loss
-    /// keeps every file's name): a dead process syncs nothing, a live one always succeeds.
-    fn sync_dir(&self, _dir: &std::path::Path) -> io::Result<()> {
-        self.check()
+    /// A disk operation of its own: the names `dir` holds now become durable.
+    fn sync_dir(&self, dir: &std::path::Path) -> io::Result<()> {
+        self.check()?;
+        let op = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crash_here(op, Phase::BeforeWrite) {
+            return Err(dead());
+        }
+        let names = names_in(dir)?;
+        self.machine
+            .dirs
+            .lock()
+            .unwrap()
+            .insert(dir.to_path_buf(), names);
+        if self.crash_here(op, Phase::AfterWrite) || self.crash_here(op, Phase::AfterSync) {
+            return Err(dead());
+        }
+        Ok(())
     }
 }
 
 impl Machine {
-    /// Remembers where a ledger file lives (so a power loss can find it).
-    pub fn track(&self, path: PathBuf) -> io::Result<()> {
-        let Ok(meta) = std::fs::metadata(&path) else {
-            return Ok(());
-        };
-        let mut files = self.files.lock().unwrap();
-        files.entry(meta.ino()).or_default().path = path;
-        Ok(())
-    }
-
-    /// A power loss: every file keeps what was synced and `tear` thousandths of what was not
-    /// (its first bytes: any suffix of the unsynced writes is lost, a torn one too); with
-    /// `corrupt`, a byte in the middle of the last synced line is damaged. Returns what
+    /// A power loss. First every name made since its directory was last synced is taken back
+    /// (a name renamed over another points at the old file again, if a name of it is left; a
+    /// new name is gone); then every file keeps what was synced and `tear` thousandths of what
+    /// was not (its first bytes: any suffix of the unsynced writes is lost, a torn one too);
+    /// with `corrupt`, a byte in the middle of the last synced line is damaged. Returns what
     /// happened, for the timeline.
     pub fn power_loss(&self, tear: u64, corrupt: bool) -> io::Result<String> {
+        let mut told = self.take_back_names()?;
         let files = self.files.lock().unwrap();
-        let mut told = Vec::new();
-        for state in files.values() {
-            if state.path.as_os_str().is_empty() || !state.path.exists() {
+        let on_disk = self.files_on_disk()?;
+        for (ino, state) in files.iter() {
+            let Some(path) = on_disk.get(ino) else {
                 continue;
-            }
-            let len = std::fs::metadata(&state.path)?.len();
+            };
+            let len = std::fs::metadata(path)?.len();
             let unsynced = len.saturating_sub(state.durable);
             let kept = len.min(state.durable + unsynced * tear.min(1_000) / 1_000);
-            let file = std::fs::OpenOptions::new().write(true).open(&state.path)?;
+            let file = std::fs::OpenOptions::new().write(true).open(path)?;
             file.set_len(kept)?;
             told.push(format!(
                 "{} of {} unsynced bytes survive",
@@ -197,8 +219,7 @@ impl Machine {
             ));
             if corrupt && let Some(at) = last_line_middle(&state.acked) {
                 file.write_all_at(b"#", at as u64)?;
-                *self.damage.lock().unwrap() =
-                    Some((state.path.clone(), at as u64, state.acked[at]));
+                *self.damage.lock().unwrap() = Some((path.clone(), at as u64, state.acked[at]));
                 self.corrupted.store(true, Ordering::SeqCst);
                 told.push(format!("the synced byte at {at} is damaged"));
             }
@@ -206,25 +227,49 @@ impl Machine {
         Ok(told.join(", "))
     }
 
-    /// The ledger at `path` was compacted: a new file, written whole and synced, took its
-    /// name; the old one (kept as the archive) is no longer the ledger.
-    pub fn compacted(&self, path: &PathBuf) {
-        let Ok(content) = std::fs::read(path) else {
-            return;
-        };
-        let Ok(meta) = std::fs::metadata(path) else {
-            return;
-        };
-        let mut files = self.files.lock().unwrap();
-        files.retain(|_, state| &state.path != path);
-        files.insert(
-            meta.ino(),
-            FileState {
-                path: path.clone(),
-                durable: content.len() as u64,
-                acked: content,
-            },
-        );
+    /// Takes back the names made since each synced directory's last sync.
+    fn take_back_names(&self) -> io::Result<Vec<String>> {
+        let mut told = Vec::new();
+        for (dir, durable) in self.dirs.lock().unwrap().iter() {
+            let now = names_in(dir)?;
+            // Renamed over: the name points at its old file again, through a name left of it.
+            for (name, ino) in &now {
+                let Some(old) = durable.get(name).filter(|old| *old != ino) else {
+                    continue;
+                };
+                let path = dir.join(name);
+                std::fs::remove_file(&path)?;
+                if let Some((other, _)) = now.iter().find(|(_, i)| *i == old) {
+                    std::fs::hard_link(dir.join(other), &path)?;
+                    told.push(format!("{} is its old file again", name.to_string_lossy()));
+                } else {
+                    told.push(format!(
+                        "{} is gone with its old file",
+                        name.to_string_lossy()
+                    ));
+                }
+            }
+            // New names are gone.
+            for name in now.keys().filter(|name| !durable.contains_key(*name)) {
+                std::fs::remove_file(dir.join(name))?;
+                told.push(format!(
+                    "{} was never synced into its directory",
+                    name.to_string_lossy()
+                ));
+            }
+        }
+        Ok(told)
+    }
+
+    /// Where each file the machine knows is now, by inode, in the directories it synced.
+    fn files_on_disk(&self) -> io::Result<HashMap<u64, PathBuf>> {
+        let mut on_disk = HashMap::new();
+        for dir in self.dirs.lock().unwrap().keys() {
+            for (name, ino) in names_in(dir)? {
+                on_disk.entry(ino).or_insert_with(|| dir.join(name));
+            }
+        }
+        Ok(on_disk)
     }
 
     /// Puts back the damaged byte (for the checks at the end, which read the records).
@@ -236,11 +281,12 @@ impl Machine {
         }
     }
 
-    /// Checks a reopened file against what was acknowledged: every acknowledged byte is
-    /// still there, unchanged.
+    /// Checks a reopened file against what was acknowledged of the file now at `path`: every
+    /// acknowledged byte is still there, unchanged.
     pub fn check_acked(&self, path: &PathBuf) -> Option<String> {
+        let ino = std::fs::metadata(path).ok()?.ino();
         let files = self.files.lock().unwrap();
-        let state = files.values().find(|s| &s.path == path)?;
+        let state = files.get(&ino)?;
         let now = std::fs::read(path).ok()?;
         if now.len() < state.acked.len() || now[..state.acked.len()] != state.acked[..] {
             return Some(format!(
@@ -251,6 +297,19 @@ impl Machine {
         }
         None
     }
+}
+
+/// The regular files `dir` holds, by name, with their inodes.
+fn names_in(dir: &std::path::Path) -> io::Result<HashMap<std::ffi::OsString, u64>> {
+    let mut names = HashMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_file() {
+            names.insert(entry.file_name(), meta.ino());
+        }
+    }
+    Ok(names)
 }
 
 /// A byte in the middle of the last complete line of `bytes`.

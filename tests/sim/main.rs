@@ -396,3 +396,46 @@ fn a_generic_retry_breaks_the_promise_and_the_simulator_says_so() {
         "only {broken} of 100 schedules broke the promise without the guard"
     );
 }
+
+/// The simulated disk takes back, at a power loss, every name made since its directory was
+/// last synced: a new file is gone, and a name renamed over another (a compaction putting its
+/// file in place) points at the old file again; after the directory's sync, both stay.
+#[test]
+fn a_power_loss_takes_back_the_names_not_synced_into_their_directory() {
+    use mcp_replay_guard::ledger::Disk;
+    use std::{fs, sync::Arc};
+
+    let dir = scratch(0).join("names");
+    fs::create_dir_all(&dir).unwrap();
+    let machine = Arc::new(disk::Machine::default());
+    let disk = disk::ProcessDisk::new(machine.clone(), Arc::default(), None);
+    let ledger = dir.join("ledger.jsonl");
+    let old = fs::OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(&ledger)
+        .unwrap();
+    disk.sync_dir(&dir).unwrap();
+    disk.write(&old, b"old line\n").unwrap();
+    disk.sync(&old).unwrap();
+    // A compaction: the new file written whole and synced, the old kept under another name,
+    // the new renamed over the ledger's name; then a file nobody synced the name of.
+    fs::write(dir.join("compacting"), b"new line\n").unwrap();
+    fs::hard_link(&ledger, dir.join("ledger.jsonl.archive")).unwrap();
+    fs::rename(dir.join("compacting"), &ledger).unwrap();
+    fs::write(dir.join("stray"), b"x").unwrap();
+
+    let told = machine.power_loss(0, false).unwrap();
+    assert_eq!(fs::read(&ledger).unwrap(), b"old line\n", "{told}");
+    assert!(!dir.join("ledger.jsonl.archive").exists(), "{told}");
+    assert!(!dir.join("stray").exists(), "{told}");
+
+    // Synced into the directory, the rename stays.
+    fs::write(dir.join("compacting"), b"new line\n").unwrap();
+    fs::rename(dir.join("compacting"), &ledger).unwrap();
+    disk.sync_dir(&dir).unwrap();
+    let told = machine.power_loss(0, false).unwrap();
+    assert_eq!(fs::read(&ledger).unwrap(), b"new line\n", "{told}");
+    fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+}

@@ -460,7 +460,6 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                     "p{p}: the ledger opened over a damaged acknowledged line"
                 ));
             }
-            let _ = env.machine.track(env.path.clone());
             if let Some(problem) = env.machine.check_acked(&env.path) {
                 shared.violation(format!("p{p}: {problem}"));
             }
@@ -789,17 +788,12 @@ async fn until(env: &Env, at_ms: u64) -> bool {
     true
 }
 
-/// Process `p` compacts the file ledger while the others go on appending. The compacted file
-/// replaces the old one whole, synced, so the machine's record of what is on disk starts
-/// again from it.
+/// Process `p` compacts the file ledger while the others go on appending.
 async fn compact(env: Arc<Env>, ledger: Arc<FileLedger>, p: usize, at_ms: u64) {
     if !until(&env, at_ms).await {
         return;
     }
     let compacted = ledger.compact(Timestamp::now()).await;
-    if compacted.is_ok() {
-        env.machine.compacted(&env.path);
-    }
     env.shared.lock().unwrap().note(format!(
         "p{p}: compacts the ledger: {:?}",
         compacted.map(|report| report.kept_executions)
