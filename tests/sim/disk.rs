@@ -197,9 +197,14 @@ impl Machine {
     /// (a name renamed over another points at the old file again, if a name of it is left; a
     /// new name is gone); then every file keeps what was synced and `tear` thousandths of what
     /// was not (its first bytes: any suffix of the unsynced writes is lost, a torn one too);
-    /// with `corrupt`, a byte in the middle of the last synced line is damaged. Returns what
-    /// happened, for the timeline.
-    pub fn power_loss(&self, tear: u64, corrupt: bool) -> io::Result<String> {
+    /// with `corrupt`, a byte in the middle of the last synced line of the file at `ledger` is
+    /// damaged. Returns what happened, for the timeline.
+    pub fn power_loss(
+        &self,
+        ledger: &std::path::Path,
+        tear: u64,
+        corrupt: bool,
+    ) -> io::Result<String> {
         let mut told = self.take_back_names()?;
         let files = self.files.lock().unwrap();
         let on_disk = self.files_on_disk()?;
@@ -217,7 +222,10 @@ impl Machine {
                 kept - state.durable.min(kept),
                 len - state.durable.min(len)
             ));
-            if corrupt && let Some(at) = last_line_middle(&state.acked) {
+            if corrupt
+                && path == ledger
+                && let Some(at) = last_line_middle(&state.acked)
+            {
                 file.write_all_at(b"#", at as u64)?;
                 *self.damage.lock().unwrap() = Some((path.clone(), at as u64, state.acked[at]));
                 self.corrupted.store(true, Ordering::SeqCst);

@@ -426,7 +426,7 @@ fn a_power_loss_takes_back_the_names_not_synced_into_their_directory() {
     fs::rename(dir.join("compacting"), &ledger).unwrap();
     fs::write(dir.join("stray"), b"x").unwrap();
 
-    let told = machine.power_loss(0, false).unwrap();
+    let told = machine.power_loss(&ledger, 0, false).unwrap();
     assert_eq!(fs::read(&ledger).unwrap(), b"old line\n", "{told}");
     assert!(!dir.join("ledger.jsonl.archive").exists(), "{told}");
     assert!(!dir.join("stray").exists(), "{told}");
@@ -435,7 +435,7 @@ fn a_power_loss_takes_back_the_names_not_synced_into_their_directory() {
     fs::write(dir.join("compacting"), b"new line\n").unwrap();
     fs::rename(dir.join("compacting"), &ledger).unwrap();
     disk.sync_dir(&dir).unwrap();
-    let told = machine.power_loss(0, false).unwrap();
+    let told = machine.power_loss(&ledger, 0, false).unwrap();
     assert_eq!(fs::read(&ledger).unwrap(), b"new line\n", "{told}");
     fs::remove_dir_all(dir.parent().unwrap()).unwrap();
 }

@@ -333,9 +333,10 @@ impl Plan {
         plan
     }
 
-    /// The third draws: up to four processes on one file ledger, a third actor, actors read
-    /// from credentials (some refreshed during the schedule), clock steps, a compaction while
-    /// others append, and an operator who tries to settle what a live process still runs.
+    /// The third draws: up to four processes on one file ledger, a third actor, calls in a
+    /// burst, actors read from credentials (some refreshed during the schedule), clock steps, a
+    /// compaction while others append, and an operator who tries to settle what a live process
+    /// still runs.
     fn draw_hosts(&mut self, rng: &mut StdRng) {
         let processes = if self.ledger == LedgerKind::File && rng.random_bool(0.4) {
             rng.random_range(3..=4)
@@ -372,6 +373,16 @@ impl Plan {
                             Carrier::Query,
                         ][kind],
                     );
+                }
+            }
+        }
+        // A burst: every call asked within 100 ms, so that the writes of concurrent calls
+        // share the ledger's batches (a `delivered` beside a write that must be synced).
+        if rng.random_bool(0.25) {
+            let base = rng.random_range(0..3_000);
+            for entry in &mut self.entries {
+                if let Entry::Call { at_ms, .. } = entry {
+                    *at_ms = base + rng.random_range(0..100);
                 }
             }
         }

@@ -1290,7 +1290,7 @@ fn crash(
         let (tear, corrupt) = power.unwrap_or((0, false));
         let told = env
             .machine
-            .power_loss(tear, corrupt)
+            .power_loss(&env.path, tear, corrupt)
             .unwrap_or_else(|e| e.to_string());
         env.shared
             .lock()

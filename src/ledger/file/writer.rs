@@ -170,11 +170,15 @@ impl Writer {
                 failed(&format!("cannot open the ledger {}", path.display()), e)
             }
         })?;
-        // A new file's name is durable only once its directory is synced: once, at creation.
-        if created {
+        // A file's name is durable only once its directory is synced. Synced at every open for
+        // writing, not only at creation: a process killed between putting a name in place (a
+        // compaction's rename, a creation) and syncing the directory leaves a name a power
+        // loss may take back, and every write acknowledged under it with the name.
+        if !mode.read_only {
             mode.disk.sync_dir(parent_dir(path)).map_err(|e| {
+                let what = if created { "new ledger" } else { "ledger" };
                 failed(
-                    &format!("cannot make the new ledger {} durable", path.display()),
+                    &format!("cannot make the {what} {} durable", path.display()),
                     e,
                 )
             })?;
