@@ -409,7 +409,7 @@ impl Plan {
                 });
             }
         }
-        if self.ledger == LedgerKind::File && rng.random_bool(0.3) {
+        if self.ledger == LedgerKind::File && rng.random_bool(0.5) {
             self.entries.push(Entry::Compact {
                 process: rng.random_range(0..processes),
                 at_ms: rng.random_range(0..12_000),
