@@ -127,6 +127,17 @@ fn report(plan: &Plan) -> String {
     )
 }
 
+/// Sets its flag if the thread panics while it is held.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 /// The CI budget: 10,000 schedules (or `MRG_SIM_SCHEDULES`), over every core.
 #[test]
 fn schedules_keep_the_promise() {
@@ -192,6 +203,9 @@ fn schedules_keep_the_promise() {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
+                    // A worker that panics ends the run (the panic is the failure), instead of
+                    // leaving the others and the progress line waiting for its schedules.
+                    let _stop = StopOnPanic(&failed);
                     loop {
                         if failed.load(Ordering::SeqCst) || out_of_time() {
                             return None;

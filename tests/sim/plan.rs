@@ -198,6 +198,10 @@ pub struct Plan {
     /// Per tool (in [`Tool::ALL`] order): a short retention (ms, at least the link window),
     /// or `None` for [`DEFAULT_RETENTION_MS`].
     pub retention_ms: [Option<u64>; 4],
+    /// The crate's server half (`IdempotencyLayer`) stands in front of the target and honours
+    /// every tool's key; else the target honours `set_flag`'s itself.
+    #[serde(default)]
+    pub server_half: bool,
     pub entries: Vec<Entry>,
 }
 
@@ -326,6 +330,7 @@ impl Plan {
             attach_ms: rng.random_range(300..4_000),
             keep_results: [(); 4].map(|()| rng.random_bool(0.8)),
             retention_ms: [None; 4],
+            server_half: false,
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
@@ -338,6 +343,7 @@ impl Plan {
     /// compaction while others append, and an operator who tries to settle what a live process
     /// still runs.
     fn draw_hosts(&mut self, rng: &mut StdRng) {
+        self.server_half = rng.random_bool(0.5);
         let processes = if self.ledger == LedgerKind::File && rng.random_bool(0.4) {
             rng.random_range(3..=4)
         } else {
@@ -528,7 +534,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}",
+            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}, server half {}",
             self.seed,
             self.ledger,
             self.processes,
@@ -541,7 +547,8 @@ impl fmt::Display for Plan {
             self.link_window_ms,
             self.attach_ms,
             self.keep_results,
-            self.retention_ms
+            self.retention_ms,
+            self.server_half
         )?;
         for entry in &self.entries {
             writeln!(f, "  {entry:?}")?;

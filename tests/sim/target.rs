@@ -5,6 +5,9 @@
 //! (disconnection is not cancellation); a crash of the target's host ends it. `set_flag`
 //! honours `Idempotency-Key` as the IETF draft says (a repeat gets the first answer, a repeat
 //! while the first runs gets 409); the other tools run once per request that reaches them.
+//! In the plans with the server half, the crate's `IdempotencyLayer` stands in front of the
+//! target instead and honours the key of every tool (its ledger, a database of the target's,
+//! outlives the target's crashes), and `set_flag` runs once per request that reaches it.
 
 use std::{
     convert::Infallible,
@@ -18,8 +21,10 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, combinators::BoxBody};
-use hyper_util::rt::TokioIo;
+use hyper_util::{rt::TokioIo, service::TowerToHyperService};
+use mcp_replay_guard::integrations::server::IdempotencyLayer;
 use serde_json::{Value, json};
+use tower::Layer;
 
 use crate::{
     plan::{Fault, Plan, Tool},
@@ -30,24 +35,43 @@ pub const PORT: u16 = 80;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
-/// The target's software (restarted after a crash by the simulation).
-pub async fn serve(shared: Arc<Mutex<Shared>>, plan: Arc<Plan>) -> turmoil::Result {
+/// The target's software (restarted after a crash by the simulation). `keys`: the server
+/// half's, when the plan puts it in front.
+pub async fn serve(
+    shared: Arc<Mutex<Shared>>,
+    plan: Arc<Plan>,
+    keys: Option<IdempotencyLayer>,
+) -> turmoil::Result {
     let listener = turmoil::net::TcpListener::bind(("0.0.0.0", PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
-        let (shared, plan) = (shared.clone(), plan.clone());
+        let (shared, plan, keys) = (shared.clone(), plan.clone(), keys.clone());
         tokio::task::spawn_local(async move {
-            let service = hyper::service::service_fn(move |request| {
-                handle(shared.clone(), plan.clone(), request)
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let http1 = hyper::server::conn::http1::Builder::new();
+            let io = TokioIo::new(stream);
+            let _ = match keys {
+                Some(keys) => {
+                    let tool = tower::service_fn(move |request| {
+                        handle(shared.clone(), plan.clone(), request)
+                    });
+                    http1
+                        .serve_connection(io, TowerToHyperService::new(keys.layer(tool)))
+                        .await
+                }
+                None => {
+                    let tool = tower::service_fn(move |request| {
+                        handle(shared.clone(), plan.clone(), request)
+                    });
+                    http1
+                        .serve_connection(io, TowerToHyperService::new(tool))
+                        .await
+                }
+            };
         });
     }
 }
 
-fn header(request: &Request<hyper::body::Incoming>, name: &str) -> String {
+fn header<B>(request: &Request<B>, name: &str) -> String {
     request
         .headers()
         .get(name)
@@ -64,11 +88,15 @@ pub fn tool_result(id: &Value, key: &str, n: u64) -> Value {
     }})
 }
 
-async fn handle(
+async fn handle<B>(
     shared: Arc<Mutex<Shared>>,
     plan: Arc<Plan>,
-    request: Request<hyper::body::Incoming>,
-) -> Result<Response<Body>, std::io::Error> {
+    request: Request<B>,
+) -> Result<Response<Body>, std::io::Error>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tag = header(&request, "x-sim-tag");
     let actor = header(&request, "x-sim-actor");
     // A guarded call carries its execution ID; a read-only one is named by its attempt.
@@ -114,13 +142,19 @@ async fn handle(
         Some(Fault::Slow { ms }) => ms,
         _ => 20,
     };
-    // The tool runs in a task of its own: a client that hangs up does not stop it.
+    // The tool runs in a task of its own: a client that hangs up does not stop it. The server
+    // half calls this service from a task of its own, outside the host's local set: the task
+    // is spawned on the host's runtime, which a crash of the target drops whole.
     let (done, answer) = tokio::sync::oneshot::channel();
+    let honours = !plan.server_half;
     {
         let shared = shared.clone();
         let key = key.clone();
-        tokio::task::spawn_local(async move {
-            let started = shared.lock().unwrap().start_work(tool, &key, &actor, &tag);
+        tokio::spawn(async move {
+            let started = shared
+                .lock()
+                .unwrap()
+                .start_work(tool, &key, &actor, &tag, honours);
             let n = match started {
                 Started::Conflict => {
                     let _ = done.send(None);

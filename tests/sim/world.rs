@@ -28,6 +28,7 @@ use mcp_replay_guard::{
     credentials::CredentialActors,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody, STRUCTURED_KEY},
+    integrations::server::IdempotencyLayer,
     ledger::{
         EventKind, ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerEvent, MemoryLedger,
         Timestamp,
@@ -131,7 +132,15 @@ impl Shared {
         self.violations.push(text);
     }
 
-    pub fn start_work(&mut self, tool: Tool, key: &str, actor: &str, tag: &str) -> Started {
+    /// `honours`: the target honours `set_flag`'s key itself (no server half in front).
+    pub fn start_work(
+        &mut self,
+        tool: Tool,
+        key: &str,
+        actor: &str,
+        tag: &str,
+        honours: bool,
+    ) -> Started {
         if !key.is_empty() {
             self.key_actor
                 .entry(key.to_owned())
@@ -141,7 +150,7 @@ impl Shared {
                 .or_insert_with(|| tag.to_owned());
             self.last_tag.insert(key.to_owned(), tag.to_owned());
         }
-        if tool == Tool::SetFlag {
+        if tool == Tool::SetFlag && honours {
             return match self.honoured.get(key) {
                 Some(Some(n)) => Started::Replay(*n),
                 Some(None) => Started::Conflict,
@@ -175,7 +184,7 @@ impl Shared {
         if let Some(running) = self.running.get_mut(key) {
             *running = running.saturating_sub(1);
         }
-        if tool == Tool::SetFlag {
+        if tool == Tool::SetFlag && self.honoured.contains_key(key) {
             self.honoured.insert(key.to_owned(), Some(n));
         }
         self.note(format!(
@@ -760,6 +769,12 @@ fn read_answer(
             ));
         }
         let why = record["why_not_resent"].as_str().unwrap_or_default();
+        // An answer that the effect happened (its result not kept) hands the outcome to this
+        // caller: the execution is delivered, as with its result.
+        if matches!(state.as_str(), "completed" | "resolved_applied") {
+            let now = shared.now_ms;
+            shared.delivered.entry(execution.to_owned()).or_insert(now);
+        }
         shared.note(format!(
             "{actor} {tag}: the guard answers {state} ({why}) for {execution}"
         ));
@@ -984,8 +999,15 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         .build();
     {
         let (shared, plan) = (shared.clone(), plan.clone());
+        // The server half's ledger is the target's database: it outlives the target's crashes.
+        let keys = plan.server_half.then(|| {
+            IdempotencyLayer::new(
+                MemoryLedger::new(),
+                FingerprintKey::from_bytes(&[9; 32]).expect("a key"),
+            )
+        });
         sim.host("target", move || {
-            target::serve(shared.clone(), plan.clone())
+            target::serve(shared.clone(), plan.clone(), keys.clone())
         });
     }
     for p in 0..plan.processes {
