@@ -20,7 +20,7 @@ use hyper_util::{
         Client,
         connect::{Connected, Connection},
     },
-    rt::{TokioExecutor, TokioIo},
+    rt::TokioIo,
 };
 use mcp_replay_guard::{
     Actor, IntentScope,
@@ -330,6 +330,24 @@ impl hyper::rt::Write for Io {
     }
 }
 
+/// Runs the hyper client's connection tasks on the host's `LocalSet`, which drops its tasks
+/// in the order they were spawned when the host crashes. On the runtime (hyper-util's
+/// `TokioExecutor`) a crash dropped them in an order that followed tokio's task IDs, a
+/// counter of the whole process: a single-threaded runtime keeps its tasks in four lists
+/// chosen by ID and drops them list by list. Each connection sends its FIN (or RST) as it is
+/// dropped, and turmoil draws each message's latency from the schedule's random stream in the
+/// order the messages are sent; so which connection's FIN reached the target first, and every
+/// later draw, depended on how many tasks the process had made before (on this thread or any
+/// other), and one seed gave two timelines in one process.
+#[derive(Clone, Copy, Debug)]
+struct LocalExecutor;
+
+impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExecutor {
+    fn execute(&self, future: F) {
+        tokio::task::spawn_local(future);
+    }
+}
+
 type Connector = tower::util::BoxCloneSyncService<http::Uri, Io, std::io::Error>;
 
 fn connector() -> Connector {
@@ -504,8 +522,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     .drain_timeout(Duration::from_secs(5));
     match env.stack {
         Stack::Guard => {
-            let client =
-                Client::builder(TokioExecutor::new()).build::<_, GuardRequestBody>(connector());
+            let client = Client::builder(LocalExecutor).build::<_, GuardRequestBody>(connector());
             spawn_calls(
                 &env,
                 p,
@@ -515,7 +532,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         Stack::BlindRetry => spawn_calls(
             &env,
             p,
-            Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector()),
+            Client::builder(LocalExecutor).build::<_, Full<Bytes>>(connector()),
         ),
     }
     for entry in &env.plan.entries {
