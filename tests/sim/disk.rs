@@ -12,7 +12,7 @@
 //! recorded as a violation the moment it is tried.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fs::File,
     io::{self, Write},
     os::unix::fs::{FileExt, MetadataExt},
@@ -39,7 +39,7 @@ struct FileState {
 pub struct Machine {
     files: Mutex<HashMap<u64, FileState>>,
     /// Per synced directory, the inode of each file name it held at its last sync.
-    dirs: Mutex<HashMap<PathBuf, HashMap<std::ffi::OsString, u64>>>,
+    dirs: Mutex<HashMap<PathBuf, BTreeMap<std::ffi::OsString, u64>>>,
     /// What a disk operation saw that a ledger must never do.
     pub violations: Mutex<Vec<String>>,
     /// The acknowledged bytes of a ledger file were damaged by a power loss: opening it
@@ -208,10 +208,13 @@ impl Machine {
         let mut told = self.take_back_names()?;
         let files = self.files.lock().unwrap();
         let on_disk = self.files_on_disk()?;
-        for (ino, state) in files.iter() {
-            let Some(path) = on_disk.get(ino) else {
-                continue;
-            };
+        // In the order of their names, so that a replay tells it the same way.
+        let mut known: Vec<(&PathBuf, &FileState)> = files
+            .iter()
+            .filter_map(|(ino, state)| Some((on_disk.get(ino)?, state)))
+            .collect();
+        known.sort_by_key(|(path, _)| *path);
+        for (path, state) in known {
             let len = std::fs::metadata(path)?.len();
             let unsynced = len.saturating_sub(state.durable);
             let kept = len.min(state.durable + unsynced * tear.min(1_000) / 1_000);
@@ -238,7 +241,10 @@ impl Machine {
     /// Takes back the names made since each synced directory's last sync.
     fn take_back_names(&self) -> io::Result<Vec<String>> {
         let mut told = Vec::new();
-        for (dir, durable) in self.dirs.lock().unwrap().iter() {
+        let dirs = self.dirs.lock().unwrap();
+        let mut synced: Vec<_> = dirs.iter().collect();
+        synced.sort_by_key(|(dir, _)| *dir);
+        for (dir, durable) in synced {
             let now = names_in(dir)?;
             // Renamed over: the name points at its old file again, through a name left of it.
             for (name, ino) in &now {
@@ -307,9 +313,9 @@ impl Machine {
     }
 }
 
-/// The regular files `dir` holds, by name, with their inodes.
-fn names_in(dir: &std::path::Path) -> io::Result<HashMap<std::ffi::OsString, u64>> {
-    let mut names = HashMap::new();
+/// The regular files `dir` holds, by name, with their inodes (in the order of their names).
+fn names_in(dir: &std::path::Path) -> io::Result<BTreeMap<std::ffi::OsString, u64>> {
+    let mut names = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let meta = entry.metadata()?;
