@@ -855,57 +855,56 @@ async fn resolver(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
 /// The resolver's look at one execution: if the target is running it, tries to settle it
 /// (`true`).
 async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionRecord) -> bool {
-    {
-        let key = record.execution_id.to_string();
-        let owner = {
-            let shared = env.shared.lock().unwrap();
-            if !shared.in_progress(&key) {
-                return false;
-            }
-            shared.last_tag.get(&key).cloned().and_then(|tag| {
-                let call = target::parse_tag(&tag).0?;
-                let process = env.plan.calls().find_map(|e| match e {
-                    Entry::Call { id, process, .. } if *id == call => Some(*process),
-                    _ => None,
-                })?;
-                let asked = shared.issued.get(&tag).copied().unwrap_or(0);
-                let alive = shared.pending.contains(&tag)
-                    && !shared
-                        .crashes
-                        .iter()
-                        .any(|(c, at)| *c == process && *at >= asked);
-                alive.then_some(process)
-            })
-        };
-        let resolved = layer
-            .resolve(
-                record.execution_id,
-                false,
-                "sim",
-                "the target shows nothing yet",
-            )
-            .await;
-        let mut shared = env.shared.lock().unwrap();
-        shared.note(format!(
-            "operator resolves {key}, still running, as not applied: {:?}",
-            resolved.as_ref().map(|r| r.state)
-        ));
-        match (resolved, owner) {
-            (Ok(_), Some(owner)) => shared.violation(format!(
-                "an operator settled {key} while p{owner}, alive, still runs it"
-            )),
-            (Ok(_), None) => {
-                let now = shared.now_ms;
-                shared.resolved.entry(key).or_insert(now);
-            }
-            (Err(_), _) => {}
+    let key = record.execution_id.to_string();
+    let owner = {
+        let shared = env.shared.lock().unwrap();
+        if !shared.in_progress(&key) {
+            return false;
         }
+        shared.last_tag.get(&key).cloned().and_then(|tag| {
+            let call = target::parse_tag(&tag).0?;
+            let process = env.plan.calls().find_map(|e| match e {
+                Entry::Call { id, process, .. } if *id == call => Some(*process),
+                _ => None,
+            })?;
+            let asked = shared.issued.get(&tag).copied().unwrap_or(0);
+            let alive = shared.pending.contains(&tag)
+                && !shared
+                    .crashes
+                    .iter()
+                    .any(|(c, at)| *c == process && *at >= asked);
+            alive.then_some(process)
+        })
+    };
+    let resolved = layer
+        .resolve(
+            record.execution_id,
+            false,
+            "sim",
+            "the target shows nothing yet",
+        )
+        .await;
+    let mut shared = env.shared.lock().unwrap();
+    shared.note(format!(
+        "operator resolves {key}, still running, as not applied: {:?}",
+        resolved.as_ref().map(|r| r.state)
+    ));
+    match (resolved, owner) {
+        (Ok(_), Some(owner)) => shared.violation(format!(
+            "an operator settled {key} while p{owner}, alive, still runs it"
+        )),
+        (Ok(_), None) => {
+            let now = shared.now_ms;
+            shared.resolved.entry(key).or_insert(now);
+        }
+        (Err(_), _) => {}
     }
     true
 }
 
 /// An operator: resolves every held execution the target shows applied.
 async fn operator(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_ms: u64) {
+    // An operator who comes while the process is down comes once it is up again.
     let now = env.shared.lock().unwrap().now_ms;
     if at_ms > now {
         tokio::time::sleep(Duration::from_millis(at_ms - now)).await;
