@@ -1193,7 +1193,10 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     check_effects(&plan, &mut shared, &acked, &records);
     if plan.ledger == LedgerKind::Memory {
         // An unsettled execution may be kept past its retention while its owner (this
-        // process, for the memory ledger) lives; nothing else may.
+        // process, for the memory ledger) lives; nothing else may. This one check reads the
+        // records' own states: it holds the purge to the index it purges (an outcome's event
+        // does not name the state it leaves: a re-send refused over an unknown outcome keeps
+        // it unknown), while every check of the promise is computed without them.
         let unsettled = records
             .values()
             .filter(|(record, _)| record.state.is_unsettled())
