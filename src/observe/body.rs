@@ -143,9 +143,9 @@ impl<B, E> Observed<B, E> {
     }
 
     /// The recording of the target's answer, then the mark that a deferred delivery has
-    /// something to deliver.
-    fn answered(&self, write: Write) -> Write {
-        let Some(flag) = self.answered.clone() else {
+    /// something to deliver: only when the answer carried the result (`carries`).
+    fn answered(&self, write: Write, carries: bool) -> Write {
+        let Some(flag) = self.answered.clone().filter(|_| carries) else {
             return write;
         };
         Box::pin(async move {
@@ -180,7 +180,8 @@ impl<B, E> Observed<B, E> {
         if let Some(answer) = found {
             scanner.stop();
             let write = recorder.completed(answer);
-            let write = self.answered(write);
+            let carries = recorder.carries_result();
+            let write = self.answered(write, carries);
             self.start(write);
         }
     }
@@ -194,7 +195,8 @@ impl<B, E> Observed<B, E> {
             return;
         };
         let write = recorder.completed(answer);
-        let write = self.answered(write);
+        let carries = recorder.carries_result();
+        let write = self.answered(write, carries);
         self.start(write);
     }
 

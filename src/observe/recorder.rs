@@ -87,6 +87,11 @@ pub(crate) struct Recorder {
     pub(crate) settle: Option<Settle>,
     pub(crate) watchers: Option<Arc<dyn Watchers>>,
     recorded: bool,
+    /// The recorded answer carried the call's result: only such an answer is delivered. A
+    /// JSON-RPC error (an unknown outcome, a refusal) hands the caller no outcome; recording
+    /// it delivered would let an execution settled meanwhile by someone else (a twin's probe,
+    /// an operator) read as handed back, and a repeat run the action again.
+    carries_result: bool,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -122,6 +127,7 @@ impl Recorder {
             settle: None,
             watchers: None,
             recorded: false,
+            carries_result: false,
         }
     }
 
@@ -142,10 +148,17 @@ impl Recorder {
         self.recorded
     }
 
+    /// Whether the recorded answer carried the call's result, the one answer that is
+    /// delivered.
+    pub(crate) fn carries_result(&self) -> bool {
+        self.carries_result
+    }
+
     /// The JSON-RPC response was seen: keep the result and record `completed` (or `failed`
     /// for a JSON-RPC error) before the caller sees it.
     pub(crate) fn completed(&mut self, answer: TargetAnswer) -> Write {
         self.recorded = true;
+        self.carries_result = matches!(answer, TargetAnswer::Result { .. });
         let ledger = self.ledger.clone();
         let (id, status) = (self.execution_id, self.status);
         let (keep, max) = (self.keep_results, self.max_result_bytes);
@@ -203,11 +216,11 @@ impl Recorder {
         })
     }
 
-    /// The body ended: `delivered` when the outcome is recorded (and the reader delivers),
-    /// else `unknown`.
+    /// The body ended: `delivered` when the answer carrying the result is recorded (and the
+    /// reader delivers), else `unknown` if nothing is recorded.
     pub(crate) fn ended(&mut self, deliver: bool) -> Write {
         if self.recorded {
-            if !deliver {
+            if !deliver || !self.carries_result {
                 return Box::pin(async {});
             }
             let ledger = self.ledger.clone();
@@ -518,6 +531,42 @@ pub(crate) mod tests {
             ledger.append(event).await.unwrap();
         }
         id
+    }
+
+    /// Delivered is recorded for an answer that carried the result, never for a JSON-RPC
+    /// error read to its end: that answer hands the caller no outcome. Recorded, it let an
+    /// execution that a twin's probe resolved meanwhile read as handed back, and the next
+    /// repeat ran the action again (found by the simulator).
+    #[tokio::test(flavor = "current_thread")]
+    async fn only_an_answer_that_carries_the_result_is_delivered() {
+        for (message, delivered) in [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"x"}}"#,
+                false,
+            ),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#, true),
+        ] {
+            let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
+            let id = dispatched(&*ledger).await;
+            let mut recorder = Recorder::new(ledger.clone(), id, RequestId::from(1));
+            recorder.status = 200;
+            let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();
+            recorder.completed(answer).await;
+            if !delivered {
+                // The outcome is unknown; a twin's probe settles it before the caller reads
+                // the end of the answer.
+                crate::guard::resolve(&*ledger, id, true, "probe:test", "applied")
+                    .await
+                    .unwrap();
+            }
+            recorder.ended(true).await;
+            let events = ledger.events(id).await.unwrap();
+            assert_eq!(
+                events.iter().any(|e| e.kind.name() == "delivered"),
+                delivered,
+                "{message}"
+            );
+        }
     }
 
     /// Records the answer in `message` and says whether its result was kept, with the

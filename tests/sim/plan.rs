@@ -137,6 +137,9 @@ pub enum Entry {
     ClockStep { at_ms: u64, by_ms: i64 },
     /// Process `process` compacts the file ledger at `at_ms`, while the others append.
     Compact { process: usize, at_ms: u64 },
+    /// The caller of attempt `attempt` of call `call` drops the answer unread (a client that
+    /// resets the connection): it was not delivered, and the caller asks again.
+    Unread { call: u32, attempt: u8 },
     /// An operator who settles as not applied every execution the target is still running,
     /// at `at_ms`: the guard must refuse while the process that owns it lives.
     Resolver { at_ms: u64 },
@@ -212,6 +215,9 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// retentions and the slow runs that outlast them): a second generator, so that the plan a
 /// seed drew before is drawn unchanged, with these added to it.
 const SECOND_DRAWS: u64 = 0x5EA4_5EA4_5EA4_5EA4;
+
+/// The seed of the fourth draws (callers that drop an answer unread), for the same reason.
+const FOURTH_DRAWS: u64 = 0x0DD5_0DD5_0DD5_0DD5;
 
 /// The seed of the third draws (more processes and actors, credentials that change, clock
 /// steps, compaction, an operator racing a live owner), for the same reason.
@@ -335,7 +341,34 @@ impl Plan {
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
         plan.draw_hosts(&mut StdRng::seed_from_u64(seed ^ THIRD_DRAWS));
+        plan.draw_callers(&mut StdRng::seed_from_u64(seed ^ FOURTH_DRAWS));
         plan
+    }
+
+    /// The fourth draws: attempts whose caller drops the answer unread.
+    fn draw_callers(&mut self, rng: &mut StdRng) {
+        let calls: Vec<(u32, u8)> = self
+            .calls()
+            .filter_map(|e| match e {
+                Entry::Call { id, attempts, .. } => Some((*id, *attempts)),
+                _ => None,
+            })
+            .collect();
+        for (call, attempts) in calls {
+            // Never the last attempt: its caller waits for an answer it reads.
+            for attempt in 0..attempts.saturating_sub(1) {
+                if rng.random_bool(0.15) {
+                    self.entries.push(Entry::Unread { call, attempt });
+                }
+            }
+        }
+    }
+
+    /// Whether the caller of attempt `attempt` of call `call` drops its answer unread.
+    pub fn unread(&self, call: u32, attempt: u8) -> bool {
+        self.entries.iter().any(
+            |e| matches!(e, Entry::Unread { call: c, attempt: a } if *c == call && *a == attempt),
+        )
     }
 
     /// The third draws: up to four processes on one file ledger, a third actor, calls in a
@@ -523,8 +556,9 @@ impl Plan {
         let mut plan = self.clone();
         let removed = plan.entries.remove(index);
         if let Entry::Call { id, .. } = removed {
-            plan.entries
-                .retain(|e| !matches!(e, Entry::TargetFault { call, .. } if *call == id));
+            plan.entries.retain(|e| {
+                !matches!(e, Entry::TargetFault { call, .. } | Entry::Unread { call, .. } if *call == id)
+            });
         }
         plan
     }

@@ -681,8 +681,16 @@ where
             }
         };
         request.extensions_mut().insert(expected.clone());
+        let unread = env.plan.unread(id, attempt);
         let exchange = async {
             let response = service.clone().oneshot(request).await.map_err(Into::into)?;
+            if unread {
+                // The answer's head came; its body is dropped unread.
+                drop(response);
+                return Err::<(http::StatusCode, Bytes), BoxError>(
+                    "dropped the answer unread".into(),
+                );
+            }
             let status = response.status();
             let bytes = response
                 .into_body()
@@ -1447,10 +1455,27 @@ fn settled_at(
     candidates.extend(shared.delivered.get(key).copied());
     candidates.extend(shared.resolved.get(key).copied());
     let of_this = || acked.iter().filter(|a| a.execution_id.to_string() == key);
+    // When it was accepted: the simulated time the witness saw the claim asked for, and what
+    // the machine clock read then. An acceptance whose acknowledgement a crash took (the claim
+    // was written, its process killed before the answer) is dated by its event instead, the
+    // one field of the ledger the oracle reads, where it cannot have seen the write itself: a
+    // machine reading, so from the start of the run in simulated time.
     let accepted = of_this()
         .filter(|a| a.event == "accepted")
         .map(|a| a.asked_ms)
-        .min();
+        .min()
+        .map(|at| (at, machine_ms(steps, at)))
+        .or_else(|| {
+            records.get(key).and_then(|(_, events)| {
+                events.iter().find_map(|e| match e.kind {
+                    EventKind::Accepted { .. } => {
+                        let reading = e.at.as_millis() as i64 - EPOCH_MS as i64;
+                        Some((0, reading))
+                    }
+                    _ => None,
+                })
+            })
+        });
     // Whether a settling event of this execution survived in the ledger (its kind only).
     let kept = records.get(key).is_some_and(|(_, events)| {
         events.iter().any(|e| {
@@ -1464,8 +1489,8 @@ fn settled_at(
         .filter(|a| a.settles && (a.acknowledged || kept))
         .map(|a| a.asked_ms)
         .min();
-    if let (Some(settled), Some(accepted)) = (settled, accepted) {
-        let window_ends = machine_ms(steps, accepted) + plan.link_window_ms as i64 + 1;
+    if let (Some(settled), Some((accepted, reading))) = (settled, accepted) {
+        let window_ends = reading + plan.link_window_ms as i64 + 1;
         candidates.push(settled.max(when_machine_reads(steps, accepted, window_ends)));
     }
     // The request that first reached the target under this key, and who asked it.
