@@ -30,8 +30,8 @@ use mcp_replay_guard::{
     guard::{GuardLayer, GuardRequestBody, STRUCTURED_KEY},
     integrations::server::IdempotencyLayer,
     ledger::{
-        EventKind, ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerEvent, MemoryLedger,
-        Timestamp,
+        EventKind, ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerError, LedgerEvent,
+        MemoryLedger, Timestamp,
     },
 };
 use serde_json::{Value, json};
@@ -897,15 +897,18 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
         "operator resolves {key}, still running, as not applied: {:?}",
         resolved.as_ref().map(|r| r.state)
     ));
+    // A resolution whose write failed may still have been recorded (a crash after its sync):
+    // it counts as the operator's word, as one that succeeded does. Over a live owner, only
+    // a success is certain to have passed the guard's refusal (a failed read fails too).
     match (resolved, owner) {
         (Ok(_), Some(owner)) => shared.violation(format!(
             "an operator settled {key} while p{owner}, alive, still runs it"
         )),
-        (Ok(_), None) => {
+        (Err(LedgerError::StillRunning { .. }), _) | (Err(_), Some(_)) => {}
+        (_, None) => {
             let now = shared.now_ms;
             shared.resolved.entry(key).or_insert(now);
         }
-        (Err(_), _) => {}
     }
     true
 }
