@@ -286,6 +286,25 @@ impl Machine {
         Ok(on_disk)
     }
 
+    /// The bytes of the file now at `path` that are written but not synced (none for a file
+    /// the machine has not seen written: it was synced whole, as a compaction writes its).
+    pub fn unsynced_tail(&self, path: &std::path::Path) -> Vec<u8> {
+        let Ok(meta) = std::fs::metadata(path) else {
+            return Vec::new();
+        };
+        let durable = match self.files.lock().unwrap().get(&meta.ino()) {
+            Some(state) => state.durable,
+            None => return Vec::new(),
+        };
+        let Ok(bytes) = std::fs::read(path) else {
+            return Vec::new();
+        };
+        bytes
+            .get(usize::try_from(durable).unwrap_or(usize::MAX)..)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+
     /// Puts back the damaged byte (for the checks at the end, which read the records).
     pub fn repair_damage(&self) {
         if let Some((path, at, byte)) = self.damage.lock().unwrap().take()

@@ -15,7 +15,7 @@ use mcp_replay_guard::{
     },
 };
 
-use crate::world::now_ms;
+use crate::{disk::Machine, world::now_ms};
 
 /// One acknowledged write: the execution, its tool, the event's name, when it was asked for
 /// (simulated time, the oracle's own clock, not the machine's) and whether it settles the
@@ -37,15 +37,47 @@ pub type AckedWrites = Arc<Mutex<Vec<Acked>>>;
 
 /// A ledger that notes what it acknowledged. It forwards every method of the trait, those
 /// with a default too, so the ledger's own implementation of each runs.
+///
+/// Over a file ledger it also checks each acknowledgement the moment it is given: the line it
+/// acknowledges must be synced already (on the machine's simulated disk), not merely written,
+/// so a write acknowledged before its sync is caught without waiting for a power loss to
+/// take it.
 #[derive(Debug)]
 pub struct Witness {
     inner: Arc<dyn Ledger>,
     acked: AckedWrites,
+    disk: Option<(Arc<Machine>, std::path::PathBuf)>,
 }
 
 impl Witness {
-    pub fn new(inner: Arc<dyn Ledger>, acked: AckedWrites) -> Self {
-        Self { inner, acked }
+    /// `disk`: the machine and the ledger file's path, for a file ledger.
+    pub fn new(
+        inner: Arc<dyn Ledger>,
+        acked: AckedWrites,
+        disk: Option<(Arc<Machine>, std::path::PathBuf)>,
+    ) -> Self {
+        Self { inner, acked, disk }
+    }
+
+    /// The acknowledged line of `event` of `execution_id` is still only written, not synced.
+    fn check_synced(&self, execution_id: ExecutionId, event: &str) {
+        let Some((machine, path)) = &self.disk else {
+            return;
+        };
+        let tail = machine.unsynced_tail(path);
+        let (id, kind) = (
+            format!("\"{execution_id}\""),
+            format!("\"event\":\"{event}\""),
+        );
+        let unsynced = tail.split(|b| *b == b'\n').any(|line| {
+            let line = String::from_utf8_lossy(line);
+            line.contains(&id) && line.contains(&kind)
+        });
+        if unsynced {
+            machine.violations.lock().unwrap().push(format!(
+                "{event} of {execution_id} was acknowledged before it was synced"
+            ));
+        }
     }
 
     fn note(
@@ -88,6 +120,7 @@ impl Ledger for Witness {
         let claimed = self.inner.claim(claim).await?;
         if let Claimed::New(record) = &claimed {
             self.note(record, &["accepted"], asked, false);
+            self.check_synced(record.execution_id, "accepted");
         }
         Ok(claimed)
     }
@@ -101,6 +134,7 @@ impl Ledger for Witness {
         let claimed = self.inner.claim_dispatched(claim, dispatch).await?;
         if let Claimed::New(record) = &claimed {
             self.note(record, &["accepted", "dispatched"], asked, false);
+            self.check_synced(record.execution_id, "dispatched");
         }
         Ok(claimed)
     }
@@ -116,6 +150,7 @@ impl Ledger for Witness {
         }
         let record = self.inner.append(event).await?;
         self.note(&record, &[name], asked, settles);
+        self.check_synced(record.execution_id, name);
         Ok(record)
     }
 
@@ -132,6 +167,7 @@ impl Ledger for Witness {
         self.asked(event.execution_id, "completed", asked);
         let record = self.inner.complete(event, result).await?;
         self.note(&record, &["completed"], asked, true);
+        self.check_synced(record.execution_id, "completed");
         Ok(record)
     }
 

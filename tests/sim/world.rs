@@ -511,7 +511,9 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             shared.violation(format!("p{p}: an acknowledged write is gone: {write}"));
         }
     }
-    let ledger: Arc<dyn Ledger> = Arc::new(Witness::new(ledger, env.acked.clone()));
+    let disk =
+        (env.plan.ledger == LedgerKind::File).then(|| (env.machine.clone(), env.path.clone()));
+    let ledger: Arc<dyn Ledger> = Arc::new(Witness::new(ledger, env.acked.clone(), disk));
     let layer = GuardLayer::new(
         ledger.clone(),
         contracts(&env.plan, &env.shared),
