@@ -258,6 +258,13 @@ impl Index {
         }
     }
 
+    /// Whether `id` is its intent's latest execution (the one a claim links to).
+    pub(crate) fn is_latest(&self, id: ExecutionId) -> bool {
+        self.executions.get(&id).is_some_and(|entry| {
+            self.intents.get(&entry.intent_key(), &self.executions) == Some(id)
+        })
+    }
+
     /// The record of an execution (the PostgreSQL ledger's rows are written from it).
     #[cfg(any(test, feature = "postgres"))]
     pub(crate) fn record(&self, id: ExecutionId) -> Option<&ExecutionRecord> {

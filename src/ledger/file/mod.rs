@@ -617,6 +617,69 @@ mod tests {
         fs::remove_dir_all(dir).unwrap();
     }
 
+    /// After the clock stepped back, a newer execution of an intent has the smaller ID (an
+    /// ID's time is the clock's). A compaction wrote executions by ID, so the reopened file
+    /// named the older one the intent's latest, and a claim passed by the newer one, still
+    /// unsettled, to start another (found by the simulator: a second `deploy`).
+    #[cfg(feature = "simulation")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_compaction_after_the_clock_stepped_back_keeps_the_newer_execution_the_latest() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NOW: AtomicU64 = AtomicU64::new(1_784_678_410_000);
+        fn clock() -> Timestamp {
+            Timestamp::from_millis(NOW.load(Ordering::SeqCst))
+        }
+        crate::simulation::set_clock(clock);
+        crate::simulation::seed_ids(7);
+        let dir = temp_dir("compaction-clock");
+        let path = dir.join("ledger.jsonl");
+        let ledger = FileLedger::open_on(&path, Arc::new(disk::OsDisk)).unwrap();
+        let ask = || Claim {
+            at: Timestamp::now(),
+            ..claim(RetryClass::Irreversible, "guard:one")
+        };
+        let older = ledger.claim(ask()).await.unwrap().record().execution_id;
+        let failed = EventKind::Failed {
+            target_status: Some(503),
+            reason: "refused".into(),
+        };
+        for kind in [dispatched(older, 1, Some("guard:one")), failed] {
+            let at = Timestamp::now().as_millis();
+            ledger.append(event_at(older, at, kind)).await.unwrap();
+        }
+        NOW.fetch_sub(5_000, Ordering::SeqCst);
+        let newer = ledger.claim(ask()).await.unwrap();
+        assert!(
+            matches!(newer, Claimed::New(_)),
+            "a failed execution is settled"
+        );
+        let newer = newer.record().execution_id;
+        assert!(
+            newer < older,
+            "the clock stepped back: the newer ID is the smaller"
+        );
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            attempt: Some(1),
+            reason: "the answer was lost".into(),
+        };
+        for kind in [dispatched(newer, 1, Some("guard:one")), unknown] {
+            let at = Timestamp::now().as_millis();
+            ledger.append(event_at(newer, at, kind)).await.unwrap();
+        }
+        ledger.compact(Timestamp::now()).await.unwrap();
+        drop(ledger);
+        let reopened = FileLedger::open_on(&path, Arc::new(disk::OsDisk)).unwrap();
+        let again = reopened.claim(ask()).await.unwrap();
+        crate::simulation::clear_clock();
+        assert!(
+            matches!(&again, Claimed::Existing(r) if r.execution_id == newer),
+            "the unknown newer execution holds the intent: {again:?}"
+        );
+        drop(reopened);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
     /// I/O and JSON failures keep their error as the source.
     #[tokio::test]
     async fn io_and_json_failures_keep_their_source() {

@@ -671,8 +671,16 @@ impl Writer {
                 fingerprint_key: KeyBinding { id: id.clone() },
             });
         }
+        // Reopened, the file names each intent's latest execution by the order of the
+        // acceptances: each intent's latest is written after the others. Not by ID alone:
+        // an ID's time is the clock's, and after the clock stepped back a newer execution
+        // has the smaller ID; written first, an older one of its intent would read as the
+        // latest, and a claim would pass by the newer one still unsettled.
         let mut executions: Vec<&Stored> = self.index.executions.values().collect();
-        executions.sort_by_key(|s| s.record.execution_id);
+        executions.sort_by_key(|s| {
+            let id = s.record.execution_id;
+            (self.index.is_latest(id), id)
+        });
         for stored in executions {
             for event in &stored.events {
                 bodies.push(LineBody::Event(event.clone()));
