@@ -1,0 +1,1052 @@
+//! Seeded schedules against a real PostgreSQL ledger: the simulator's promise (`tests/sim`)
+//! where the simulator cannot go. The simulator drives the file and memory ledgers on a
+//! simulated clock and network; the PostgreSQL ledger's rules (its chain locks, its batched
+//! writer, the owner leases in `mrg_owners` read on the database's clock) only run against a
+//! server, so here every schedule runs the real guard over real `PostgresLedger` replicas,
+//! a real HTTP MCP server and real TCP.
+//!
+//! A schedule is drawn from its seed (`StdRng::seed_from_u64`) as data, printed on failure
+//! with the command that replays it:
+//!
+//! - 2 to 4 replicas of one agent (same actor, scope and fingerprint key: one intent is one
+//!   intent on every replica), each with a ledger of its own in the schedule's schema, some
+//!   through a [`PgRelay`] the schedule cuts;
+//! - a few calls per replica over a small space of intents (irreversible tools, one slow
+//!   enough that twins overlap it; an idempotent tool against a server that honours
+//!   `Idempotency-Key`; a read-only tool), all at once, each retried after an error;
+//! - faults at seeded moments: a relay cut before a COMMIT reaches the server or once its
+//!   answer is lost; every backend of the schedule terminated (`pg_terminate_backend`), or
+//!   one replica's; a relayed replica killed mid-call (its connections cut, its calls
+//!   aborted, its ledger dropped: its owner's lease outlives it, as a crashed process's
+//!   does) and a new replica in its place, over a new connection, repeating its calls.
+//!
+//! The checks read the plan, what each caller was told and the server's own record of its
+//! tools' runs, never the ledger's fields:
+//!
+//! - an intent of an irreversible or idempotent tool runs again only after a caller of it was
+//!   handed an answer since its previous run (a repeat after an answer is a new intent; before
+//!   one, it must link to the execution that ran, whatever its state);
+//! - no two runs under one `Idempotency-Key`;
+//! - every call is answered within [`CALL_DEADLINE`]: a wait without end is a violation, not
+//!   a test timeout;
+//! - before the schedule's first fault, every call is answered by its tool: a live replica's
+//!   call is attached to, never held for review or re-sent beside;
+//! - the chains verify ([`PostgresLedger::verify`]) once the schedule is over;
+//! - once every ledger of the schedule is dropped, none of its connections is left on the
+//!   server.
+//!
+//! `MRG_PG_SCHEDULES=N` runs N schedules (default [`DEFAULT_SCHEDULES`]); `MRG_PG_BASE=S`
+//! starts at seed S (default a fixed base, so CI runs the same schedules each time; `random`
+//! for a new one, printed); `MRG_PG_SEED=S` replays one schedule and prints its timeline.
+//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres_faults.rs`:
+//! unset, the test is skipped with a message, except under CI (`CI` set), where it fails.
+//! Each schedule works in a schema of its own, dropped when the schedule passes.
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    pin::Pin,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use http_body::Body;
+use mcp_replay_guard::{
+    Actor, IntentScope,
+    contract::{ContractRegistry, ToolContract},
+    fingerprint::FingerprintKey,
+    guard::{GuardLayer, GuardRequestBody},
+    integrations::server::IdempotencyLayer,
+    ledger::{MemoryLedger, PostgresLedger},
+};
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+use serde_json::Value;
+use support::*;
+use tower::Layer;
+
+/// Schedules in one run unless `MRG_PG_SCHEDULES` says otherwise: CI's share, a few seconds
+/// of wall time (see the README's figures).
+const DEFAULT_SCHEDULES: u64 = 10;
+
+/// The first seed unless `MRG_PG_BASE` says otherwise.
+const DEFAULT_BASE: u64 = 0x9E5C_0000;
+
+/// Longest a caller waits for one answer (its POST sent, its body read to the end). Every
+/// wait of the guard is bounded well inside it (the attach wait, the ledger's retries under
+/// the call's deadline); a call past it hangs, and that breaks the promise.
+const CALL_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The guards' attach wait: how long a repeat waits for another replica's attempt. Short, so
+/// that a schedule whose killed replica still holds its lease ends within seconds.
+const ATTACH: Duration = Duration::from_secs(3);
+
+/// How long a guard still reads a body its caller dropped (a killed replica's calls).
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// How long `slow_deploy` runs: long enough that a twin on another replica finds it
+/// dispatched and running.
+const SLOW_TOOL: Duration = Duration::from_millis(150);
+
+/// How long a dropped ledger's connections may take to leave the server.
+const CONNECTIONS_GONE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Irreversible,
+    Idempotent,
+    ReadOnly,
+}
+
+/// The intents a schedule draws its calls from: (tool, arguments, class).
+const INTENTS: [(&str, &str, Class); 6] = [
+    ("slow_deploy", r#"{"service":"a"}"#, Class::Irreversible),
+    ("slow_deploy", r#"{"service":"b"}"#, Class::Irreversible),
+    (
+        "deploy_release",
+        r#"{"service":"catalog","version":"v1"}"#,
+        Class::Irreversible,
+    ),
+    (
+        "create_payment",
+        r#"{"amount":100,"currency":"EUR"}"#,
+        Class::Idempotent,
+    ),
+    (
+        "create_payment",
+        r#"{"amount":250,"currency":"EUR"}"#,
+        Class::Idempotent,
+    ),
+    ("list_branches", "{}", Class::ReadOnly),
+];
+
+fn intent_args(intent: usize) -> Value {
+    serde_json::from_str(INTENTS[intent].1).expect("valid arguments")
+}
+
+fn intent_label(intent: usize) -> String {
+    let (tool, args, _) = INTENTS[intent];
+    format!("{tool}{args}")
+}
+
+/// The intent a run of the server's tool belongs to: its tool, and every argument the intent
+/// names (the tools record an absent optional one as null).
+fn intent_of_run(tool: &str, arguments: &Value) -> Option<usize> {
+    (0..INTENTS.len()).find(|&i| {
+        let (name, _, _) = INTENTS[i];
+        name == tool
+            && intent_args(i)
+                .as_object()
+                .expect("an object")
+                .iter()
+                .all(|(k, v)| arguments.get(k) == Some(v))
+    })
+}
+
+/// One replica of the plan.
+#[derive(Debug, Clone, Copy)]
+struct ReplicaPlan {
+    /// Its ledger connects through a relay the schedule may cut or kill.
+    relayed: bool,
+}
+
+/// One call of the plan: a caller on `replica` asks for `intent` at `at_ms`, and asks again
+/// after an error up to `retries` times, `backoff_ms` apart.
+#[derive(Debug, Clone, Copy)]
+struct CallPlan {
+    replica: usize,
+    intent: usize,
+    at_ms: u64,
+    retries: u8,
+    backoff_ms: u64,
+}
+
+/// A fault at a moment of the schedule.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// The relay of `replica` cuts the connection that carries the `skip + 1`-th COMMIT from
+    /// now, as `cut` says.
+    Cut {
+        replica: usize,
+        cut: Cut,
+        skip: usize,
+        at_ms: u64,
+    },
+    /// Every backend of the schedule's ledgers is terminated by the server.
+    TerminateAll { at_ms: u64 },
+    /// Every backend of one replica's ledger is terminated by the server.
+    TerminateOne { replica: usize, at_ms: u64 },
+    /// A relayed replica dies: its connections cut and no new one, its calls aborted, its
+    /// guard and ledger dropped. A new replica (a new ledger connection, a new guard) takes
+    /// its place `back_after_ms` later and asks its calls again.
+    Kill {
+        replica: usize,
+        at_ms: u64,
+        back_after_ms: u64,
+    },
+}
+
+impl Fault {
+    fn at_ms(&self) -> u64 {
+        match *self {
+            Fault::Cut { at_ms, .. }
+            | Fault::TerminateAll { at_ms }
+            | Fault::TerminateOne { at_ms, .. }
+            | Fault::Kill { at_ms, .. } => at_ms,
+        }
+    }
+}
+
+/// A schedule, drawn from its seed.
+#[derive(Debug, Clone)]
+struct Plan {
+    seed: u64,
+    replicas: Vec<ReplicaPlan>,
+    calls: Vec<CallPlan>,
+    faults: Vec<Fault>,
+}
+
+impl Plan {
+    fn generate(seed: u64) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let replicas: Vec<ReplicaPlan> = (0..rng.random_range(2..=4usize))
+            .map(|i| ReplicaPlan {
+                relayed: i > 0 && rng.random_bool(0.6),
+            })
+            .collect();
+        // A small space, so that twins and repeats are common; a slow irreversible tool in
+        // most, so that twins overlap an attempt in flight.
+        let mut space: Vec<usize> = Vec::new();
+        if rng.random_bool(0.8) {
+            space.push(rng.random_range(0..2));
+        }
+        while space.len() < rng.random_range(2..=3) {
+            let intent = rng.random_range(0..INTENTS.len());
+            if !space.contains(&intent) {
+                space.push(intent);
+            }
+        }
+        let mut calls = Vec::new();
+        for replica in 0..replicas.len() {
+            for _ in 0..rng.random_range(1..=3) {
+                calls.push(CallPlan {
+                    replica,
+                    intent: space[rng.random_range(0..space.len())],
+                    at_ms: rng.random_range(0..=300),
+                    retries: rng.random_range(1..=3),
+                    backoff_ms: rng.random_range(20..=150),
+                });
+            }
+        }
+        let relayed: Vec<usize> = (0..replicas.len())
+            .filter(|&r| replicas[r].relayed)
+            .collect();
+        let mut faults = Vec::new();
+        let count = if rng.random_bool(0.25) {
+            0
+        } else {
+            rng.random_range(1..=3)
+        };
+        for _ in 0..count {
+            let at_ms = rng.random_range(20..=400);
+            let fault = match rng.random_range(0..4) {
+                0 if !relayed.is_empty() => Fault::Cut {
+                    replica: relayed[rng.random_range(0..relayed.len())],
+                    cut: if rng.random_bool(0.5) {
+                        Cut::BeforeCommit
+                    } else {
+                        Cut::CommitAnswerLost
+                    },
+                    skip: rng.random_range(0..=3),
+                    at_ms,
+                },
+                3 if !relayed.is_empty()
+                    && !faults.iter().any(|f| matches!(f, Fault::Kill { .. })) =>
+                {
+                    Fault::Kill {
+                        replica: relayed[rng.random_range(0..relayed.len())],
+                        at_ms,
+                        back_after_ms: rng.random_range(50..=400),
+                    }
+                }
+                1 | 3 => Fault::TerminateAll { at_ms },
+                _ => Fault::TerminateOne {
+                    replica: rng.random_range(0..replicas.len()),
+                    at_ms,
+                },
+            };
+            faults.push(fault);
+        }
+        faults.sort_by_key(Fault::at_ms);
+        Plan {
+            seed,
+            replicas,
+            calls,
+            faults,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "seed {}", self.seed)?;
+        for (i, r) in self.replicas.iter().enumerate() {
+            let how = if r.relayed { "through a relay" } else { "direct" };
+            writeln!(f, "  replica r{i}: {how}")?;
+        }
+        for (i, c) in self.calls.iter().enumerate() {
+            writeln!(
+                f,
+                "  call c{i}: r{} asks {} at {} ms ({} retries, {} ms apart)",
+                c.replica,
+                intent_label(c.intent),
+                c.at_ms,
+                c.retries,
+                c.backoff_ms
+            )?;
+        }
+        if self.faults.is_empty() {
+            writeln!(f, "  no fault")?;
+        }
+        for fault in &self.faults {
+            writeln!(f, "  fault: {fault:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a caller was told by one POST.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    /// The tool's own answer (run now, or kept and handed back).
+    Tool,
+    /// The guard's: unknown outcome, held for review.
+    Held,
+    /// The guard's: another attempt is still in flight.
+    InProgress,
+    /// The guard's: every attempt the caller allowed lost its answer.
+    Unanswered,
+    /// The guard's: completed, result not kept.
+    NotKept,
+    /// Any other answer of the guard's.
+    Guard(String),
+    /// An error: transport, HTTP status, JSON-RPC error, a body cut short.
+    Error(String),
+    /// No answer within [`CALL_DEADLINE`].
+    Hung,
+}
+
+impl Answer {
+    /// A caller asks again after these (the guard says so for an unanswered call).
+    fn asks_again(&self) -> bool {
+        matches!(self, Answer::Error(_) | Answer::Unanswered)
+    }
+}
+
+/// One POST as its caller saw it.
+#[derive(Debug, Clone)]
+struct Post {
+    call: usize,
+    replica: String,
+    intent: usize,
+    try_no: u8,
+    asked: Instant,
+    /// The start of the poll of the body that yielded the JSON-RPC response: no guard can have
+    /// seen this answer delivered before it.
+    answered: Option<Instant>,
+    /// `None` while under way, and for ever for a killed caller's.
+    answer: Option<Answer>,
+    /// When the caller had its answer (or gave up on it).
+    ended: Option<Instant>,
+}
+
+/// What a schedule records as it runs: the callers' POSTs and a timeline.
+#[derive(Default)]
+struct Log {
+    posts: Vec<Post>,
+    notes: Vec<(Instant, String)>,
+}
+
+type SharedLog = Arc<Mutex<Log>>;
+
+fn note(log: &SharedLog, text: String) {
+    log.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .notes
+        .push((Instant::now(), text));
+}
+
+/// The guard of every replica (same actor, scope and key: one agent).
+fn guard(ledger: PostgresLedger) -> GuardLayer {
+    let registry = ContractRegistry::builder()
+        .tool("slow_deploy", ToolContract::irreversible())
+        .tool("deploy_release", ToolContract::irreversible())
+        .tool("create_payment", ToolContract::idempotent())
+        .tool("list_branches", ToolContract::read_only())
+        .build()
+        .expect("valid contracts");
+    GuardLayer::new(
+        ledger,
+        registry,
+        FingerprintKey::from_bytes(&[7; 32]).expect("a key"),
+    )
+    .actor(Actor::from("signed-process:com.example.agent"))
+    .intent_scope(IntentScope::from("run:pg-schedules"))
+    .attach_timeout(ATTACH)
+    .drain_timeout(DRAIN)
+}
+
+/// `url` with `application_name` set: the schedule finds its own backends by it (to
+/// terminate them, and to see that none is left), and no other test's.
+fn with_application_name(url: &str, name: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={name}")
+}
+
+/// The JSON-RPC response in a body read so far (JSON, or SSE `data:` lines complete so far).
+fn response_in(bytes: &[u8]) -> Option<Value> {
+    let is_response =
+        |v: &Value| v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some());
+    let text = String::from_utf8_lossy(bytes);
+    if let Ok(value) = serde_json::from_str::<Value>(text.trim())
+        && is_response(&value)
+    {
+        return Some(value);
+    }
+    let complete = text.rsplit_once('\n').map_or("", |(lines, _)| lines);
+    complete
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(is_response)
+}
+
+/// Reads a body to its end, as a caller that takes its whole answer does; returns when the
+/// frame that completed the JSON-RPC response was polled for, and the response.
+async fn read_answer<B>(body: B) -> Result<(Instant, Value), String>
+where
+    B: Body,
+    B::Error: std::fmt::Display,
+{
+    let mut body = std::pin::pin!(body);
+    let mut bytes = Vec::new();
+    let mut found = None;
+    loop {
+        let (polled_at, frame) = std::future::poll_fn(|cx| {
+            let polled_at = Instant::now();
+            Pin::as_mut(&mut body)
+                .poll_frame(cx)
+                .map(|frame| (polled_at, frame))
+        })
+        .await;
+        match frame {
+            None => break,
+            Some(Err(e)) => return Err(format!("the body ended with an error: {e}")),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(bytes::Buf::chunk(data));
+                    if found.is_none() {
+                        found = response_in(&bytes).map(|r| (polled_at, r));
+                    }
+                }
+            }
+        }
+    }
+    found.ok_or_else(|| {
+        format!(
+            "no JSON-RPC response in {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    })
+}
+
+/// What a JSON-RPC response tells its caller.
+fn classify(response: &Value) -> Answer {
+    if let Some(error) = response.get("error") {
+        return Answer::Error(format!("JSON-RPC error {error}"));
+    }
+    let Some(structured) = response.pointer("/result/structuredContent") else {
+        return Answer::Guard(format!("a result without structuredContent: {response}"));
+    };
+    let Some(guard) = structured.get("mcp_replay_guard") else {
+        return Answer::Tool;
+    };
+    match guard.get("why_not_resent").and_then(Value::as_str) {
+        Some("unknown outcome on a tool that may not be re-sent") => Answer::Held,
+        Some("an attempt of the same execution is still in flight") => Answer::InProgress,
+        Some("every attempt the caller allowed lost its answer") => Answer::Unanswered,
+        Some(why) if why.starts_with("the result was not kept") => Answer::NotKept,
+        why => Answer::Guard(format!("{why:?}")),
+    }
+}
+
+/// One POST through `layer`, its body read to the end.
+async fn post_once(
+    layer: &GuardLayer,
+    url: &str,
+    session: Option<&str>,
+    id: i64,
+    intent: usize,
+) -> (Option<Instant>, Answer) {
+    let mut client = layer.layer(hyper_client_with_body::<GuardRequestBody>());
+    let body = tool_call_body(id, INTENTS[intent].0, intent_args(intent));
+    let request = post(url, session, PROTOCOL_VERSION, body);
+    let response = match send(&mut client, request).await {
+        Ok(response) => response,
+        Err(e) => return (None, Answer::Error(error_chain(&*e))),
+    };
+    let status = response.status();
+    match read_answer(response.into_body()).await {
+        Ok((_, response)) if !status.is_success() => {
+            (None, Answer::Error(format!("HTTP {status}: {response}")))
+        }
+        Ok((at, response)) => (Some(at), classify(&response)),
+        Err(e) => (None, Answer::Error(format!("HTTP {status}: {e}"))),
+    }
+}
+
+/// A caller: asks at its moment, asks again after an error as the plan allows, and records
+/// every POST and what it was told.
+async fn caller(
+    call: usize,
+    plan: CallPlan,
+    replica: String,
+    layer: GuardLayer,
+    url: String,
+    session: Option<String>,
+    log: SharedLog,
+) {
+    for try_no in 0..=plan.retries {
+        let id = i64::try_from(call * 10 + usize::from(try_no) + 1).expect("small");
+        let post_index = {
+            let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+            log.posts.push(Post {
+                call,
+                replica: replica.clone(),
+                intent: plan.intent,
+                try_no,
+                asked: Instant::now(),
+                answered: None,
+                answer: None,
+                ended: None,
+            });
+            log.posts.len() - 1
+        };
+        let posted = tokio::time::timeout(
+            CALL_DEADLINE,
+            post_once(&layer, &url, session.as_deref(), id, plan.intent),
+        )
+        .await;
+        let (answered, answer) = posted.unwrap_or((None, Answer::Hung));
+        let again = answer.asks_again() && try_no < plan.retries;
+        {
+            let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+            let post = &mut log.posts[post_index];
+            post.answered = answered;
+            post.answer = Some(answer);
+            post.ended = Some(Instant::now());
+        }
+        if !again {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(plan.backoff_ms)).await;
+    }
+}
+
+/// A replica while the schedule runs.
+struct Replica {
+    name: String,
+    relay: Option<PgRelay>,
+    ledger: Option<PostgresLedger>,
+    layer: Option<GuardLayer>,
+    session: Option<String>,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+    killed: bool,
+}
+
+/// A replica's ledger (through a relay when `relayed`), guard and MCP session.
+async fn start_replica(
+    schema: &TestSchema,
+    name: String,
+    relayed: bool,
+    server: &TestServer,
+) -> Replica {
+    let relay = if relayed {
+        Some(PgRelay::start(&schema.url).await)
+    } else {
+        None
+    };
+    let url = with_application_name(&schema.url, &name);
+    let url = relay.as_ref().map_or(url.clone(), |relay| relay.url(&url));
+    let ledger = PostgresLedger::connect_with_schema(&url, &schema.name)
+        .await
+        .unwrap_or_else(|e| panic!("connecting replica {name}: {e}"));
+    let session = initialize(&mut hyper_client(), &server.url)
+        .await
+        .expect("an MCP session");
+    Replica {
+        name,
+        layer: Some(guard(ledger.clone())),
+        ledger: Some(ledger),
+        relay,
+        session,
+        callers: Vec::new(),
+        killed: false,
+    }
+}
+
+fn spawn_caller(
+    replica: &mut Replica,
+    call: usize,
+    plan: CallPlan,
+    start: tokio::time::Instant,
+    server: &TestServer,
+    log: &SharedLog,
+) {
+    let layer = replica.layer.clone().expect("a live replica");
+    let (name, url, session, log) = (
+        replica.name.clone(),
+        server.url.clone(),
+        replica.session.clone(),
+        log.clone(),
+    );
+    replica.callers.push(tokio::spawn(async move {
+        tokio::time::sleep_until(start + Duration::from_millis(plan.at_ms)).await;
+        caller(call, plan, name, layer, url, session, log).await;
+    }));
+}
+
+/// Terminates the backends whose `application_name` starts with `prefix`; how many.
+async fn terminate(admin: &PostgresLedger, prefix: &str) -> i64 {
+    let client = admin.pool().get().await.expect("the admin's connection");
+    let row = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND starts_with(application_name, $1::text)",
+            &[&prefix],
+        )
+        .await
+        .expect("pg_terminate_backend");
+    row.get(0)
+}
+
+/// The backends whose `application_name` starts with `prefix`.
+async fn backends(admin: &PostgresLedger, prefix: &str) -> Vec<String> {
+    let client = admin.pool().get().await.expect("the admin's connection");
+    client
+        .query(
+            "SELECT application_name || ' (' || state || ')' FROM pg_stat_activity \
+             WHERE starts_with(application_name, $1::text)",
+            &[&prefix],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|row| row.get::<_, Option<String>>(0).unwrap_or_default())
+        .collect()
+}
+
+/// What a schedule found.
+struct Outcome {
+    violations: Vec<String>,
+    timeline: Vec<String>,
+    effects: usize,
+    posts: usize,
+}
+
+/// Runs `plan` in its own schema; the schema is dropped when the schedule passes.
+async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
+    let prefix = format!("mrgps-{tag}-");
+    let admin = PostgresLedger::connect_with_schema(
+        &with_application_name(&schema.url, &format!("mrgpa-{tag}")),
+        &schema.name,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"));
+    let server = TestServer::start_with(ServerOptions {
+        slow_tool_delay: SLOW_TOOL,
+        idempotency: Some(IdempotencyLayer::new(
+            MemoryLedger::new(),
+            FingerprintKey::from_bytes(&[9; 32]).expect("a key"),
+        )),
+        ..ServerOptions::default()
+    })
+    .await;
+    let log: SharedLog = Arc::default();
+    let mut replicas = Vec::new();
+    for (i, r) in plan.replicas.iter().enumerate() {
+        replicas.push(start_replica(&schema, format!("{prefix}r{i}g0"), r.relayed, &server).await);
+    }
+
+    let start = tokio::time::Instant::now();
+    let started = Instant::now();
+    let mut calls: Vec<CallPlan> = plan.calls.clone();
+    for (i, call) in plan.calls.iter().enumerate() {
+        spawn_caller(&mut replicas[call.replica], i, *call, start, &server, &log);
+    }
+
+    // The faults, and the replica that comes back after a kill, in time order.
+    enum Step {
+        Fault(Fault),
+        ComeBack(usize),
+    }
+    let mut steps: Vec<(u64, Step)> = Vec::new();
+    for fault in &plan.faults {
+        steps.push((fault.at_ms(), Step::Fault(*fault)));
+        if let Fault::Kill {
+            replica,
+            at_ms,
+            back_after_ms,
+        } = *fault
+        {
+            steps.push((at_ms + back_after_ms, Step::ComeBack(replica)));
+        }
+    }
+    steps.sort_by_key(|(at, _)| *at);
+    let mut first_fault: Option<Instant> = None;
+    for (at_ms, step) in steps {
+        tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+        match step {
+            Step::Fault(fault) => {
+                first_fault.get_or_insert_with(Instant::now);
+                match fault {
+                    Fault::Cut {
+                        replica, cut, skip, ..
+                    } => {
+                        if let Some(relay) = &replicas[replica].relay {
+                            relay.arm(cut, skip);
+                        }
+                        note(&log, format!("r{replica}'s relay armed: {cut:?}, skip {skip}"));
+                    }
+                    Fault::TerminateAll { .. } => {
+                        let n = terminate(&admin, &prefix).await;
+                        note(&log, format!("{n} backends of the schedule terminated"));
+                    }
+                    Fault::TerminateOne { replica, .. } => {
+                        let name = replicas[replica].name.clone();
+                        let n = terminate(&admin, &name).await;
+                        note(&log, format!("{n} backends of r{replica} terminated"));
+                    }
+                    Fault::Kill { replica, .. } => {
+                        let r = &mut replicas[replica];
+                        if let Some(relay) = &r.relay {
+                            relay.kill();
+                        }
+                        for caller in &r.callers {
+                            caller.abort();
+                        }
+                        r.layer = None;
+                        r.ledger = None;
+                        r.killed = true;
+                        note(&log, format!("r{replica} killed"));
+                    }
+                }
+            }
+            Step::ComeBack(replica) => {
+                let name = format!("{prefix}r{replica}g1");
+                let mut back = start_replica(&schema, name, false, &server).await;
+                let now_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let theirs: Vec<CallPlan> = plan
+                    .calls
+                    .iter()
+                    .filter(|c| c.replica == replica)
+                    .map(|c| CallPlan {
+                        at_ms: now_ms + c.at_ms / 3,
+                        ..*c
+                    })
+                    .collect();
+                for call in theirs {
+                    calls.push(call);
+                    spawn_caller(&mut back, calls.len() - 1, call, start, &server, &log);
+                }
+                note(
+                    &log,
+                    format!("r{replica} back over a new connection, asking its calls again"),
+                );
+                replicas.push(back);
+            }
+        }
+    }
+
+    let mut violations = Vec::new();
+    // Every caller ends within its deadlines (each POST is bounded by CALL_DEADLINE; this
+    // bound only catches a caller stuck outside one).
+    let caller_bound = CALL_DEADLINE * 5 + Duration::from_secs(5);
+    for replica in &mut replicas {
+        for handle in replica.callers.drain(..) {
+            match tokio::time::timeout(caller_bound, handle).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_cancelled() => {}
+                Ok(Err(e)) => violations.push(format!("a caller of {} failed: {e}", replica.name)),
+                Err(_) => violations.push(format!(
+                    "a caller of {} was still waiting after {caller_bound:?}",
+                    replica.name
+                )),
+            }
+        }
+    }
+    // A killed caller's run may still be under way on the server.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while server.state.started("slow_deploy") > server.state.side_effects("slow_deploy")
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut runs: Vec<(Instant, usize, ToolRun)> = Vec::new();
+    for tool in ["slow_deploy", "deploy_release", "create_payment", "list_branches"] {
+        for run in server.state.tool_runs(tool) {
+            match intent_of_run(tool, &run.arguments) {
+                Some(intent) => runs.push((run.at, intent, run)),
+                None => violations.push(format!("{tool} ran for no intent of the plan: {run:?}")),
+            }
+        }
+    }
+    runs.sort_by_key(|(at, _, _)| *at);
+    violations.extend(check(&log.posts, &runs, first_fault));
+
+    let report = admin.verify().await;
+    match &report {
+        Ok(report) if report.is_ok() => {}
+        Ok(report) => violations.push(format!("the ledger does not verify: {report}")),
+        Err(e) => violations.push(format!("the ledger could not be verified: {e}")),
+    }
+
+    // Every ledger of the schedule dropped: none of their connections may stay.
+    let killed: Vec<String> = replicas
+        .iter()
+        .filter(|r| r.killed)
+        .map(|r| r.name.clone())
+        .collect();
+    let relays: Vec<PgRelay> = replicas.iter_mut().filter_map(|r| r.relay.take()).collect();
+    drop(replicas);
+    let deadline = tokio::time::Instant::now() + CONNECTIONS_GONE;
+    let mut left = backends(&admin, &prefix).await;
+    while !left.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = backends(&admin, &prefix).await;
+    }
+    if !left.is_empty() {
+        violations.push(format!(
+            "connections left {} s after every ledger was dropped (killed: {killed:?}): {left:?}",
+            CONNECTIONS_GONE.as_secs()
+        ));
+    }
+    drop(relays);
+
+    let timeline = timeline(started, &log, &runs);
+    if violations.is_empty() {
+        schema.drop(&admin).await;
+    } else {
+        violations.push(format!("the schedule's tables are kept in schema {}", schema.name));
+    }
+    Outcome {
+        effects: runs.len(),
+        posts: log.posts.len(),
+        violations,
+        timeline,
+    }
+}
+
+/// The promise, from what the callers were told and what the server ran.
+fn check(
+    posts: &[Post],
+    runs: &[(Instant, usize, ToolRun)],
+    first_fault: Option<Instant>,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for p in posts {
+        if p.answer == Some(Answer::Hung) {
+            violations.push(format!(
+                "c{} try {} ({}, {}) had no answer within {} s",
+                p.call,
+                p.try_no,
+                p.replica,
+                intent_label(p.intent),
+                CALL_DEADLINE.as_secs()
+            ));
+        }
+        // Before any fault, nothing can have made an outcome unknown: a twin attaches to the
+        // live attempt and is handed its answer.
+        if let (Some(answer), Some(ended)) = (&p.answer, p.ended)
+            && *answer != Answer::Tool
+            && first_fault.is_none_or(|fault| ended < fault)
+        {
+            violations.push(format!(
+                "c{} try {} ({}, {}) was answered {answer:?} before any fault",
+                p.call,
+                p.try_no,
+                p.replica,
+                intent_label(p.intent),
+            ));
+        }
+    }
+    let mut by_intent: BTreeMap<usize, Vec<&(Instant, usize, ToolRun)>> = BTreeMap::new();
+    for run in runs {
+        by_intent.entry(run.1).or_default().push(run);
+    }
+    for (intent, runs) in &by_intent {
+        if INTENTS[*intent].2 == Class::ReadOnly {
+            continue;
+        }
+        for pair in runs.windows(2) {
+            let (before, again) = (pair[0].0, pair[1].0);
+            let answered_between = posts.iter().any(|p| {
+                p.intent == *intent
+                    && p.answer == Some(Answer::Tool)
+                    && p.answered.is_some_and(|at| before < at && at < again)
+            });
+            if !answered_between {
+                violations.push(format!(
+                    "{} ran again (key {:?}) with no caller handed an answer since its run \
+                     under key {:?}",
+                    intent_label(*intent),
+                    pair[1].2.idempotency_key,
+                    pair[0].2.idempotency_key
+                ));
+            }
+        }
+    }
+    let mut by_key: BTreeMap<(usize, Option<String>), usize> = BTreeMap::new();
+    for (_, intent, run) in runs {
+        if INTENTS[*intent].2 == Class::ReadOnly {
+            continue;
+        }
+        *by_key
+            .entry((*intent, run.idempotency_key.clone()))
+            .or_default() += 1;
+    }
+    for ((intent, key), n) in by_key {
+        if n > 1 {
+            violations.push(format!(
+                "{} ran {n} times under Idempotency-Key {key:?}",
+                intent_label(intent)
+            ));
+        }
+    }
+    violations
+}
+
+/// What happened, in time order, from the schedule's start.
+fn timeline(started: Instant, log: &Log, runs: &[(Instant, usize, ToolRun)]) -> Vec<String> {
+    let ms = |at: Instant| at.saturating_duration_since(started).as_millis();
+    let mut lines: Vec<(Instant, String)> = log.notes.clone();
+    for p in &log.posts {
+        lines.push((
+            p.asked,
+            format!(
+                "c{} try {} asked on {}: {}",
+                p.call,
+                p.try_no,
+                p.replica,
+                intent_label(p.intent)
+            ),
+        ));
+        let told = match &p.answer {
+            None => "no answer (its caller was killed)".to_owned(),
+            Some(answer) => format!("{answer:?}"),
+        };
+        let at = p.answered.unwrap_or(p.asked);
+        lines.push((at, format!("c{} try {} told: {told}", p.call, p.try_no)));
+    }
+    for (at, intent, run) in runs {
+        lines.push((
+            *at,
+            format!(
+                "server ran {} under key {:?}",
+                intent_label(*intent),
+                run.idempotency_key
+            ),
+        ));
+    }
+    lines.sort_by_key(|(at, _)| *at);
+    lines
+        .into_iter()
+        .map(|(at, line)| format!("{:>6} ms  {line}", ms(at)))
+        .collect()
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    if value == "random" {
+        return Some(rand::random());
+    }
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number or `random`")),
+    )
+}
+
+/// Runs one schedule on a runtime of its own (a killed replica's leftover tasks end with it).
+fn run(plan: &Plan) -> Outcome {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
+    );
+    let schema = TestSchema::new("pgs").expect("the URL was checked");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let outcome = runtime.block_on(run_schedule(plan, schema, &tag));
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    outcome
+}
+
+fn report(plan: &Plan, outcome: &Outcome) -> String {
+    format!(
+        "schedule {seed} breaks the promise:\n{violations}\n\nplan:\n{plan}\ntimeline:\n{timeline}\n\n\
+         replay: MRG_PG_SEED={seed} cargo test --all-features --test pg_schedules -- --nocapture",
+        seed = plan.seed,
+        violations = outcome.violations.join("\n"),
+        timeline = outcome.timeline.join("\n"),
+    )
+}
+
+/// CI's budget of PostgreSQL schedules (`MRG_PG_SCHEDULES`, from `MRG_PG_BASE`), or one
+/// schedule replayed (`MRG_PG_SEED`).
+#[test]
+fn pg_schedules_keep_the_promise() {
+    if postgres_url().is_none() {
+        return;
+    }
+    if let Some(seed) = env_u64("MRG_PG_SEED") {
+        let plan = Plan::generate(seed);
+        let outcome = run(&plan);
+        println!("{plan}\ntimeline:\n{}", outcome.timeline.join("\n"));
+        assert!(outcome.violations.is_empty(), "{}", report(&plan, &outcome));
+        println!(
+            "schedule {seed}: no violation ({} POSTs, {} effects)",
+            outcome.posts, outcome.effects
+        );
+        return;
+    }
+    let count = env_u64("MRG_PG_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES);
+    let base = env_u64("MRG_PG_BASE").unwrap_or(DEFAULT_BASE);
+    println!("running {count} PostgreSQL schedules from seed {base}");
+    let started = Instant::now();
+    let (mut posts, mut effects) = (0, 0);
+    for i in 0..count {
+        let plan = Plan::generate(base.wrapping_add(i));
+        let outcome = run(&plan);
+        posts += outcome.posts;
+        effects += outcome.effects;
+        if !outcome.violations.is_empty() {
+            panic!("after {} schedules, {}", i + 1, report(&plan, &outcome));
+        }
+    }
+    println!(
+        "{count} schedules in {:.1} s, {posts} POSTs, {effects} effects, no violation",
+        started.elapsed().as_secs_f64()
+    );
+}
