@@ -232,11 +232,11 @@ impl Plan {
         }
         let mut calls = Vec::new();
         for replica in 0..replicas.len() {
-            for _ in 0..rng.random_range(1..=3) {
+            for _ in 0..rng.random_range(1..=4) {
                 calls.push(CallPlan {
                     replica,
                     intent: space[rng.random_range(0..space.len())],
-                    at_ms: rng.random_range(0..=300),
+                    at_ms: rng.random_range(0..=250),
                     retries: rng.random_range(1..=3),
                     backoff_ms: rng.random_range(20..=150),
                 });
@@ -252,16 +252,16 @@ impl Plan {
             rng.random_range(1..=3)
         };
         for _ in 0..count {
-            let at_ms = rng.random_range(20..=400);
-            let fault = match rng.random_range(0..4) {
-                0 if !relayed.is_empty() => Fault::Cut {
+            let at_ms = rng.random_range(0..=300);
+            let fault = match rng.random_range(0..5) {
+                0 | 4 if !relayed.is_empty() => Fault::Cut {
                     replica: relayed[rng.random_range(0..relayed.len())],
                     cut: if rng.random_bool(0.5) {
                         Cut::BeforeCommit
                     } else {
                         Cut::CommitAnswerLost
                     },
-                    skip: rng.random_range(0..=3),
+                    skip: rng.random_range(0..=2),
                     at_ms,
                 },
                 3 if !relayed.is_empty()
@@ -295,7 +295,11 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "seed {}", self.seed)?;
         for (i, r) in self.replicas.iter().enumerate() {
-            let how = if r.relayed { "through a relay" } else { "direct" };
+            let how = if r.relayed {
+                "through a relay"
+            } else {
+                "direct"
+            };
             writeln!(f, "  replica r{i}: {how}")?;
         }
         for (i, c) in self.calls.iter().enumerate() {
@@ -341,6 +345,20 @@ enum Answer {
 }
 
 impl Answer {
+    /// The kind of answer, for the figures of a run.
+    fn kind(&self) -> &'static str {
+        match self {
+            Answer::Tool => "tool",
+            Answer::Held => "held",
+            Answer::InProgress => "in progress",
+            Answer::Unanswered => "unanswered",
+            Answer::NotKept => "not kept",
+            Answer::Guard(_) => "other guard answer",
+            Answer::Error(_) => "error",
+            Answer::Hung => "hung",
+        }
+    }
+
     /// A caller asks again after these (the guard says so for an unanswered call).
     fn asks_again(&self) -> bool {
         matches!(self, Answer::Error(_) | Answer::Unanswered)
@@ -380,6 +398,15 @@ fn note(log: &SharedLog, text: String) {
         .push((Instant::now(), text));
 }
 
+/// What a replica's callers call through.
+#[derive(Clone)]
+enum Stack {
+    /// The guard over the replica's ledger.
+    Guard(GuardLayer),
+    /// A bare HTTP client, as without this crate: the check that the schedules can fail.
+    Bare,
+}
+
 /// The guard of every replica (same actor, scope and key: one agent).
 fn guard(ledger: PostgresLedger) -> GuardLayer {
     let registry = ContractRegistry::builder()
@@ -409,8 +436,9 @@ fn with_application_name(url: &str, name: &str) -> String {
 
 /// The JSON-RPC response in a body read so far (JSON, or SSE `data:` lines complete so far).
 fn response_in(bytes: &[u8]) -> Option<Value> {
-    let is_response =
-        |v: &Value| v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some());
+    let is_response = |v: &Value| {
+        v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some())
+    };
     let text = String::from_utf8_lossy(bytes);
     if let Ok(value) = serde_json::from_str::<Value>(text.trim())
         && is_response(&value)
@@ -484,18 +512,32 @@ fn classify(response: &Value) -> Answer {
     }
 }
 
-/// One POST through `layer`, its body read to the end.
+/// One POST through `stack`, its body read to the end.
 async fn post_once(
-    layer: &GuardLayer,
+    stack: &Stack,
     url: &str,
     session: Option<&str>,
     id: i64,
     intent: usize,
 ) -> (Option<Instant>, Answer) {
-    let mut client = layer.layer(hyper_client_with_body::<GuardRequestBody>());
     let body = tool_call_body(id, INTENTS[intent].0, intent_args(intent));
     let request = post(url, session, PROTOCOL_VERSION, body);
-    let response = match send(&mut client, request).await {
+    match stack {
+        Stack::Guard(layer) => {
+            let mut client = layer.layer(hyper_client_with_body::<GuardRequestBody>());
+            answer_of(send(&mut client, request).await).await
+        }
+        Stack::Bare => answer_of(send(&mut hyper_client(), request).await).await,
+    }
+}
+
+/// What a caller is told by a response (or by the error that came instead).
+async fn answer_of<B>(sent: Result<http::Response<B>, BoxError>) -> (Option<Instant>, Answer)
+where
+    B: Body,
+    B::Error: std::fmt::Display,
+{
+    let response = match sent {
         Ok(response) => response,
         Err(e) => return (None, Answer::Error(error_chain(&*e))),
     };
@@ -515,7 +557,7 @@ async fn caller(
     call: usize,
     plan: CallPlan,
     replica: String,
-    layer: GuardLayer,
+    stack: Stack,
     url: String,
     session: Option<String>,
     log: SharedLog,
@@ -538,7 +580,7 @@ async fn caller(
         };
         let posted = tokio::time::timeout(
             CALL_DEADLINE,
-            post_once(&layer, &url, session.as_deref(), id, plan.intent),
+            post_once(&stack, &url, session.as_deref(), id, plan.intent),
         )
         .await;
         let (answered, answer) = posted.unwrap_or((None, Answer::Hung));
@@ -562,17 +604,19 @@ struct Replica {
     name: String,
     relay: Option<PgRelay>,
     ledger: Option<PostgresLedger>,
-    layer: Option<GuardLayer>,
+    stack: Option<Stack>,
     session: Option<String>,
     callers: Vec<tokio::task::JoinHandle<()>>,
     killed: bool,
 }
 
-/// A replica's ledger (through a relay when `relayed`), guard and MCP session.
+/// A replica's ledger (through a relay when `relayed`), guard (unless `bare`: the ledger is
+/// then left unused) and MCP session.
 async fn start_replica(
     schema: &TestSchema,
     name: String,
     relayed: bool,
+    bare: bool,
     server: &TestServer,
 ) -> Replica {
     let relay = if relayed {
@@ -590,7 +634,11 @@ async fn start_replica(
         .expect("an MCP session");
     Replica {
         name,
-        layer: Some(guard(ledger.clone())),
+        stack: Some(if bare {
+            Stack::Bare
+        } else {
+            Stack::Guard(guard(ledger.clone()))
+        }),
         ledger: Some(ledger),
         relay,
         session,
@@ -607,7 +655,7 @@ fn spawn_caller(
     server: &TestServer,
     log: &SharedLog,
 ) {
-    let layer = replica.layer.clone().expect("a live replica");
+    let stack = replica.stack.clone().expect("a live replica");
     let (name, url, session, log) = (
         replica.name.clone(),
         server.url.clone(),
@@ -616,7 +664,7 @@ fn spawn_caller(
     );
     replica.callers.push(tokio::spawn(async move {
         tokio::time::sleep_until(start + Duration::from_millis(plan.at_ms)).await;
-        caller(call, plan, name, layer, url, session, log).await;
+        caller(call, plan, name, stack, url, session, log).await;
     }));
 }
 
@@ -652,15 +700,52 @@ async fn backends(admin: &PostgresLedger, prefix: &str) -> Vec<String> {
 }
 
 /// What a schedule found.
+#[derive(Default)]
 struct Outcome {
     violations: Vec<String>,
     timeline: Vec<String>,
     effects: usize,
     posts: usize,
+    /// How many POSTs were answered so, by kind of answer.
+    told: BTreeMap<&'static str, usize>,
+    /// Connections the relays cut at a COMMIT.
+    cuts: usize,
+    /// Backends the server terminated.
+    terminated: i64,
+    /// Replicas killed.
+    kills: usize,
 }
 
-/// Runs `plan` in its own schema; the schema is dropped when the schedule passes.
-async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
+impl Outcome {
+    fn add(&mut self, other: &Outcome) {
+        self.effects += other.effects;
+        self.posts += other.posts;
+        for (kind, n) in &other.told {
+            *self.told.entry(kind).or_default() += n;
+        }
+        self.cuts += other.cuts;
+        self.terminated += other.terminated;
+        self.kills += other.kills;
+    }
+
+    /// The figures of a run.
+    fn figures(&self) -> String {
+        let told: Vec<String> = self.told.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!(
+            "{} POSTs ({}), {} effects, {} COMMITs cut, {} backends terminated, {} replicas killed",
+            self.posts,
+            told.join(", "),
+            self.effects,
+            self.cuts,
+            self.terminated,
+            self.kills
+        )
+    }
+}
+
+/// Runs `plan` in its own schema through the guard (or, `bare`, without it); the schema is
+/// dropped when the schedule passes, and after a bare one, which is expected to fail.
+async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) -> Outcome {
     let prefix = format!("mrgps-{tag}-");
     let admin = PostgresLedger::connect_with_schema(
         &with_application_name(&schema.url, &format!("mrgpa-{tag}")),
@@ -680,7 +765,8 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
     let log: SharedLog = Arc::default();
     let mut replicas = Vec::new();
     for (i, r) in plan.replicas.iter().enumerate() {
-        replicas.push(start_replica(&schema, format!("{prefix}r{i}g0"), r.relayed, &server).await);
+        let name = format!("{prefix}r{i}g0");
+        replicas.push(start_replica(&schema, name, r.relayed, bare, &server).await);
     }
 
     let start = tokio::time::Instant::now();
@@ -709,6 +795,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
     }
     steps.sort_by_key(|(at, _)| *at);
     let mut first_fault: Option<Instant> = None;
+    let mut terminated = 0;
     for (at_ms, step) in steps {
         tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
         match step {
@@ -721,15 +808,20 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
                         if let Some(relay) = &replicas[replica].relay {
                             relay.arm(cut, skip);
                         }
-                        note(&log, format!("r{replica}'s relay armed: {cut:?}, skip {skip}"));
+                        note(
+                            &log,
+                            format!("r{replica}'s relay armed: {cut:?}, skip {skip}"),
+                        );
                     }
                     Fault::TerminateAll { .. } => {
                         let n = terminate(&admin, &prefix).await;
+                        terminated += n;
                         note(&log, format!("{n} backends of the schedule terminated"));
                     }
                     Fault::TerminateOne { replica, .. } => {
                         let name = replicas[replica].name.clone();
                         let n = terminate(&admin, &name).await;
+                        terminated += n;
                         note(&log, format!("{n} backends of r{replica} terminated"));
                     }
                     Fault::Kill { replica, .. } => {
@@ -740,7 +832,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
                         for caller in &r.callers {
                             caller.abort();
                         }
-                        r.layer = None;
+                        r.stack = None;
                         r.ledger = None;
                         r.killed = true;
                         note(&log, format!("r{replica} killed"));
@@ -749,7 +841,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
             }
             Step::ComeBack(replica) => {
                 let name = format!("{prefix}r{replica}g1");
-                let mut back = start_replica(&schema, name, false, &server).await;
+                let mut back = start_replica(&schema, name, false, bare, &server).await;
                 let now_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
                 let theirs: Vec<CallPlan> = plan
                     .calls
@@ -800,7 +892,12 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
 
     let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
     let mut runs: Vec<(Instant, usize, ToolRun)> = Vec::new();
-    for tool in ["slow_deploy", "deploy_release", "create_payment", "list_branches"] {
+    for tool in [
+        "slow_deploy",
+        "deploy_release",
+        "create_payment",
+        "list_branches",
+    ] {
         for run in server.state.tool_runs(tool) {
             match intent_of_run(tool, &run.arguments) {
                 Some(intent) => runs.push((run.at, intent, run)),
@@ -825,6 +922,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
         .map(|r| r.name.clone())
         .collect();
     let relays: Vec<PgRelay> = replicas.iter_mut().filter_map(|r| r.relay.take()).collect();
+    let cuts = relays.iter().map(PgRelay::fired).sum();
     drop(replicas);
     let deadline = tokio::time::Instant::now() + CONNECTIONS_GONE;
     let mut left = backends(&admin, &prefix).await;
@@ -841,16 +939,31 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str) -> Outcome {
     drop(relays);
 
     let timeline = timeline(started, &log, &runs);
-    if violations.is_empty() {
+    if violations.is_empty() || bare {
         schema.drop(&admin).await;
     } else {
-        violations.push(format!("the schedule's tables are kept in schema {}", schema.name));
+        violations.push(format!(
+            "the schedule's tables are kept in schema {}",
+            schema.name
+        ));
+    }
+    let mut told = BTreeMap::new();
+    for answer in log.posts.iter().filter_map(|p| p.answer.as_ref()) {
+        *told.entry(answer.kind()).or_default() += 1;
     }
     Outcome {
         effects: runs.len(),
         posts: log.posts.len(),
         violations,
         timeline,
+        told,
+        cuts,
+        terminated,
+        kills: plan
+            .faults
+            .iter()
+            .filter(|f| matches!(f, Fault::Kill { .. }))
+            .count(),
     }
 }
 
@@ -985,7 +1098,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs one schedule on a runtime of its own (a killed replica's leftover tasks end with it).
-fn run(plan: &Plan) -> Outcome {
+fn run(plan: &Plan, bare: bool) -> Outcome {
     static RUNS: AtomicU64 = AtomicU64::new(0);
     let tag = format!(
         "{}-{}",
@@ -998,7 +1111,7 @@ fn run(plan: &Plan) -> Outcome {
         .enable_all()
         .build()
         .expect("a runtime");
-    let outcome = runtime.block_on(run_schedule(plan, schema, &tag));
+    let outcome = runtime.block_on(run_schedule(plan, schema, &tag, bare));
     runtime.shutdown_timeout(Duration::from_secs(5));
     outcome
 }
@@ -1022,31 +1135,66 @@ fn pg_schedules_keep_the_promise() {
     }
     if let Some(seed) = env_u64("MRG_PG_SEED") {
         let plan = Plan::generate(seed);
-        let outcome = run(&plan);
+        let outcome = run(&plan, false);
         println!("{plan}\ntimeline:\n{}", outcome.timeline.join("\n"));
         assert!(outcome.violations.is_empty(), "{}", report(&plan, &outcome));
-        println!(
-            "schedule {seed}: no violation ({} POSTs, {} effects)",
-            outcome.posts, outcome.effects
-        );
+        println!("schedule {seed}: no violation; {}", outcome.figures());
         return;
     }
     let count = env_u64("MRG_PG_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES);
     let base = env_u64("MRG_PG_BASE").unwrap_or(DEFAULT_BASE);
     println!("running {count} PostgreSQL schedules from seed {base}");
     let started = Instant::now();
-    let (mut posts, mut effects) = (0, 0);
+    let mut total = Outcome::default();
     for i in 0..count {
         let plan = Plan::generate(base.wrapping_add(i));
-        let outcome = run(&plan);
-        posts += outcome.posts;
-        effects += outcome.effects;
+        let outcome = run(&plan, false);
+        total.add(&outcome);
         if !outcome.violations.is_empty() {
             panic!("after {} schedules, {}", i + 1, report(&plan, &outcome));
         }
     }
     println!(
-        "{count} schedules in {:.1} s, {posts} POSTs, {effects} effects, no violation",
-        started.elapsed().as_secs_f64()
+        "{count} schedules in {:.1} s, no violation; {}",
+        started.elapsed().as_secs_f64(),
+        total.figures()
     );
+}
+
+/// The checks can fail without a mutant: two replicas whose callers ask for one irreversible
+/// and one idempotent call at the same moment through a bare HTTP client (no guard, no
+/// ledger, as without this crate) run each twice, and the schedule says so. (The quick
+/// payment's second run may come after the first caller's answer, which makes it a new
+/// intent: only its missing key is certain to be reported.)
+#[test]
+fn a_client_without_the_guard_breaks_the_promise_and_the_schedules_say_so() {
+    if postgres_url().is_none() {
+        return;
+    }
+    let at_once = |replica, intent| CallPlan {
+        replica,
+        intent,
+        at_ms: 0,
+        retries: 0,
+        backoff_ms: 0,
+    };
+    let plan = Plan {
+        seed: 0,
+        replicas: vec![ReplicaPlan { relayed: false }; 2],
+        calls: vec![at_once(0, 0), at_once(1, 0), at_once(0, 3), at_once(1, 3)],
+        faults: Vec::new(),
+    };
+    let outcome = run(&plan, true);
+    let violations = outcome.violations.join("\n");
+    for expected in [
+        r#"slow_deploy{"service":"a"} ran again (key None) with no caller handed an answer"#,
+        r#"slow_deploy{"service":"a"} ran 2 times under Idempotency-Key None"#,
+        r#"create_payment{"amount":100,"currency":"EUR"} ran 2 times under Idempotency-Key None"#,
+    ] {
+        assert!(
+            violations.contains(expected),
+            "expected {expected:?} among the violations:\n{violations}\n{}",
+            outcome.timeline.join("\n")
+        );
+    }
 }
