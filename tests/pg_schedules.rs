@@ -152,6 +152,10 @@ fn intent_of_run(tool: &str, arguments: &Value) -> Option<usize> {
 struct ReplicaPlan {
     /// Its ledger connects through a relay the schedule may cut or kill.
     relayed: bool,
+    /// It connects (a replica scaled up) at this moment of the schedule, not before it starts:
+    /// a ledger that connects settles the executions whose owner is gone, while the other
+    /// replicas' calls are in flight.
+    joins_at_ms: Option<u64>,
 }
 
 /// One call of the plan: a caller on `replica` asks for `intent` at `at_ms`, and asks again
@@ -213,9 +217,10 @@ struct Plan {
 impl Plan {
     fn generate(seed: u64) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed);
-        let replicas: Vec<ReplicaPlan> = (0..rng.random_range(2..=4usize))
+        let mut replicas: Vec<ReplicaPlan> = (0..rng.random_range(2..=4usize))
             .map(|i| ReplicaPlan {
                 relayed: i > 0 && rng.random_bool(0.6),
+                joins_at_ms: None,
             })
             .collect();
         // A small space, so that twins and repeats are common; a slow irreversible tool in
@@ -282,6 +287,24 @@ impl Plan {
             faults.push(fault);
         }
         faults.sort_by_key(Fault::at_ms);
+        // Faults name only the replicas there from the start.
+        if rng.random_bool(0.4) {
+            let joins_at_ms = rng.random_range(50..=250);
+            let replica = replicas.len();
+            replicas.push(ReplicaPlan {
+                relayed: false,
+                joins_at_ms: Some(joins_at_ms),
+            });
+            for _ in 0..rng.random_range(1..=2) {
+                calls.push(CallPlan {
+                    replica,
+                    intent: space[rng.random_range(0..space.len())],
+                    at_ms: joins_at_ms + rng.random_range(0..=60),
+                    retries: rng.random_range(1..=3),
+                    backoff_ms: rng.random_range(20..=150),
+                });
+            }
+        }
         Plan {
             seed,
             replicas,
@@ -300,7 +323,10 @@ impl fmt::Display for Plan {
             } else {
                 "direct"
             };
-            writeln!(f, "  replica r{i}: {how}")?;
+            match r.joins_at_ms {
+                None => writeln!(f, "  replica r{i}: {how}")?,
+                Some(at) => writeln!(f, "  replica r{i}: {how}, joins at {at} ms")?,
+            }
         }
         for (i, c) in self.calls.iter().enumerate() {
             writeln!(
@@ -373,6 +399,8 @@ struct Post {
     intent: usize,
     try_no: u8,
     asked: Instant,
+    /// When the response's head came back.
+    head: Option<Instant>,
     /// The start of the poll of the body that yielded the JSON-RPC response: no guard can have
     /// seen this answer delivered before it.
     answered: Option<Instant>,
@@ -519,7 +547,7 @@ async fn post_once(
     session: Option<&str>,
     id: i64,
     intent: usize,
-) -> (Option<Instant>, Answer) {
+) -> Told {
     let body = tool_call_body(id, INTENTS[intent].0, intent_args(intent));
     let request = post(url, session, PROTOCOL_VERSION, body);
     match stack {
@@ -532,23 +560,50 @@ async fn post_once(
 }
 
 /// What a caller is told by a response (or by the error that came instead).
-async fn answer_of<B>(sent: Result<http::Response<B>, BoxError>) -> (Option<Instant>, Answer)
+async fn answer_of<B>(sent: Result<http::Response<B>, BoxError>) -> Told
 where
     B: Body,
     B::Error: std::fmt::Display,
 {
     let response = match sent {
         Ok(response) => response,
-        Err(e) => return (None, Answer::Error(error_chain(&*e))),
+        Err(e) => {
+            return Told {
+                head: None,
+                answered: None,
+                answer: Answer::Error(error_chain(&*e)),
+            };
+        }
     };
+    let head = Some(Instant::now());
     let status = response.status();
-    match read_answer(response.into_body()).await {
+    let (answered, answer) = match read_answer(response.into_body()).await {
         Ok((_, response)) if !status.is_success() => {
             (None, Answer::Error(format!("HTTP {status}: {response}")))
         }
         Ok((at, response)) => (Some(at), classify(&response)),
         Err(e) => (None, Answer::Error(format!("HTTP {status}: {e}"))),
+    };
+    Told {
+        head,
+        answered,
+        answer,
     }
+}
+
+/// What one POST told its caller, and when.
+struct Told {
+    /// When the response's head came back (the guard had taken the call in before).
+    head: Option<Instant>,
+    /// See [`Post::answered`].
+    answered: Option<Instant>,
+    answer: Answer,
+}
+
+/// The JSON-RPC id of a call's POST: the server's record of a run names the POST that
+/// caused it.
+fn jsonrpc_id(call: usize, try_no: u8) -> usize {
+    call * 10 + usize::from(try_no) + 1
 }
 
 /// A caller: asks at its moment, asks again after an error as the plan allows, and records
@@ -563,7 +618,7 @@ async fn caller(
     log: SharedLog,
 ) {
     for try_no in 0..=plan.retries {
-        let id = i64::try_from(call * 10 + usize::from(try_no) + 1).expect("small");
+        let id = i64::try_from(jsonrpc_id(call, try_no)).expect("small");
         let post_index = {
             let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
             log.posts.push(Post {
@@ -572,6 +627,7 @@ async fn caller(
                 intent: plan.intent,
                 try_no,
                 asked: Instant::now(),
+                head: None,
                 answered: None,
                 answer: None,
                 ended: None,
@@ -583,13 +639,18 @@ async fn caller(
             post_once(&stack, &url, session.as_deref(), id, plan.intent),
         )
         .await;
-        let (answered, answer) = posted.unwrap_or((None, Answer::Hung));
-        let again = answer.asks_again() && try_no < plan.retries;
+        let told = posted.unwrap_or(Told {
+            head: None,
+            answered: None,
+            answer: Answer::Hung,
+        });
+        let again = told.answer.asks_again() && try_no < plan.retries;
         {
             let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
             let post = &mut log.posts[post_index];
-            post.answered = answered;
-            post.answer = Some(answer);
+            post.head = told.head;
+            post.answered = told.answered;
+            post.answer = Some(told.answer);
             post.ended = Some(Instant::now());
         }
         if !again {
@@ -764,24 +825,35 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) ->
     .await;
     let log: SharedLog = Arc::default();
     let mut replicas = Vec::new();
+    // The replicas there from the start (the plan's first ones: the faults name them by index).
     for (i, r) in plan.replicas.iter().enumerate() {
-        let name = format!("{prefix}r{i}g0");
-        replicas.push(start_replica(&schema, name, r.relayed, bare, &server).await);
+        if r.joins_at_ms.is_none() {
+            let name = format!("{prefix}r{i}g0");
+            replicas.push(start_replica(&schema, name, r.relayed, bare, &server).await);
+        }
     }
 
     let start = tokio::time::Instant::now();
     let started = Instant::now();
     let mut calls: Vec<CallPlan> = plan.calls.clone();
     for (i, call) in plan.calls.iter().enumerate() {
-        spawn_caller(&mut replicas[call.replica], i, *call, start, &server, &log);
+        if plan.replicas[call.replica].joins_at_ms.is_none() {
+            spawn_caller(&mut replicas[call.replica], i, *call, start, &server, &log);
+        }
     }
 
     // The faults, and the replica that comes back after a kill, in time order.
     enum Step {
         Fault(Fault),
         ComeBack(usize),
+        Join(usize),
     }
     let mut steps: Vec<(u64, Step)> = Vec::new();
+    for (i, r) in plan.replicas.iter().enumerate() {
+        if let Some(at_ms) = r.joins_at_ms {
+            steps.push((at_ms, Step::Join(i)));
+        }
+    }
     for fault in &plan.faults {
         steps.push((fault.at_ms(), Step::Fault(*fault)));
         if let Fault::Kill {
@@ -838,6 +910,18 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) ->
                         note(&log, format!("r{replica} killed"));
                     }
                 }
+            }
+            Step::Join(replica) => {
+                let name = format!("{prefix}r{replica}g0");
+                let relayed = plan.replicas[replica].relayed;
+                let mut joined = start_replica(&schema, name, relayed, bare, &server).await;
+                for (i, call) in plan.calls.iter().enumerate() {
+                    if call.replica == replica {
+                        spawn_caller(&mut joined, i, *call, start, &server, &log);
+                    }
+                }
+                note(&log, format!("r{replica} joins over a new connection"));
+                replicas.push(joined);
             }
             Step::ComeBack(replica) => {
                 let name = format!("{prefix}r{replica}g1");
@@ -1010,15 +1094,26 @@ fn check(
         }
         for pair in runs.windows(2) {
             let (before, again) = (pair[0].0, pair[1].0);
+            // The guard took the POST that ran again in before its response's head came
+            // back (and before the run): an answer handed to a caller after that cannot have
+            // made it a new intent. A millisecond more for the ledger's clock, which counts a
+            // delivery in the same millisecond as the ask as before it.
+            let cause = post_of_run(posts, &pair[1].2);
+            let taken_in_by = cause
+                .and_then(|p| p.head)
+                .map_or(again, |head| head.min(again) + Duration::from_millis(2));
             let answered_between = posts.iter().any(|p| {
                 p.intent == *intent
                     && p.answer == Some(Answer::Tool)
-                    && p.answered.is_some_and(|at| before < at && at < again)
+                    && p.answered.is_some_and(|at| before < at && at < taken_in_by)
             });
             if !answered_between {
+                let by = cause.map_or("an unknown POST".to_owned(), |p| {
+                    format!("c{} try {}", p.call, p.try_no)
+                });
                 violations.push(format!(
-                    "{} ran again (key {:?}) with no caller handed an answer since its run \
-                     under key {:?}",
+                    "{} ran again (key {:?}, for {by}) with no caller handed an answer since \
+                     its run under key {:?} before that POST was taken in",
                     intent_label(*intent),
                     pair[1].2.idempotency_key,
                     pair[0].2.idempotency_key
@@ -1046,6 +1141,12 @@ fn check(
     violations
 }
 
+/// The POST whose JSON-RPC id the run carries.
+fn post_of_run<'a>(posts: &'a [Post], run: &ToolRun) -> Option<&'a Post> {
+    let id: usize = run.request_id.parse().ok()?;
+    posts.iter().find(|p| jsonrpc_id(p.call, p.try_no) == id)
+}
+
 /// What happened, in time order, from the schedule's start.
 fn timeline(started: Instant, log: &Log, runs: &[(Instant, usize, ToolRun)]) -> Vec<String> {
     let ms = |at: Instant| at.saturating_duration_since(started).as_millis();
@@ -1069,10 +1170,13 @@ fn timeline(started: Instant, log: &Log, runs: &[(Instant, usize, ToolRun)]) -> 
         lines.push((at, format!("c{} try {} told: {told}", p.call, p.try_no)));
     }
     for (at, intent, run) in runs {
+        let by = post_of_run(&log.posts, run).map_or(String::new(), |p| {
+            format!(" for c{} try {}", p.call, p.try_no)
+        });
         lines.push((
             *at,
             format!(
-                "server ran {} under key {:?}",
+                "server ran {}{by} under key {:?}",
                 intent_label(*intent),
                 run.idempotency_key
             ),
@@ -1180,14 +1284,20 @@ fn a_client_without_the_guard_breaks_the_promise_and_the_schedules_say_so() {
     };
     let plan = Plan {
         seed: 0,
-        replicas: vec![ReplicaPlan { relayed: false }; 2],
+        replicas: vec![
+            ReplicaPlan {
+                relayed: false,
+                joins_at_ms: None,
+            };
+            2
+        ],
         calls: vec![at_once(0, 0), at_once(1, 0), at_once(0, 3), at_once(1, 3)],
         faults: Vec::new(),
     };
     let outcome = run(&plan, true);
     let violations = outcome.violations.join("\n");
     for expected in [
-        r#"slow_deploy{"service":"a"} ran again (key None) with no caller handed an answer"#,
+        r#"slow_deploy{"service":"a"} ran again (key None, for c"#,
         r#"slow_deploy{"service":"a"} ran 2 times under Idempotency-Key None"#,
         r#"create_payment{"amount":100,"currency":"EUR"} ran 2 times under Idempotency-Key None"#,
     ] {
