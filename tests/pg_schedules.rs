@@ -257,7 +257,7 @@ impl Plan {
             rng.random_range(1..=3)
         };
         for _ in 0..count {
-            let at_ms = rng.random_range(0..=300);
+            let at_ms = rng.random_range(50..=400);
             let fault = match rng.random_range(0..5) {
                 0 | 4 if !relayed.is_empty() => Fault::Cut {
                     replica: relayed[rng.random_range(0..relayed.len())],
@@ -288,8 +288,8 @@ impl Plan {
         }
         faults.sort_by_key(Fault::at_ms);
         // Faults name only the replicas there from the start.
-        if rng.random_bool(0.4) {
-            let joins_at_ms = rng.random_range(50..=250);
+        if rng.random_bool(0.5) {
+            let joins_at_ms = rng.random_range(30..=200);
             let replica = replicas.len();
             replicas.push(ReplicaPlan {
                 relayed: false,
