@@ -18,14 +18,18 @@
 //!   answer is lost; every backend of the schedule terminated (`pg_terminate_backend`), or
 //!   one replica's; a relayed replica killed mid-call (its connections cut, its calls
 //!   aborted, its ledger dropped: its owner's lease outlives it, as a crashed process's
-//!   does) and a new replica in its place, over a new connection, repeating its calls.
+//!   does) and a new replica in its place, over a new connection, repeating its calls;
+//! - in half the plans, a replica that joins while the others' calls are in flight: a ledger
+//!   that connects settles the executions whose owner is gone, and must leave the others'.
 //!
 //! The checks read the plan, what each caller was told and the server's own record of its
-//! tools' runs, never the ledger's fields:
+//! tools' runs (each run traced to the POST that caused it by its JSON-RPC id), never the
+//! ledger's fields:
 //!
-//! - an intent of an irreversible or idempotent tool runs again only after a caller of it was
-//!   handed an answer since its previous run (a repeat after an answer is a new intent; before
-//!   one, it must link to the execution that ran, whatever its state);
+//! - an intent of an irreversible or idempotent tool runs again only if a caller of it was
+//!   handed an answer after its previous run and before the guard took in the POST that ran
+//!   it again (a repeat after an answer is a new intent; before one, it must link to the
+//!   execution that ran, whatever its state);
 //! - no two runs under one `Idempotency-Key`;
 //! - every call is answered within [`CALL_DEADLINE`]: a wait without end is a violation, not
 //!   a test timeout;
@@ -41,6 +45,10 @@
 //! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres_faults.rs`:
 //! unset, the test is skipped with a message, except under CI (`CI` set), where it fails.
 //! Each schedule works in a schema of its own, dropped when the schedule passes.
+//!
+//! A seed fixes the plan, not the interleaving: the schedules run in real time on a real
+//! server, so a replay repeats the same calls and faults at the same moments, and a race may
+//! fall the other way.
 
 mod support;
 
@@ -1096,14 +1104,16 @@ fn check(
             let (before, again) = (pair[0].0, pair[1].0);
             // The guard took the POST that ran again in before its response's head came
             // back (and before the run): an answer handed to a caller after that cannot have
-            // made it a new intent. A millisecond more for the ledger's clock, which counts a
-            // delivery in the same millisecond as the ask as before it.
+            // made it a new intent, nor can the answer to that POST itself. Two milliseconds
+            // more for the ledger's clock, which counts a delivery in the same millisecond as
+            // the ask as before it.
             let cause = post_of_run(posts, &pair[1].2);
             let taken_in_by = cause
                 .and_then(|p| p.head)
                 .map_or(again, |head| head.min(again) + Duration::from_millis(2));
             let answered_between = posts.iter().any(|p| {
                 p.intent == *intent
+                    && cause.is_none_or(|cause| !std::ptr::eq(p, cause))
                     && p.answer == Some(Answer::Tool)
                     && p.answered.is_some_and(|at| before < at && at < taken_in_by)
             });
