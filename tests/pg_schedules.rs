@@ -100,6 +100,9 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// dispatched and running.
 const SLOW_TOOL: Duration = Duration::from_millis(150);
 
+/// Longest wait of a step of the harness itself (see [`within`]).
+const HARNESS_DEADLINE: Duration = Duration::from_secs(30);
+
 /// How long a dropped ledger's connections may take to leave the server.
 const CONNECTIONS_GONE: Duration = Duration::from_secs(10);
 
@@ -695,12 +698,18 @@ async fn start_replica(
     };
     let url = with_application_name(&schema.url, &name);
     let url = relay.as_ref().map_or(url.clone(), |relay| relay.url(&url));
-    let ledger = PostgresLedger::connect_with_schema(&url, &schema.name)
-        .await
-        .unwrap_or_else(|e| panic!("connecting replica {name}: {e}"));
-    let session = initialize(&mut hyper_client(), &server.url)
-        .await
-        .expect("an MCP session");
+    let ledger = within(
+        "a replica's connection",
+        PostgresLedger::connect_with_schema(&url, &schema.name),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connecting replica {name}: {e}"));
+    let session = within(
+        "the MCP handshake",
+        initialize(&mut hyper_client(), &server.url),
+    )
+    .await
+    .expect("an MCP session");
     Replica {
         name,
         stack: Some(if bare {
@@ -739,33 +748,39 @@ fn spawn_caller(
 
 /// Terminates the backends whose `application_name` starts with `prefix`; how many.
 async fn terminate(admin: &PostgresLedger, prefix: &str) -> i64 {
-    let client = admin.pool().get().await.expect("the admin's connection");
-    let row = client
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid() \
-             AND starts_with(application_name, $1::text)",
-            &[&prefix],
-        )
-        .await
-        .expect("pg_terminate_backend");
-    row.get(0)
+    within("terminating backends", async {
+        let client = admin.pool().get().await.expect("the admin's connection");
+        let row = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                 AND starts_with(application_name, $1::text)",
+                &[&prefix],
+            )
+            .await
+            .expect("pg_terminate_backend");
+        row.get(0)
+    })
+    .await
 }
 
 /// The backends whose `application_name` starts with `prefix`.
 async fn backends(admin: &PostgresLedger, prefix: &str) -> Vec<String> {
-    let client = admin.pool().get().await.expect("the admin's connection");
-    client
-        .query(
-            "SELECT application_name || ' (' || state || ')' FROM pg_stat_activity \
-             WHERE starts_with(application_name, $1::text)",
-            &[&prefix],
-        )
-        .await
-        .expect("pg_stat_activity")
-        .iter()
-        .map(|row| row.get::<_, Option<String>>(0).unwrap_or_default())
-        .collect()
+    within("counting backends", async {
+        let client = admin.pool().get().await.expect("the admin's connection");
+        client
+            .query(
+                "SELECT application_name || ' (' || coalesce(state, '?') || ')' \
+                 FROM pg_stat_activity WHERE starts_with(application_name, $1::text)",
+                &[&prefix],
+            )
+            .await
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|row| row.get::<_, Option<String>>(0).unwrap_or_default())
+            .collect()
+    })
+    .await
 }
 
 /// What a schedule found.
@@ -816,9 +831,10 @@ impl Outcome {
 /// dropped when the schedule passes, and after a bare one, which is expected to fail.
 async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) -> Outcome {
     let prefix = format!("mrgps-{tag}-");
-    let admin = PostgresLedger::connect_with_schema(
-        &with_application_name(&schema.url, &format!("mrgpa-{tag}")),
-        &schema.name,
+    let admin_url = with_application_name(&schema.url, &format!("mrgpa-{tag}"));
+    let admin = within(
+        "the admin's connection",
+        PostgresLedger::connect_with_schema(&admin_url, &schema.name),
     )
     .await
     .unwrap_or_else(|e| panic!("connecting to {POSTGRES_URL_VAR}: {e}"));
@@ -1000,7 +1016,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) ->
     runs.sort_by_key(|(at, _, _)| *at);
     violations.extend(check(&log.posts, &runs, first_fault));
 
-    let report = admin.verify().await;
+    let report = within("the verification", admin.verify()).await;
     match &report {
         Ok(report) if report.is_ok() => {}
         Ok(report) => violations.push(format!("the ledger does not verify: {report}")),
@@ -1032,7 +1048,7 @@ async fn run_schedule(plan: &Plan, schema: TestSchema, tag: &str, bare: bool) ->
 
     let timeline = timeline(started, &log, &runs);
     if violations.is_empty() || bare {
-        schema.drop(&admin).await;
+        within("dropping the schema", schema.drop(&admin)).await;
     } else {
         violations.push(format!(
             "the schedule's tables are kept in schema {}",
@@ -1225,9 +1241,32 @@ fn run(plan: &Plan, bare: bool) -> Outcome {
         .enable_all()
         .build()
         .expect("a runtime");
-    let outcome = runtime.block_on(run_schedule(plan, schema, &tag, bare));
+    // A step of the harness that fails (a bounded wait of its own, a connection refused)
+    // fails the schedule with its plan, as a broken promise does.
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(run_schedule(plan, schema, &tag, bare))
+    }));
     runtime.shutdown_timeout(Duration::from_secs(5));
-    outcome
+    ran.unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Outcome {
+            violations: vec![format!("the schedule stopped: {message}")],
+            ..Outcome::default()
+        }
+    })
+}
+
+/// `future`, or a panic naming `what` once [`HARNESS_DEADLINE`] passed: the harness's own
+/// waits (connections, the MCP handshake, the queries that terminate and count backends, the
+/// verification) have an end too.
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(HARNESS_DEADLINE, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {HARNESS_DEADLINE:?}"))
 }
 
 fn report(plan: &Plan, outcome: &Outcome) -> String {
