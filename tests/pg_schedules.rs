@@ -415,7 +415,8 @@ struct Post {
     /// The start of the poll of the body that yielded the JSON-RPC response: no guard can have
     /// seen this answer delivered before it.
     answered: Option<Instant>,
-    /// `None` while under way, and for ever for a killed caller's.
+    /// `None` while under way, and for ever for a killed caller's that had read none (one
+    /// killed after it read its answer keeps it).
     answer: Option<Answer>,
     /// When the caller had its answer (or gave up on it).
     ended: Option<Instant>,
@@ -494,11 +495,17 @@ fn response_in(bytes: &[u8]) -> Option<Value> {
 
 /// Reads a body to its end, as a caller that takes its whole answer does; returns when the
 /// frame that completed the JSON-RPC response was polled for, and the response.
-async fn read_answer<B>(body: B) -> Result<(Instant, Value), String>
+/// `on_response` hears of the response as soon as its frame is read: the caller holds its
+/// answer from then on, even if it dies before the body ends.
+async fn read_answer<B>(
+    body: B,
+    on_response: impl FnOnce(Instant, &Value),
+) -> Result<(Instant, Value), String>
 where
     B: Body,
     B::Error: std::fmt::Display,
 {
+    let mut on_response = Some(on_response);
     let mut body = std::pin::pin!(body);
     let mut bytes = Vec::new();
     let mut found = None;
@@ -518,6 +525,11 @@ where
                     bytes.extend_from_slice(bytes::Buf::chunk(data));
                     if found.is_none() {
                         found = response_in(&bytes).map(|r| (polled_at, r));
+                        if let Some((at, response)) = &found
+                            && let Some(heard) = on_response.take()
+                        {
+                            heard(*at, response);
+                        }
                     }
                 }
             }
@@ -558,20 +570,35 @@ async fn post_once(
     session: Option<&str>,
     id: i64,
     intent: usize,
+    noted: &Noted,
 ) -> Told {
     let body = tool_call_body(id, INTENTS[intent].0, intent_args(intent));
     let request = post(url, session, PROTOCOL_VERSION, body);
     match stack {
         Stack::Guard(layer) => {
             let mut client = layer.layer(hyper_client_with_body::<GuardRequestBody>());
-            answer_of(send(&mut client, request).await).await
+            answer_of(send(&mut client, request).await, noted).await
         }
-        Stack::Bare => answer_of(send(&mut hyper_client(), request).await).await,
+        Stack::Bare => answer_of(send(&mut hyper_client(), request).await, noted).await,
+    }
+}
+
+/// A POST's entry in the log, written as it learns things: a caller killed mid-read has
+/// still had what it read.
+struct Noted {
+    log: SharedLog,
+    index: usize,
+}
+
+impl Noted {
+    fn update(&self, change: impl FnOnce(&mut Post)) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        change(&mut log.posts[self.index]);
     }
 }
 
 /// What a caller is told by a response (or by the error that came instead).
-async fn answer_of<B>(sent: Result<http::Response<B>, BoxError>) -> Told
+async fn answer_of<B>(sent: Result<http::Response<B>, BoxError>, noted: &Noted) -> Told
 where
     B: Body,
     B::Error: std::fmt::Display,
@@ -587,8 +614,17 @@ where
         }
     };
     let head = Some(Instant::now());
+    noted.update(|post| post.head = head);
     let status = response.status();
-    let (answered, answer) = match read_answer(response.into_body()).await {
+    let heard = |at: Instant, response: &Value| {
+        if status.is_success() {
+            noted.update(|post| {
+                post.answered = Some(at);
+                post.answer = Some(classify(response));
+            });
+        }
+    };
+    let (answered, answer) = match read_answer(response.into_body(), heard).await {
         Ok((_, response)) if !status.is_success() => {
             (None, Answer::Error(format!("HTTP {status}: {response}")))
         }
@@ -645,9 +681,13 @@ async fn caller(
             });
             log.posts.len() - 1
         };
+        let noted = Noted {
+            log: log.clone(),
+            index: post_index,
+        };
         let posted = tokio::time::timeout(
             CALL_DEADLINE,
-            post_once(&stack, &url, session.as_deref(), id, plan.intent),
+            post_once(&stack, &url, session.as_deref(), id, plan.intent, &noted),
         )
         .await;
         let told = posted.unwrap_or(Told {
@@ -1188,9 +1228,10 @@ fn timeline(started: Instant, log: &Log, runs: &[(Instant, usize, ToolRun)]) -> 
                 intent_label(p.intent)
             ),
         ));
-        let told = match &p.answer {
-            None => "no answer (its caller was killed)".to_owned(),
-            Some(answer) => format!("{answer:?}"),
+        let told = match (&p.answer, p.ended) {
+            (None, _) => "no answer (its caller was killed)".to_owned(),
+            (Some(answer), None) => format!("{answer:?}, and then its caller was killed"),
+            (Some(answer), Some(_)) => format!("{answer:?}"),
         };
         let at = p.answered.unwrap_or(p.asked);
         lines.push((at, format!("c{} try {} told: {told}", p.call, p.try_no)));
