@@ -14,6 +14,7 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
+use tokio_util::sync::CancellationToken;
 
 /// A simple-protocol `Query` message holding `COMMIT` (what the client sends).
 const COMMIT_QUERY: &[u8] = b"Q\x00\x00\x00\x0bCOMMIT\x00";
@@ -48,6 +49,7 @@ pub struct PgRelay {
     armed: Arc<Mutex<Option<Armed>>>,
     fired: Arc<AtomicUsize>,
     down: Arc<AtomicBool>,
+    killed: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -60,15 +62,17 @@ impl PgRelay {
         let armed: Arc<Mutex<Option<Armed>>> = Arc::default();
         let fired = Arc::new(AtomicUsize::new(0));
         let down = Arc::new(AtomicBool::new(false));
+        let killed = CancellationToken::new();
         let cuts = Cuts {
             armed: armed.clone(),
             fired: fired.clone(),
             down: down.clone(),
+            killed: killed.clone(),
         };
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 // Out of reach: the connection is closed at once.
-                if cuts.down.load(Ordering::SeqCst) {
+                if cuts.down.load(Ordering::SeqCst) || cuts.killed.is_cancelled() {
                     continue;
                 }
                 let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -82,6 +86,7 @@ impl PgRelay {
             armed,
             fired,
             down,
+            killed,
             task,
         }
     }
@@ -108,6 +113,14 @@ impl PgRelay {
             skip,
             outage: true,
         });
+    }
+
+    /// The process behind the relay dies: every connection through it ends now, mid-message
+    /// if one is under way, and no new one opens, ever ([`restore`](Self::restore) does not
+    /// bring it back). What the process had not sent never reaches the server, and nothing it
+    /// holds (an owner's lease among them) is released.
+    pub fn kill(&self) {
+        self.killed.cancel();
     }
 
     /// Ends an outage.
@@ -168,6 +181,7 @@ struct Cuts {
     armed: Arc<Mutex<Option<Armed>>>,
     fired: Arc<AtomicUsize>,
     down: Arc<AtomicBool>,
+    killed: CancellationToken,
 }
 
 impl Cuts {
@@ -202,6 +216,7 @@ async fn relay(client: TcpStream, server: TcpStream, cuts: Cuts) {
     let (mut up_tail, mut down_tail) = (Vec::new(), Vec::new());
     loop {
         tokio::select! {
+            () = cuts.killed.cancelled() => break,
             read = from_client.read(&mut up) => {
                 let Ok(n @ 1..) = read else { break };
                 if holds(&mut up_tail, &up[..n], COMMIT_QUERY) && cuts.falls(Cut::BeforeCommit) {

@@ -120,6 +120,9 @@ pub struct ToolRun {
     pub request_id: String,
     /// The tool arguments as the tool parsed them.
     pub arguments: serde_json::Value,
+    /// When the body made its effect: a test that orders effects against what its callers
+    /// were told reads it.
+    pub at: Instant,
 }
 
 /// One HTTP request as seen by the server's fault layer.
@@ -421,6 +424,7 @@ impl ServerState {
             session_id: parts.and_then(|p| header(p, "mcp-session-id")),
             request_id: ctx.id.to_string(),
             arguments,
+            at: Instant::now(),
         };
         let mut inner = self.inner.lock().unwrap();
         let runs = inner.runs.entry(tool.to_owned()).or_default();
