@@ -40,6 +40,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
     plan::{Carrier, DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
+    stdio::StdioClient,
     target::{self, Started},
     witness::{self, Acked, AckedWrites, Witness},
 };
@@ -103,6 +104,8 @@ pub struct Shared {
     honoured: HashMap<String, Option<u64>>,
     key_actor: HashMap<String, String>,
     issued: HashMap<String, u64>,
+    /// When each intent (as the target names it) was first asked for, by any attempt.
+    intent_first_asked: HashMap<String, u64>,
     first_tag: HashMap<String, String>,
     delivered: HashMap<String, u64>,
     resolved: HashMap<String, u64>,
@@ -120,11 +123,39 @@ pub struct Shared {
     quiet_after: u64,
     holding: bool,
     target_up: bool,
+    /// The planned kills between a relay's write of an answer and the client's read of it
+    /// (process, which answer), until they fire.
+    answer_crashes: Vec<(usize, u32)>,
+    /// How many answers each process's relays handed to its callers, over its lives.
+    answers_written: HashMap<usize, u32>,
+    /// A process to kill before the next step: an answer was just written to it.
+    dies_after_answer: Option<usize>,
 }
 
 impl Shared {
     pub fn note(&mut self, text: String) {
         self.timeline.push((self.now_ms, text));
+    }
+
+    /// Process `p`'s relay handed an answer to its caller; `true` when the plan kills the
+    /// process right there, before the caller reads it.
+    pub fn answer_written(&mut self, p: usize) -> bool {
+        let written = self.answers_written.entry(p).or_default();
+        *written += 1;
+        let written = *written;
+        let Some(at) = self
+            .answer_crashes
+            .iter()
+            .position(|&(process, answer)| process == p && answer == written)
+        else {
+            return false;
+        };
+        self.answer_crashes.remove(at);
+        self.dies_after_answer = Some(p);
+        self.note(format!(
+            "p{p}: answer {written} is written to the client; the process dies before it is read"
+        ));
+        true
     }
 
     fn violation(&mut self, text: String) {
@@ -392,6 +423,10 @@ fn contracts(plan: &Plan, shared: &Arc<Mutex<Shared>>) -> ContractRegistry {
 /// What every credential of the simulation begins with: none may reach the ledger.
 const SECRET: &str = "secret-";
 
+/// The actor of every call in a stdio plan: the one principal of a stdio client, which
+/// carries no credential (it has no headers).
+const STDIO_ACTOR: u8 = 0;
+
 fn actor_name(actor: u8) -> String {
     format!("agent-{}", (b'a' + actor) as char)
 }
@@ -520,7 +555,20 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     .intent_scope(IntentScope::new("run:sim"))
     .attach_timeout(Duration::from_millis(env.plan.attach_ms))
     .drain_timeout(Duration::from_secs(5));
+    // A stdio client is one principal, and has no headers for the execution's key.
+    let layer = if env.plan.stdio {
+        layer
+            .actor(Actor::new(actor_name(STDIO_ACTOR)))
+            .execution_id_in_meta(true)
+    } else {
+        layer
+    };
     match env.stack {
+        Stack::Guard if env.plan.stdio => spawn_calls(
+            &env,
+            p,
+            StdioClient::new(env.shared.clone(), p, layer.clone()),
+        ),
         Stack::Guard => {
             let client = Client::builder(LocalExecutor).build::<_, GuardRequestBody>(connector());
             spawn_calls(
@@ -610,6 +658,11 @@ where
     else {
         return;
     };
+    let (actor, carrier) = if env.plan.stdio {
+        (STDIO_ACTOR, None)
+    } else {
+        (actor, carrier)
+    };
     let (number, name) = (actor, actor_name(actor));
     loop {
         let (attempt, next_at) = {
@@ -646,6 +699,8 @@ where
             let mut shared = env.shared.lock().unwrap();
             shared.progress.entry(id).or_default().attempts += 1;
             shared.issued.insert(tag.clone(), now);
+            let intent = format!("{actor}/{}/{}", tool.name(), json!({"x": args}));
+            shared.intent_first_asked.entry(intent).or_insert(now);
             shared.pending.insert(tag.clone());
             shared.note(format!("{actor} asks {tag}: {}(x={args})", tool.name()));
         }
@@ -805,7 +860,17 @@ fn read_answer(
         }
         return why.contains("not kept") || state == "denied";
     }
-    shared.note(format!("{actor} {tag}: status {status}"));
+    match message
+        .as_ref()
+        .and_then(|m| m.pointer("/error/code"))
+        .and_then(Value::as_i64)
+    {
+        // A JSON-RPC error (over stdio, every failure is one).
+        Some(code) => shared.note(format!(
+            "{actor} {tag}: status {status}, JSON-RPC error {code}"
+        )),
+        None => shared.note(format!("{actor} {tag}: status {status}")),
+    }
     false
 }
 
@@ -986,6 +1051,16 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     let shared = Arc::new(Mutex::new(Shared {
         disks: vec![None; plan.processes],
         target_up: true,
+        answer_crashes: plan
+            .entries
+            .iter()
+            .filter_map(|e| match *e {
+                Entry::CrashAfterAnswer {
+                    process, answer, ..
+                } if plan.stdio => Some((process, answer)),
+                _ => None,
+            })
+            .collect(),
         ..Shared::default()
     }));
     let path = dir.join("ledger.jsonl");
@@ -1024,7 +1099,14 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
             )
         });
         sim.host("target", move || {
-            target::serve(shared.clone(), plan.clone(), keys.clone())
+            let (shared, plan, keys) = (shared.clone(), plan.clone(), keys.clone());
+            async move {
+                if plan.stdio {
+                    let lines = target::serve_lines(shared.clone(), plan.clone(), keys.clone());
+                    tokio::task::spawn_local(lines);
+                }
+                target::serve(shared, plan, keys).await
+            }
         });
     }
     for p in 0..plan.processes {
@@ -1134,6 +1216,25 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
                 .entry(now + down_ms)
                 .or_default()
                 .push(Action::Restart(victim));
+        }
+        // A process killed between its relay's write of an answer and its read of it.
+        let dies = shared.lock().unwrap().dies_after_answer.take();
+        if let Some(p) = dies {
+            let down_ms = plan
+                .entries
+                .iter()
+                .find_map(|e| match *e {
+                    Entry::CrashAfterAnswer {
+                        process, down_ms, ..
+                    } if process == p => Some(down_ms),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            crash(&mut sim, &env, &mut down, Victim::Process(p), None);
+            actions
+                .entry(now + down_ms)
+                .or_default()
+                .push(Action::Restart(Victim::Process(p)));
         }
         let all_done = {
             let shared = shared.lock().unwrap();
@@ -1258,6 +1359,13 @@ fn apply(
                     sim.bounce(host.as_str());
                 }
             }
+        }
+        Action::Partition(p, on) if env.plan.stdio => {
+            // Turmoil drops a partitioned link's segments, and its TCP never sends them again:
+            // the stream would stall forever, which a pipe never does.
+            env.shared.lock().unwrap().note(format!(
+                "network: p{p}'s pipes to its child are not partitioned: {on}"
+            ));
         }
         Action::Partition(p, on) => {
             let host = format!("p{p}");
@@ -1445,10 +1553,14 @@ fn settled_at(
     candidates.extend(shared.delivered.get(key).copied());
     candidates.extend(shared.resolved.get(key).copied());
     let of_this = || acked.iter().filter(|a| a.execution_id.to_string() == key);
+    // A claim the ledger wrote and a crash kept from acknowledging has no acknowledged
+    // acceptance: the execution was still accepted no earlier than its intent was first asked
+    // for, the earliest its window can end from.
     let accepted = of_this()
         .filter(|a| a.event == "accepted")
         .map(|a| a.asked_ms)
-        .min();
+        .min()
+        .or_else(|| shared.intent_first_asked.get(&effect.intent).copied());
     // Whether a settling event of this execution survived in the ledger (its kind only).
     let kept = records.get(key).is_some_and(|(_, events)| {
         events.iter().any(|e| {
