@@ -22,6 +22,7 @@
 
 mod disk;
 mod plan;
+mod stdio;
 mod target;
 mod witness;
 mod world;

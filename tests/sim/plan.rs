@@ -184,6 +184,14 @@ pub enum Entry {
     },
     /// An operator resolves every held execution from what the target really did.
     Operator { at_ms: u64 },
+    /// In a stdio plan: process `process` is killed right after its relay wrote its
+    /// `answer`-th answer (counted over its lives) to the client and before the client read
+    /// it: the answer is in the client's pipe, and nobody reads it.
+    CrashAfterAnswer {
+        process: usize,
+        answer: u32,
+        down_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -205,6 +213,11 @@ pub struct Plan {
     /// every tool's key; else the target honours `set_flag`'s itself.
     #[serde(default)]
     pub server_half: bool,
+    /// Every agent process talks to the target as a stdio client does: through the crate's
+    /// relay, over newline-delimited JSON-RPC with a child the target runs per connection,
+    /// instead of HTTP.
+    #[serde(default)]
+    pub stdio: bool,
     pub entries: Vec<Entry>,
 }
 
@@ -216,12 +229,16 @@ pub const DEFAULT_RETENTION_MS: u64 = 3_600_000;
 /// seed drew before is drawn unchanged, with these added to it.
 const SECOND_DRAWS: u64 = 0x5EA4_5EA4_5EA4_5EA4;
 
-/// The seed of the fourth draws (callers that drop an answer unread), for the same reason.
-const FOURTH_DRAWS: u64 = 0x0DD5_0DD5_0DD5_0DD5;
-
 /// The seed of the third draws (more processes and actors, credentials that change, clock
 /// steps, compaction, an operator racing a live owner), for the same reason.
 const THIRD_DRAWS: u64 = 0x7C1D_7C1D_7C1D_7C1D;
+
+/// The seed of the fourth draws (callers that drop an answer unread), for the same reason.
+const FOURTH_DRAWS: u64 = 0x0DD5_0DD5_0DD5_0DD5;
+
+/// The seed of the fifth draws (the channel: stdio through the relay, and the crash between
+/// the relay's write of an answer and the client's read of it), for the same reason.
+const FIFTH_DRAWS: u64 = 0x57D1_057D_1057_D105;
 
 impl Plan {
     /// The plan of `seed`.
@@ -337,11 +354,13 @@ impl Plan {
             keep_results: [(); 4].map(|()| rng.random_bool(0.8)),
             retention_ms: [None; 4],
             server_half: false,
+            stdio: false,
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
         plan.draw_hosts(&mut StdRng::seed_from_u64(seed ^ THIRD_DRAWS));
         plan.draw_callers(&mut StdRng::seed_from_u64(seed ^ FOURTH_DRAWS));
+        plan.draw_channel(&mut StdRng::seed_from_u64(seed ^ FIFTH_DRAWS));
         plan
     }
 
@@ -369,6 +388,27 @@ impl Plan {
         self.entries.iter().any(
             |e| matches!(e, Entry::Unread { call: c, attempt: a } if *c == call && *a == attempt),
         )
+    }
+
+
+    /// The fifth draws: a third of the plans talk stdio through the relay; in some of those
+    /// with a file ledger (a process of a memory ledger is never killed: its ledger would die
+    /// with it), a process dies between the relay's write of an answer and the client's read.
+    fn draw_channel(&mut self, rng: &mut StdRng) {
+        self.stdio = rng.random_bool(1.0 / 3.0);
+        let (crash, process, answer, down_ms) = (
+            rng.random_bool(0.5),
+            rng.random_range(0..self.processes),
+            rng.random_range(1..=4),
+            rng.random_range(50..3_000),
+        );
+        if self.stdio && crash && self.ledger == LedgerKind::File {
+            self.entries.push(Entry::CrashAfterAnswer {
+                process,
+                answer,
+                down_ms,
+            });
+        }
     }
 
     /// The third draws: up to four processes on one file ledger, a third actor, calls in a
@@ -568,7 +608,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}, server half {}",
+            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}, server half {}, {}",
             self.seed,
             self.ledger,
             self.processes,
@@ -582,7 +622,12 @@ impl fmt::Display for Plan {
             self.attach_ms,
             self.keep_results,
             self.retention_ms,
-            self.server_half
+            self.server_half,
+            if self.stdio {
+                "stdio through the relay"
+            } else {
+                "HTTP"
+            }
         )?;
         for entry in &self.entries {
             writeln!(f, "  {entry:?}")?;

@@ -24,7 +24,7 @@ use http_body_util::{BodyExt, combinators::BoxBody};
 use hyper_util::{rt::TokioIo, service::TowerToHyperService};
 use mcp_replay_guard::integrations::server::IdempotencyLayer;
 use serde_json::{Value, json};
-use tower::Layer;
+use tower::{Layer, ServiceExt};
 
 use crate::{
     plan::{Fault, Plan, Tool},
@@ -32,6 +32,15 @@ use crate::{
 };
 
 pub const PORT: u16 = 80;
+/// Where the target serves its stdio face: each connection is one child process's stdin and
+/// stdout, newline-delimited JSON-RPC.
+pub const LINE_PORT: u16 = 81;
+/// The longest line either end of a child's pipes reads (rmcp's own bound).
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+/// Where a stdio caller puts, in `params._meta`, what an HTTP caller sends as `x-sim-tag` and
+/// `x-sim-actor` (the simulation's names for the attempt and its principal).
+pub const TAG_META: &str = "sim/tag";
+pub const ACTOR_META: &str = "sim/actor";
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -69,6 +78,161 @@ pub async fn serve(
             };
         });
     }
+}
+
+/// The target's stdio face (restarted with the target): every connection is a child started
+/// for one client, alive until either end closes it. Its `tools/call` lines run the same tools,
+/// ground truth and faults as the HTTP face.
+pub async fn serve_lines(
+    shared: Arc<Mutex<Shared>>,
+    plan: Arc<Plan>,
+    keys: Option<IdempotencyLayer>,
+) -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", LINE_PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (shared, plan, keys) = (shared.clone(), plan.clone(), keys.clone());
+        tokio::task::spawn_local(child(shared, plan, keys, stream));
+    }
+}
+
+/// What a child does with one line.
+enum Reply {
+    Line(Bytes),
+    /// The child closes its stdout and exits: the answer is lost, and so is every other one
+    /// it still owed.
+    Exit,
+    Nothing,
+}
+
+/// One child's life: each line is handled on a task of its own (runs overlap, so answers may
+/// come out of request order), each answer written as one line when it is ready.
+async fn child(
+    shared: Arc<Mutex<Shared>>,
+    plan: Arc<Plan>,
+    keys: Option<IdempotencyLayer>,
+    stream: turmoil::net::TcpStream,
+) {
+    use mcp_replay_guard::relay::lines::{Line, read_line, write_line};
+
+    let (read, mut write) = stream.into_split();
+    let mut reader = tokio::io::BufReader::new(read);
+    let (out, mut replies) = tokio::sync::mpsc::unbounded_channel::<Reply>();
+    let writing = async move {
+        while let Some(reply) = replies.recv().await {
+            match reply {
+                Reply::Line(line) => {
+                    if write_line(&mut write, &line).await.is_err() {
+                        return;
+                    }
+                }
+                Reply::Exit => return,
+                Reply::Nothing => {}
+            }
+        }
+    };
+    let reading = async move {
+        while let Ok(Some(Line::Message(line))) = read_line(&mut reader, MAX_LINE).await {
+            let (shared, plan, keys, out) =
+                (shared.clone(), plan.clone(), keys.clone(), out.clone());
+            tokio::task::spawn_local(async move {
+                let _ = out.send(reply(shared, plan, keys, line).await);
+            });
+        }
+    };
+    // Either end closing ends the child: its stdin (the client is gone) or its stdout.
+    tokio::select! {
+        () = writing => {}
+        () = reading => {}
+    }
+}
+
+/// The child's handling of one line: a `tools/call` goes through the same handler as an HTTP
+/// request, its tag, actor and key read from `params._meta`; the HTTP outcome is turned into
+/// what a stdio server does.
+async fn reply(
+    shared: Arc<Mutex<Shared>>,
+    plan: Arc<Plan>,
+    keys: Option<IdempotencyLayer>,
+    line: Bytes,
+) -> Reply {
+    let Ok(message) = serde_json::from_slice::<Value>(&line) else {
+        return Reply::Nothing;
+    };
+    let Some(id) = message.get("id").cloned() else {
+        return Reply::Nothing;
+    };
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}});
+        return Reply::Line(Bytes::from(answer.to_string()));
+    }
+    let meta = |name: &str| {
+        message
+            .pointer("/params/_meta")
+            .and_then(|meta| meta.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut request = Request::post("http://target/mcp")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", plan.era.version())
+        .header("x-sim-tag", meta(TAG_META))
+        .header("x-sim-actor", meta(ACTOR_META));
+    let key = meta(mcp_replay_guard::EXECUTION_ID_META_KEY);
+    if !key.is_empty() {
+        request = request.header("idempotency-key", key);
+    }
+    let request = request
+        .body(http_body_util::Full::new(line))
+        .expect("a valid request");
+    // One handler each: behind the server half it takes the half's request body.
+    let response = match keys {
+        Some(keys) => match keys
+            .layer(tower::service_fn(move |request| {
+                handle(shared.clone(), plan.clone(), request)
+            }))
+            .oneshot(request)
+            .await
+        {
+            Ok(response) => response.map(|body| body.map_err(std::io::Error::other).boxed()),
+            Err(_) => return Reply::Exit,
+        },
+        None => match handle(shared, plan, request).await {
+            Ok(response) => response,
+            Err(_) => return Reply::Exit,
+        },
+    };
+    let status = response.status();
+    let sse = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    // A cut stream is an answer lost after the effect.
+    let Ok(body) = response.into_body().collect().await else {
+        return Reply::Exit;
+    };
+    let body = body.to_bytes();
+    let message = if sse {
+        let text = String::from_utf8_lossy(&body);
+        let Some(data) = text.lines().find_map(|l| l.strip_prefix("data:")) else {
+            return Reply::Exit;
+        };
+        Bytes::from(data.trim().to_owned())
+    } else {
+        body
+    };
+    if matches!(status.as_u16(), 500 | 503) {
+        // A stdio server has no status: a server that failed says so with an internal error,
+        // which proves nothing about whether the tool ran.
+        let error = json!({"jsonrpc": "2.0", "id": id,
+            "error": {"code": -32603, "message": format!("sim: status {status}")}});
+        return Reply::Line(Bytes::from(error.to_string()));
+    }
+    // Any other answer is already a JSON-RPC message for its id (a 429 or a 409 carries a
+    // server error, which proves nothing either).
+    Reply::Line(message)
 }
 
 fn header<B>(request: &Request<B>, name: &str) -> String {

@@ -40,6 +40,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
     plan::{Carrier, DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
+    stdio::StdioClient,
     target::{self, Started},
     witness::{self, Acked, AckedWrites, Witness},
 };
@@ -103,6 +104,8 @@ pub struct Shared {
     honoured: HashMap<String, Option<u64>>,
     key_actor: HashMap<String, String>,
     issued: HashMap<String, u64>,
+    /// When each intent (as the target names it) was first asked for, by any attempt.
+    intent_first_asked: HashMap<String, u64>,
     first_tag: HashMap<String, String>,
     delivered: HashMap<String, u64>,
     resolved: HashMap<String, u64>,
@@ -120,11 +123,39 @@ pub struct Shared {
     quiet_after: u64,
     holding: bool,
     target_up: bool,
+    /// The planned kills between a relay's write of an answer and the client's read of it
+    /// (process, which answer), until they fire.
+    answer_crashes: Vec<(usize, u32)>,
+    /// How many answers each process's relays handed to its callers, over its lives.
+    answers_written: HashMap<usize, u32>,
+    /// A process to kill before the next step: an answer was just written to it.
+    dies_after_answer: Option<usize>,
 }
 
 impl Shared {
     pub fn note(&mut self, text: String) {
         self.timeline.push((self.now_ms, text));
+    }
+
+    /// Process `p`'s relay handed an answer to its caller; `true` when the plan kills the
+    /// process right there, before the caller reads it.
+    pub fn answer_written(&mut self, p: usize) -> bool {
+        let written = self.answers_written.entry(p).or_default();
+        *written += 1;
+        let written = *written;
+        let Some(at) = self
+            .answer_crashes
+            .iter()
+            .position(|&(process, answer)| process == p && answer == written)
+        else {
+            return false;
+        };
+        self.answer_crashes.remove(at);
+        self.dies_after_answer = Some(p);
+        self.note(format!(
+            "p{p}: answer {written} is written to the client; the process dies before it is read"
+        ));
+        true
     }
 
     fn violation(&mut self, text: String) {
@@ -392,6 +423,10 @@ fn contracts(plan: &Plan, shared: &Arc<Mutex<Shared>>) -> ContractRegistry {
 /// What every credential of the simulation begins with: none may reach the ledger.
 const SECRET: &str = "secret-";
 
+/// The actor of every call in a stdio plan: the one principal of a stdio client, which
+/// carries no credential (it has no headers).
+const STDIO_ACTOR: u8 = 0;
+
 fn actor_name(actor: u8) -> String {
     format!("agent-{}", (b'a' + actor) as char)
 }
@@ -522,7 +557,20 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     .intent_scope(IntentScope::new("run:sim"))
     .attach_timeout(Duration::from_millis(env.plan.attach_ms))
     .drain_timeout(Duration::from_secs(5));
+    // A stdio client is one principal, and has no headers for the execution's key.
+    let layer = if env.plan.stdio {
+        layer
+            .actor(Actor::new(actor_name(STDIO_ACTOR)))
+            .execution_id_in_meta(true)
+    } else {
+        layer
+    };
     match env.stack {
+        Stack::Guard if env.plan.stdio => spawn_calls(
+            &env,
+            p,
+            StdioClient::new(env.shared.clone(), p, layer.clone()),
+        ),
         Stack::Guard => {
             let client = Client::builder(LocalExecutor).build::<_, GuardRequestBody>(connector());
             spawn_calls(
@@ -612,6 +660,11 @@ where
     else {
         return;
     };
+    let (actor, carrier) = if env.plan.stdio {
+        (STDIO_ACTOR, None)
+    } else {
+        (actor, carrier)
+    };
     let (number, name) = (actor, actor_name(actor));
     loop {
         let (attempt, next_at) = {
@@ -648,6 +701,8 @@ where
             let mut shared = env.shared.lock().unwrap();
             shared.progress.entry(id).or_default().attempts += 1;
             shared.issued.insert(tag.clone(), now);
+            let intent = format!("{actor}/{}/{}", tool.name(), json!({"x": args}));
+            shared.intent_first_asked.entry(intent).or_insert(now);
             shared.pending.insert(tag.clone());
             shared.note(format!("{actor} asks {tag}: {}(x={args})", tool.name()));
         }
@@ -815,7 +870,17 @@ fn read_answer(
         }
         return why.contains("not kept") || state == "denied";
     }
-    shared.note(format!("{actor} {tag}: status {status}"));
+    match message
+        .as_ref()
+        .and_then(|m| m.pointer("/error/code"))
+        .and_then(Value::as_i64)
+    {
+        // A JSON-RPC error (over stdio, every failure is one).
+        Some(code) => shared.note(format!(
+            "{actor} {tag}: status {status}, JSON-RPC error {code}"
+        )),
+        None => shared.note(format!("{actor} {tag}: status {status}")),
+    }
     false
 }
 
@@ -998,6 +1063,16 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     let shared = Arc::new(Mutex::new(Shared {
         disks: vec![None; plan.processes],
         target_up: true,
+        answer_crashes: plan
+            .entries
+            .iter()
+            .filter_map(|e| match *e {
+                Entry::CrashAfterAnswer {
+                    process, answer, ..
+                } if plan.stdio => Some((process, answer)),
+                _ => None,
+            })
+            .collect(),
         ..Shared::default()
     }));
     let path = dir.join("ledger.jsonl");
@@ -1036,7 +1111,14 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
             )
         });
         sim.host("target", move || {
-            target::serve(shared.clone(), plan.clone(), keys.clone())
+            let (shared, plan, keys) = (shared.clone(), plan.clone(), keys.clone());
+            async move {
+                if plan.stdio {
+                    let lines = target::serve_lines(shared.clone(), plan.clone(), keys.clone());
+                    tokio::task::spawn_local(lines);
+                }
+                target::serve(shared, plan, keys).await
+            }
         });
     }
     for p in 0..plan.processes {
@@ -1146,6 +1228,25 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
                 .entry(now + down_ms)
                 .or_default()
                 .push(Action::Restart(victim));
+        }
+        // A process killed between its relay's write of an answer and its read of it.
+        let dies = shared.lock().unwrap().dies_after_answer.take();
+        if let Some(p) = dies {
+            let down_ms = plan
+                .entries
+                .iter()
+                .find_map(|e| match *e {
+                    Entry::CrashAfterAnswer {
+                        process, down_ms, ..
+                    } if process == p => Some(down_ms),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            crash(&mut sim, &env, &mut down, Victim::Process(p), None);
+            actions
+                .entry(now + down_ms)
+                .or_default()
+                .push(Action::Restart(Victim::Process(p)));
         }
         let all_done = {
             let shared = shared.lock().unwrap();
@@ -1273,6 +1374,13 @@ fn apply(
                     sim.bounce(host.as_str());
                 }
             }
+        }
+        Action::Partition(p, on) if env.plan.stdio => {
+            // Turmoil drops a partitioned link's segments, and its TCP never sends them again:
+            // the stream would stall forever, which a pipe never does.
+            env.shared.lock().unwrap().note(format!(
+                "network: p{p}'s pipes to its child are not partitioned: {on}"
+            ));
         }
         Action::Partition(p, on) => {
             let host = format!("p{p}");
@@ -1461,25 +1569,19 @@ fn settled_at(
     candidates.extend(shared.resolved.get(key).copied());
     let of_this = || acked.iter().filter(|a| a.execution_id.to_string() == key);
     // When it was accepted: the simulated time the witness saw the claim asked for, and what
-    // the machine clock read then. An acceptance whose acknowledgement a crash took (the claim
-    // was written, its process killed before the answer) is dated by its event instead, the
-    // one field of the ledger the oracle reads, where it cannot have seen the write itself: a
-    // machine reading, so from the start of the run in simulated time.
+    // the machine clock read then. A claim the ledger wrote and a crash kept from
+    // acknowledging has no acknowledged acceptance: it was accepted no earlier than its intent
+    // was first asked for and no later than the request that reached the target was asked,
+    // so its window ends no earlier than from the lowest reading of the clock in between.
+    let asked_here = shared.issued.get(&effect.tag).copied().unwrap_or(0);
     let accepted = of_this()
         .filter(|a| a.event == "accepted")
         .map(|a| a.asked_ms)
         .min()
         .map(|at| (at, machine_ms(steps, at)))
         .or_else(|| {
-            records.get(key).and_then(|(_, events)| {
-                events.iter().find_map(|e| match e.kind {
-                    EventKind::Accepted { .. } => {
-                        let reading = e.at.as_millis() as i64 - EPOCH_MS as i64;
-                        Some((0, reading))
-                    }
-                    _ => None,
-                })
-            })
+            let first = shared.intent_first_asked.get(&effect.intent).copied()?;
+            Some((first, lowest_reading(steps, first, asked_here.max(first))))
         });
     // Whether a settling event of this execution survived in the ledger (its kind only).
     let kept = records.get(key).is_some_and(|(_, events)| {
@@ -1529,6 +1631,16 @@ fn machine_ms(steps: &[(u64, i64)], at: u64) -> i64 {
             .filter(|(when, _)| *when <= at)
             .map(|(_, by)| by)
             .sum::<i64>()
+}
+
+/// The lowest reading of the agents' machine clock from simulated time `from` to `to`: at
+/// `from`, or right after a step back in between.
+fn lowest_reading(steps: &[(u64, i64)], from: u64, to: u64) -> i64 {
+    steps
+        .iter()
+        .filter(|(when, _)| *when > from && *when <= to)
+        .map(|(when, _)| machine_ms(steps, *when))
+        .fold(machine_ms(steps, from), i64::min)
 }
 
 /// The earliest simulated time from `from` on at which the agents' machine clock reads
