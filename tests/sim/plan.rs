@@ -390,7 +390,6 @@ impl Plan {
         )
     }
 
-
     /// The fifth draws: a third of the plans talk stdio through the relay; in some of those
     /// with a file ledger (a process of a memory ledger is never killed: its ledger would die
     /// with it), a process dies between the relay's write of an answer and the client's read.
