@@ -55,6 +55,8 @@ pub struct PlannedCrash {
     pub op: u32,
     pub phase: Phase,
     pub machine: bool,
+    /// Drawn as the plan's crash inside a disk operation (else a kill inside a compaction).
+    pub drawn: bool,
 }
 
 /// One life of one process's view of the disk.
@@ -69,6 +71,9 @@ pub struct ProcessDisk {
     pub dead: AtomicBool,
     /// A planned crash that fired, for the simulation to carry out.
     pub fired: Mutex<Option<PlannedCrash>>,
+    /// This life dies at its next directory sync (a compaction killed as it syncs the
+    /// directory that holds its file's new name).
+    pub die_at_dir_sync: AtomicBool,
 }
 
 fn dead() -> io::Error {
@@ -83,6 +88,7 @@ impl ProcessDisk {
             planned,
             dead: AtomicBool::new(false),
             fired: Mutex::new(None),
+            die_at_dir_sync: AtomicBool::new(false),
         }
     }
 
@@ -176,6 +182,16 @@ impl Disk for ProcessDisk {
     fn sync_dir(&self, dir: &std::path::Path) -> io::Result<()> {
         self.check()?;
         let op = self.ops.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.die_at_dir_sync.swap(false, Ordering::SeqCst) {
+            self.dead.store(true, Ordering::SeqCst);
+            *self.fired.lock().unwrap() = Some(PlannedCrash {
+                op,
+                phase: Phase::BeforeWrite,
+                machine: false,
+                drawn: false,
+            });
+            return Err(dead());
+        }
         if self.crash_here(op, Phase::BeforeWrite) {
             return Err(dead());
         }

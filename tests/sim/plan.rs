@@ -135,8 +135,15 @@ pub enum Entry {
     /// a retention, or back). The processes of one machine share its clock, and a file ledger's
     /// processes share one machine.
     ClockStep { at_ms: u64, by_ms: i64 },
-    /// Process `process` compacts the file ledger at `at_ms`, while the others append.
-    Compact { process: usize, at_ms: u64 },
+    /// Process `process` compacts the file ledger at `at_ms`, while the others append; with
+    /// `killed`, the process is killed inside the compaction, as it syncs the directory that
+    /// holds the compacted file's new name (and restarts 500 ms later).
+    Compact {
+        process: usize,
+        at_ms: u64,
+        #[serde(default)]
+        killed: bool,
+    },
     /// The caller of attempt `attempt` of call `call` drops the answer unread (a client that
     /// resets the connection): it was not delivered, and the caller asks again.
     Unread { call: u32, attempt: u8 },
@@ -235,6 +242,10 @@ const THIRD_DRAWS: u64 = 0x7C1D_7C1D_7C1D_7C1D;
 
 /// The seed of the fourth draws (callers that drop an answer unread), for the same reason.
 const FOURTH_DRAWS: u64 = 0x0DD5_0DD5_0DD5_0DD5;
+
+/// The seed of the sixth draws (a compaction killed at its directory sync, and a power loss
+/// after it), for the same reason.
+const SIXTH_DRAWS: u64 = 0xC0DE_C0DE_C0DE_C0DE;
 
 /// The seed of the fifth draws (the channel: stdio through the relay, and the crash between
 /// the relay's write of an answer and the client's read of it), for the same reason.
@@ -361,7 +372,28 @@ impl Plan {
         plan.draw_hosts(&mut StdRng::seed_from_u64(seed ^ THIRD_DRAWS));
         plan.draw_callers(&mut StdRng::seed_from_u64(seed ^ FOURTH_DRAWS));
         plan.draw_channel(&mut StdRng::seed_from_u64(seed ^ FIFTH_DRAWS));
+        plan.draw_compaction_kills(&mut StdRng::seed_from_u64(seed ^ SIXTH_DRAWS));
         plan
+    }
+
+    /// The sixth draws: in a third of the plans with a compaction, the compacting process is
+    /// killed at the compaction's directory sync, and the machine loses power 1–5 s later
+    /// (what a name not yet synced into its directory is exposed to).
+    fn draw_compaction_kills(&mut self, rng: &mut StdRng) {
+        let (kill, after) = (rng.random_bool(1.0 / 3.0), rng.random_range(1_000..5_000));
+        let compaction = self.entries.iter_mut().find_map(|e| match e {
+            Entry::Compact { at_ms, killed, .. } => Some((at_ms, killed)),
+            _ => None,
+        });
+        if let (true, Some((at_ms, killed))) = (kill, compaction) {
+            *killed = true;
+            let at_ms = *at_ms + after;
+            self.entries.push(Entry::Crash {
+                at_ms,
+                victim: Victim::Machine,
+                down_ms: 500,
+            });
+        }
     }
 
     /// The fourth draws: attempts whose caller drops the answer unread.
@@ -491,6 +523,7 @@ impl Plan {
             self.entries.push(Entry::Compact {
                 process: rng.random_range(0..processes),
                 at_ms: rng.random_range(0..12_000),
+                killed: false,
             });
         }
         if rng.random_bool(0.5) {

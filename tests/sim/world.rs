@@ -468,6 +468,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             op: *op,
             phase: *phase,
             machine: *machine,
+            drawn: true,
         }),
         _ => None,
     });
@@ -546,9 +547,9 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             shared.violation(format!("p{p}: an acknowledged write is gone: {write}"));
         }
     }
-    let disk =
+    let synced_on =
         (env.plan.ledger == LedgerKind::File).then(|| (env.machine.clone(), env.path.clone()));
-    let ledger: Arc<dyn Ledger> = Arc::new(Witness::new(ledger, env.acked.clone(), disk));
+    let ledger: Arc<dyn Ledger> = Arc::new(Witness::new(ledger, env.acked.clone(), synced_on));
     let layer = GuardLayer::new(
         ledger.clone(),
         contracts(&env.plan, &env.shared),
@@ -595,10 +596,16 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
                 let (env, layer, ledger) = (env.clone(), layer.clone(), ledger.clone());
                 tokio::task::spawn_local(async move { resolver(env, layer, ledger, at_ms).await });
             }
-            Entry::Compact { process, at_ms } if process == p => {
+            Entry::Compact {
+                process,
+                at_ms,
+                killed,
+            } if process == p => {
                 if let Some(file) = compactor.clone() {
-                    let env = env.clone();
-                    tokio::task::spawn_local(async move { compact(env, file, p, at_ms).await });
+                    let (env, disk) = (env.clone(), disk.clone());
+                    tokio::task::spawn_local(async move {
+                        compact(env, file, p, at_ms, killed.then_some(disk)).await
+                    });
                 }
             }
             _ => {}
@@ -898,10 +905,20 @@ async fn until(env: &Env, at_ms: u64) -> bool {
     true
 }
 
-/// Process `p` compacts the file ledger while the others go on appending.
-async fn compact(env: Arc<Env>, ledger: Arc<FileLedger>, p: usize, at_ms: u64) {
+/// Process `p` compacts the file ledger while the others go on appending; with `killed`, the
+/// process dies at the compaction's directory sync.
+async fn compact(
+    env: Arc<Env>,
+    ledger: Arc<FileLedger>,
+    p: usize,
+    at_ms: u64,
+    killed: Option<Arc<ProcessDisk>>,
+) {
     if !until(&env, at_ms).await {
         return;
+    }
+    if let Some(disk) = killed {
+        disk.die_at_dir_sync.store(true, Ordering::SeqCst);
     }
     let compacted = ledger.compact(Timestamp::now()).await;
     env.shared.lock().unwrap().note(format!(
@@ -1198,19 +1215,21 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
                 .collect()
         };
         for (p, planned) in fired {
-            let Some(Entry::DiskCrash {
-                tear,
-                corrupt,
-                down_ms,
-                ..
-            }) = plan
+            // A crash inside a compaction has no entry of its own: a kill, up again 500 ms on.
+            let (tear, corrupt, down_ms) = plan
                 .entries
                 .iter()
-                .find(|e| matches!(e, Entry::DiskCrash { process, .. } if *process == p))
-                .cloned()
-            else {
-                continue;
-            };
+                .find_map(|e| match *e {
+                    Entry::DiskCrash {
+                        process,
+                        tear,
+                        corrupt,
+                        down_ms,
+                        ..
+                    } if process == p && planned.drawn => Some((tear, corrupt, down_ms)),
+                    _ => None,
+                })
+                .unwrap_or((0, false, 500));
             let victim = if planned.machine {
                 Victim::Machine
             } else {
