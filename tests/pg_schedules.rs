@@ -1256,18 +1256,6 @@ fn timeline(started: Instant, log: &Log, runs: &[(Instant, usize, ToolRun)]) -> 
         .collect()
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    if value == "random" {
-        return Some(rand::random());
-    }
-    Some(
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number or `random`")),
-    )
-}
-
 /// Runs one schedule on a runtime of its own (a killed replica's leftover tasks end with it).
 fn run(plan: &Plan, bare: bool) -> Outcome {
     static RUNS: AtomicU64 = AtomicU64::new(0);

@@ -22,6 +22,8 @@
 
 mod disk;
 mod plan;
+#[path = "../support/seeds.rs"]
+mod seeds;
 mod stdio;
 mod target;
 mod witness;
@@ -34,6 +36,7 @@ use std::{
 };
 
 use plan::Plan;
+use seeds::env_u64;
 use world::{Outcome, Stack};
 
 /// How often a run prints how far it got.
@@ -61,18 +64,6 @@ fn run(plan: &Plan) -> Outcome {
             .try_init();
     }
     world::run(plan, &scratch(plan.seed), Stack::Guard)
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    if value == "random" {
-        return Some(rand::random());
-    }
-    Some(
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number or `random`")),
-    )
 }
 
 /// Drops plan entries while the schedule still fails; the shortest failing plan.

@@ -34,7 +34,7 @@ use serde_json::Value;
 use tokio::{io::AsyncWriteExt, sync::oneshot};
 
 use crate::{
-    target::{ACTOR_META, LINE_PORT, MAX_LINE, TAG_META},
+    target::{self, ACTOR_META, LINE_PORT, MAX_LINE, TAG_META},
     world::Shared,
 };
 
@@ -182,15 +182,10 @@ impl StdioClient {
         self,
         request: Request<Full<Bytes>>,
     ) -> Result<Response<Full<Bytes>>, BoxError> {
-        let header = |name: &str| {
-            request
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (tag, actor) = (header("x-sim-tag"), header("x-sim-actor"));
+        let (tag, actor) = (
+            target::header(&request, "x-sim-tag"),
+            target::header(&request, "x-sim-actor"),
+        );
         let body = request.into_body().collect().await?.to_bytes();
         let mut message: Value = serde_json::from_slice(&body)?;
         if let Some(params) = message.get_mut("params").and_then(Value::as_object_mut) {

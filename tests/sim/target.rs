@@ -235,7 +235,8 @@ async fn reply(
     Reply::Line(message)
 }
 
-fn header<B>(request: &Request<B>, name: &str) -> String {
+/// The value of header `name` of `request`, or empty.
+pub fn header<B>(request: &Request<B>, name: &str) -> String {
     request
         .headers()
         .get(name)
