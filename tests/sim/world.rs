@@ -109,6 +109,10 @@ pub struct Shared {
     first_tag: HashMap<String, String>,
     delivered: HashMap<String, u64>,
     resolved: HashMap<String, u64>,
+    /// Executions an operator settled as not applied (once their owner was gone), and when:
+    /// from then on a new execution of the intent is the operator's call, whenever its caller
+    /// asked.
+    resolved_not_applied: HashMap<String, u64>,
     /// The last request of each execution that reached the target (its tag).
     last_tag: HashMap<String, String>,
     /// Attempts whose caller still waits for the guard's answer.
@@ -994,7 +998,7 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
         (Err(LedgerError::StillRunning { .. }), _) | (Err(_), Some(_)) => {}
         (_, None) => {
             let now = shared.now_ms;
-            shared.resolved.entry(key).or_insert(now);
+            shared.resolved_not_applied.entry(key).or_insert(now);
         }
     }
     true
@@ -1538,8 +1542,26 @@ fn check_effects(
             let asked = |effect: &Effect| shared.issued.get(&effect.tag).copied().unwrap_or(0);
             let (a, b) = (asked(first), asked(second));
             let settled = |effect: &Effect| settled_at(plan, shared, acked, records, effect);
-            let ok =
-                settled(first).is_some_and(|s| s <= b) || settled(second).is_some_and(|s| s <= a);
+            // An operator's "not applied" lets the next execution start, for a caller asked
+            // before it too: the other's acceptance, not its ask, must come after it.
+            let accepted = |effect: &Effect| {
+                acked
+                    .iter()
+                    .filter(|w| w.event == "accepted" && w.execution_id.to_string() == effect.key)
+                    .map(|w| w.asked_ms)
+                    .min()
+            };
+            let not_applied_before = |earlier: &Effect, later: &Effect| {
+                shared
+                    .resolved_not_applied
+                    .get(&earlier.key)
+                    // (An acceptance a crash kept from being acknowledged: by the run itself.)
+                    .is_some_and(|at| *at <= accepted(later).unwrap_or(later.at))
+            };
+            let ok = settled(first).is_some_and(|s| s <= b)
+                || settled(second).is_some_and(|s| s <= a)
+                || not_applied_before(first, second)
+                || not_applied_before(second, first);
             if !ok {
                 shared.violation(format!(
                     "a second effect of {}: {} (asked at {a} ms by {}) and {} (asked at {b} ms by {}), neither settled before the other was asked for",
