@@ -49,6 +49,12 @@ impl ClientClose {
         }
     }
 
+    /// A connection whose socket is not looked at: it is seen to close only by hyper (a
+    /// simulated connection, which has no descriptor).
+    pub(super) fn unwatched() -> Arc<Self> {
+        Arc::new(Self { socket: None })
+    }
+
     /// Resolves once the client closed (FIN) or reset its connection, as the reactor reports
     /// it, also with bytes still unread before the close (a TLS `close_notify`, a pipelined
     /// request): those are left where they are, for hyper.

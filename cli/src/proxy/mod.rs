@@ -48,23 +48,30 @@
 //! the guard's uncertain answer as one more event. A `502` means nothing was sent, and is a
 //! JSON-RPC error for the request's id.
 
-use std::{convert::Infallible, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible, net::SocketAddr, pin::Pin, process::ExitCode, sync::Arc, time::Duration,
+};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Args;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use hyper::rt::Executor;
+use hyper_util::{
+    client::legacy::{Client, connect::Connect},
+    rt::TokioExecutor,
+};
 use mcp_replay_guard::{
     IntentScope,
     guard::{
-        DEFAULT_MAX_BODY_BYTES, Guard, GuardRequestBody, jsonrpc_error, redact_url, refused_request,
+        DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, GuardRequestBody, jsonrpc_error, redact_url,
+        refused_request,
     },
     protocol,
 };
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
+use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};
 
 mod answers;
 mod client_close;
@@ -74,6 +81,9 @@ mod origins;
 mod principals;
 mod request_body;
 mod serve;
+mod simulated;
+
+pub use simulated::SimulatedProxy;
 
 use clients::Sessions;
 use delivery::Deliveries;
@@ -149,7 +159,7 @@ struct Front {
     held: HeaderMap,
     sessions: Sessions,
     /// Around the guard: the OAuth metadata requests.
-    metadata: Client<tls::Connector, Full<Bytes>>,
+    metadata: MetadataClient,
     /// Cancelled at shutdown: listen streams end.
     stopping: CancellationToken,
 }
@@ -162,8 +172,98 @@ connection and the client then sent its next request on that connection or close
 A connection that breaks or is reset first leaves the answer undelivered, so the client's repeat \
 gets the kept result instead of running the tool again. Served over HTTP/1.1.";
 
-type Upstream = Guard<Client<tls::Connector, GuardRequestBody>>;
+/// The upstream's HTTP client under the guard, boxed: the command's connects over TCP (and
+/// TLS), the simulator's over simulated TCP, and the code between is the same.
+type UpstreamClient = BoxCloneSyncService<
+    Request<GuardRequestBody>,
+    Response<hyper::body::Incoming>,
+    hyper_util::client::legacy::Error,
+>;
+/// The client of the OAuth metadata requests, around the guard.
+type MetadataClient = BoxCloneSyncService<
+    Request<Full<Bytes>>,
+    Response<hyper::body::Incoming>,
+    hyper_util::client::legacy::Error,
+>;
+type Upstream = Guard<UpstreamClient>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What every connection of one proxy process is served with: the guard over the upstream's
+/// client, the upstream endpoint, and what every request shares.
+#[derive(Clone)]
+struct Proxy {
+    guard: Upstream,
+    upstream: Uri,
+    front: Arc<Front>,
+}
+
+impl Proxy {
+    /// The proxy of `layer` in front of `upstream`, connecting with `connector` (and spawning
+    /// the client's connection tasks on `executor`).
+    fn new<C, E>(
+        layer: &GuardLayer,
+        upstream: Uri,
+        connector: C,
+        executor: E,
+        origins: Origins,
+        principals: Principals,
+        held: HeaderMap,
+    ) -> Self
+    where
+        C: Connect + Clone + Send + Sync + 'static,
+        E: Executor<Pin<Box<dyn Future<Output = ()> + Send>>> + Clone + Send + Sync + 'static,
+    {
+        let front = Arc::new(Front {
+            origins,
+            principals,
+            held,
+            sessions: Sessions::default(),
+            metadata: BoxCloneSyncService::new(
+                Client::builder(executor.clone()).build(connector.clone()),
+            ),
+            stopping: CancellationToken::new(),
+        });
+        let guard = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(BoxCloneSyncService::new(
+                Client::builder(executor).build(connector),
+            ));
+        Self {
+            guard,
+            upstream,
+            front,
+        }
+    }
+
+    /// The service of one client connection, from that connection's deliveries.
+    fn handler(&self) -> impl Fn(Arc<Deliveries>) -> Connection + Send + Sync + 'static {
+        let proxy = self.clone();
+        move |deliveries| Connection {
+            proxy: proxy.clone(),
+            deliveries,
+        }
+    }
+}
+
+/// The service of one client connection: each request forwarded as that connection's.
+struct Connection {
+    proxy: Proxy,
+    deliveries: Arc<Deliveries>,
+}
+
+impl hyper::service::Service<Request<request_body::RequestBody>> for Connection {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<request_body::RequestBody>) -> Self::Future {
+        Box::pin(forward(
+            self.proxy.clone(),
+            self.deliveries.clone(),
+            request,
+        ))
+    }
+}
 
 pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     // The upstream URL may carry a credential: only its redacted form is printed.
@@ -218,40 +318,27 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
     let local = listener.local_addr()?;
-    let front = Arc::new(Front {
-        origins: Origins::new(
-            local,
-            listener_tls.scheme(),
-            &args.allowed_host,
-            &args.allowed_origin,
-        ),
+    let origins = Origins::new(
+        local,
+        listener_tls.scheme(),
+        &args.allowed_host,
+        &args.allowed_origin,
+    );
+    let proxy = Proxy::new(
+        &layer,
+        upstream,
+        connector,
+        TokioExecutor::new(),
+        origins,
         principals,
         held,
-        sessions: Sessions::default(),
-        metadata: Client::builder(TokioExecutor::new()).build(connector.clone()),
-        stopping: CancellationToken::new(),
-    });
-    let stopping = front.stopping.clone();
-    let guard: Upstream = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(Client::builder(TokioExecutor::new()).build(connector));
+    );
     // One line on stdout a script (or a test) can wait for.
     println!(
         "listening on {}://{local} -> {shown_upstream}",
         listener_tls.scheme()
     );
-    let handler = move |deliveries: Arc<Deliveries>| {
-        let (guard, upstream, front) = (guard.clone(), upstream.clone(), front.clone());
-        hyper::service::service_fn(move |request| {
-            forward(
-                guard.clone(),
-                upstream.clone(),
-                deliveries.clone(),
-                front.clone(),
-                request,
-            )
-        })
-    };
+    let stopping = proxy.front.stopping.clone();
     Ok(serve::serve(
         listener,
         listener_tls,
@@ -259,7 +346,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         &args.serve,
         &layer,
         stopping,
-        handler,
+        proxy.handler(),
     )
     .await)
 }
@@ -290,12 +377,15 @@ fn say_who_is_anonymous(names: &[HeaderName], held: &HeaderMap) {
 
 /// Forwards one request through the guard to the upstream endpoint, as its client's actor.
 async fn forward(
-    guard: Upstream,
-    upstream: Uri,
+    proxy: Proxy,
     deliveries: Arc<Deliveries>,
-    front: Arc<Front>,
     request: Request<request_body::RequestBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    let Proxy {
+        guard,
+        upstream,
+        front,
+    } = proxy;
     // Before anything of the request is read: a page elsewhere never acts through the proxy.
     if let Err(foreign) = front.origins.check(request.headers(), request.uri()) {
         tracing::warn!("refused: {foreign}");
@@ -461,7 +551,8 @@ async fn metadata(
     hold_headers(&front.held, &mut parts.headers);
     match front
         .metadata
-        .request(Request::from_parts(parts, Full::new(bytes)))
+        .clone()
+        .oneshot(Request::from_parts(parts, Full::new(bytes)))
         .await
     {
         Ok(response) => {

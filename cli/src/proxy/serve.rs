@@ -73,7 +73,7 @@ pub(super) struct ServeOptions {
     request_body_timeout: Duration,
     /// The slowest a request body may arrive, in bytes a second, once it takes longer than
     /// `--request-body-timeout`.
-    #[arg(long, default_value_t = 8192, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_MIN_RATE, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     request_body_min_rate: u64,
     /// The most client connections open at once; at the bound the proxy accepts no more until
     /// one closes (the kernel's backlog holds the rest).
@@ -303,6 +303,38 @@ where
         tracing::debug!(error = %describe(&error), "client connection ended");
     }
 }
+
+/// Serves one connection a simulated listener accepted from `peer`, as `serve` serves one:
+/// with the flags' default timeouts, no look at its socket (it has none), and no shutdown.
+pub(super) async fn serve_simulated<IO, F, S>(
+    io: IO,
+    handler: &F,
+    peer: SocketAddr,
+    shutdown: Watcher,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Arc<Deliveries>) -> S,
+    S: hyper::service::Service<
+            Request<RequestBody>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let client = Client {
+        peer,
+        close: ClientClose::unwatched(),
+        header_timeout: DEFAULT_TIMEOUT,
+        body_deadline: Arc::new(BodyDeadline::new(DEFAULT_TIMEOUT, DEFAULT_MIN_RATE)),
+    };
+    serve_connection(io, handler, shutdown, client).await;
+}
+
+/// `--header-timeout` and `--request-body-timeout` by default (their flags say `10s`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `--request-body-min-rate` by default.
+const DEFAULT_MIN_RATE: u64 = 8192;
 
 /// Accept errors, reported once per spell rather than once per error: a warning when a spell
 /// starts, one at most every [`REPEAT_WARNING`] while it lasts, and a summary when it ends.

@@ -10,7 +10,7 @@
 //!   way a line of progress is printed every 30 s (`--nocapture` shows it as it comes).
 //! - `MRG_SIM_SEED=S` replays one schedule and prints its timeline; `MRG_SIM_PLAN=FILE`
 //!   replays a plan written out as JSON (a failing run writes its shrunk plan so; the plans
-//!   of schedules that once failed are kept in `tests/sim/regressions/`).
+//!   of schedules that once failed are kept in `cli/tests/sim/regressions/`).
 //!
 //! A failing schedule is shrunk (entries of its plan dropped while it still fails) and
 //! printed as its plan and a readable timeline, with the command that replays it.
@@ -22,7 +22,7 @@
 
 mod disk;
 mod plan;
-#[path = "../support/seeds.rs"]
+#[path = "../../../tests/support/seeds.rs"]
 mod seeds;
 mod stdio;
 mod target;
@@ -102,7 +102,7 @@ fn report(plan: &Plan) -> String {
         shrink(plan)
     };
     format!(
-        "schedule {seed} breaks the promise:\n{violations}\n\nshrunk to {n} of {m} entries:\n{shrunk}\ntimeline:\n{timeline}\n\nreplay: MRG_SIM_SEED={seed} cargo test --all-features --test sim -- --nocapture\n{written}",
+        "schedule {seed} breaks the promise:\n{violations}\n\nshrunk to {n} of {m} entries:\n{shrunk}\ntimeline:\n{timeline}\n\nreplay: MRG_SIM_SEED={seed} cargo test -p replay-guard --all-features --test sim -- --nocapture\n{written}",
         seed = plan.seed,
         written = write_plan(&shrunk),
         violations = outcome.violations.join("\n"),
@@ -409,7 +409,7 @@ fn regressions_dir() -> PathBuf {
 /// The kept plans, in file name order.
 fn regression_plans() -> Vec<(PathBuf, Plan)> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(regressions_dir())
-        .expect("tests/sim/regressions")
+        .expect("cli/tests/sim/regressions")
         .map(|entry| entry.expect("a directory entry").path())
         .filter(|path| path.extension().is_some_and(|e| e == "json"))
         .collect();
@@ -442,7 +442,7 @@ fn write_plan(plan: &Plan) -> String {
     });
     match written {
         Ok(()) => format!(
-            "the shrunk plan is written to {path}: keep it as tests/sim/regressions/<what broke>.json once fixed; replay it: MRG_SIM_PLAN={path} cargo test --all-features --test sim -- --nocapture schedules_keep_the_promise",
+            "the shrunk plan is written to {path}: keep it as cli/tests/sim/regressions/<what broke>.json once fixed; replay it: MRG_SIM_PLAN={path} cargo test -p replay-guard --all-features --test sim -- --nocapture schedules_keep_the_promise",
             path = path.display()
         ),
         Err(error) => format!(

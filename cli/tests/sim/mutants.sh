@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Puts back, one at a time, bugs that were fixed, and runs the simulator on each: every one
 # must be found within the budget (MRG_SIM_SCHEDULES, default 10,000 schedules). Prints, per bug, after how many schedules it was found and what broke.
-# The patches are in tests/sim/mutants/; each is taken back out whatever happens. Those in
-# tests/sim/mutants/missed/ are bugs the simulator does not find yet (the README says why): not run.
-# Those in tests/sim/mutants/pg/ break the PostgreSQL ledger, which the simulator does not
+# The patches are in cli/tests/sim/mutants/; each is taken back out whatever happens. Those in
+# cli/tests/sim/mutants/missed/ are bugs the simulator does not find yet (the README says why): not run.
+# Those in cli/tests/sim/mutants/pg/ break the PostgreSQL ledger, which the simulator does not
 # drive: each runs against the PostgreSQL schedules (tests/pg_schedules.rs) within their budget
 # (MRG_PG_SCHEDULES, default 50), on the server of MCP_REPLAY_GUARD_POSTGRES_URL.
 # `mutants.sh sim` runs only the simulator's, `mutants.sh pg` only the PostgreSQL ones.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 only=${1:-}
 budget=${MRG_SIM_SCHEDULES:-10000}
 pg_budget=${MRG_PG_SCHEDULES:-50}
@@ -43,19 +43,19 @@ found_or_not() {
 }
 
 if [[ "$only" != pg ]]; then
-    for patch in tests/sim/mutants/*.patch; do
+    for patch in cli/tests/sim/mutants/*.patch; do
         run_mutant "$patch" env MRG_SIM_NO_SHRINK=1 MRG_SIM_SCHEDULES="$budget" \
-            cargo test --all-features --test sim -- --exact schedules_keep_the_promise
+            cargo test -p replay-guard --all-features --test sim -- --exact schedules_keep_the_promise
         found_or_not "$(basename "$patch" .patch)" "$budget"
     done
 fi
 
 if [[ "$only" != sim ]]; then
     if [[ -z "${MCP_REPLAY_GUARD_POSTGRES_URL:-}" ]]; then
-        echo "tests/sim/mutants/pg: skipped, MCP_REPLAY_GUARD_POSTGRES_URL is not set"
+        echo "cli/tests/sim/mutants/pg: skipped, MCP_REPLAY_GUARD_POSTGRES_URL is not set"
         [[ -z "${CI:-}" ]] || status=1
     else
-        for patch in tests/sim/mutants/pg/*.patch; do
+        for patch in cli/tests/sim/mutants/pg/*.patch; do
             run_mutant "$patch" env MRG_PG_SCHEDULES="$pg_budget" \
                 cargo test --all-features --test pg_schedules -- --exact pg_schedules_keep_the_promise
             found_or_not "$(basename "$patch" .patch)" "$pg_budget"
