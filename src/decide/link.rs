@@ -52,6 +52,10 @@ pub(crate) fn is_retained(
 ///   that reached a caller before this call was asked (a repeat after that is a new intent).
 ///   A result delivered after it was asked (to a twin that asked at the same time, while this
 ///   call waited) is handed back to this call too: otherwise the wait would end in a second run.
+/// - A result that settled no earlier than this call was asked is handed back whatever the
+///   window says: the call was asked while the execution was unsettled, and linked to it then
+///   (it waited on it); a second run now would be a second effect of an intent asked for while
+///   its first was in doubt.
 pub(crate) fn is_linkable(
     record: &ExecutionRecord,
     now: Timestamp,
@@ -68,7 +72,9 @@ pub(crate) fn is_linkable(
         S::Completed | S::ResolvedApplied => {
             // Strictly after: a delivery in the same millisecond as the call counts as
             // before it (a deliberate repeat right after its answer is a new execution).
-            record.delivered_at.is_none_or(|at| at > asked_at) && inside_window
+            let settled_since_asked = record.completed_at.is_some_and(|at| at >= asked_at);
+            record.delivered_at.is_none_or(|at| at > asked_at)
+                && (inside_window || settled_since_asked)
         }
         S::Denied | S::NotSent => inside_window,
         _ => false,
@@ -215,6 +221,42 @@ mod tests {
         let r = record_in(S::Accepted, false);
         let inside = Timestamp::from_millis(1_000);
         assert!(is_retained(&r, inside, |_| panic!("asked")));
+    }
+
+    /// Found by the simulator through the proxy: a repeat asked while an execution's outcome
+    /// was in doubt waited on it (attached) past its link window; a status probe then settled
+    /// it as applied, its result not kept, and the repeat, deciding again, found a completed
+    /// execution past its window and started a second run (a second charge). A result that
+    /// settled after the call was asked is the call's answer, whatever the window says.
+    #[test]
+    fn a_result_settled_after_a_call_was_asked_is_handed_back_past_the_window() {
+        for state in [ExecutionState::Completed, ExecutionState::ResolvedApplied] {
+            let mut r = record_in(state, false);
+            r.retain_until = Timestamp::from_millis(200_000);
+            r.completed_at = Some(Timestamp::from_millis(85_000));
+            let past_window = Timestamp::from_millis(90_000);
+            // Asked at 80 s, while it was unsettled; settled at 85 s.
+            assert!(
+                is_linkable(&r, past_window, Timestamp::from_millis(80_000), |_| true),
+                "{state}"
+            );
+            // Asked in the millisecond it settled: it may have been unsettled then.
+            assert!(
+                is_linkable(&r, past_window, Timestamp::from_millis(85_000), |_| true),
+                "{state}"
+            );
+            // Asked once it had settled: the window decides.
+            assert!(
+                !is_linkable(&r, past_window, Timestamp::from_millis(86_000), |_| true),
+                "{state}"
+            );
+            // Delivered to another caller before this one asked: a new intent.
+            r.delivered_at = Some(Timestamp::from_millis(85_500));
+            assert!(
+                !is_linkable(&r, past_window, Timestamp::from_millis(86_000), |_| true),
+                "{state}"
+            );
+        }
     }
 
     /// Found by the simulator (seed 7044674): a call that waited while its twin's result was

@@ -55,6 +55,20 @@ impl ClientClose {
         Arc::new(Self { socket: None })
     }
 
+    /// Whether the client's end acknowledged every byte the proxy wrote on the connection,
+    /// asked when the client closed it cleanly. A client that closes before an answer reached
+    /// it (its close crossed the answer on the way) sends a clean close all the same, and
+    /// resets only once the answer arrives; by then the proxy read the close. An answer the
+    /// client's end acknowledged before its close was read by the client: a close with bytes
+    /// unread would have been a reset. Where that cannot be asked (no descriptor, or a system
+    /// other than Linux), `true`: the close alone decides, as it did before.
+    pub(super) fn received_all(&self) -> bool {
+        self.socket
+            .as_deref()
+            .and_then(unacknowledged)
+            .is_none_or(|bytes| bytes == 0)
+    }
+
     /// Resolves once the client closed (FIN) or reset its connection, as the reactor reports
     /// it, also with bytes still unread before the close (a TLS `close_notify`, a pipelined
     /// request): those are left where they are, for hyper.
@@ -78,6 +92,24 @@ impl ClientClose {
             }
         })
     }
+}
+
+/// How many bytes written on `socket` its peer has not acknowledged yet (Linux's `SIOCOUTQ`:
+/// sent or not, not acknowledged), or `None` where that cannot be asked. By hand: no
+/// well-kept socket crate exposes this one `ioctl`.
+#[cfg(target_os = "linux")]
+fn unacknowledged(socket: &tokio::net::TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut bytes: nix::libc::c_int = 0;
+    // SAFETY: the descriptor is open for as long as `socket` is borrowed, and `TIOCOUTQ`
+    // (`SIOCOUTQ` on a TCP socket) writes one `int` to the pointer it is given.
+    let status = unsafe { nix::libc::ioctl(socket.as_raw_fd(), nix::libc::TIOCOUTQ, &mut bytes) };
+    (status == 0).then(|| u64::try_from(bytes).unwrap_or(0))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unacknowledged(_: &tokio::net::TcpStream) -> Option<u64> {
+    None
 }
 
 /// Another descriptor of `stream`'s socket, registered with the runtime on its own.

@@ -90,11 +90,16 @@ impl Body for Written {
     }
 }
 
+/// Whether the client's end took every byte written to it (it acknowledged them), asked when
+/// it closed the connection cleanly: only then does its close confirm what was written.
+pub(super) type ReceivedAll = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// The client connection, watched for what the delivery rule needs: a successful flush, and
-/// the client's next bytes (or clean close) after it.
+/// the client's next bytes (or clean close, once it took every byte) after it.
 pub(super) struct Watched<T> {
     inner: T,
     deliveries: Arc<Deliveries>,
+    received_all: ReceivedAll,
     /// Deliveries being recorded before the client's next bytes are handed on.
     confirming: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// What the client sent meanwhile (empty: it closed the connection).
@@ -108,10 +113,11 @@ pub(super) struct Watched<T> {
 }
 
 impl<T> Watched<T> {
-    pub(super) fn new(inner: T, deliveries: Arc<Deliveries>) -> Self {
+    pub(super) fn new(inner: T, deliveries: Arc<Deliveries>, received_all: ReceivedAll) -> Self {
         Self {
             inner,
             deliveries,
+            received_all,
             confirming: None,
             stash: None,
             shut_down: false,
@@ -148,9 +154,10 @@ impl<T: AsyncRead + Unpin> Watched<T> {
 
 impl<T> Watched<T> {
     /// The client closed the connection after the flushed answers: they are delivered, unless
-    /// that close came before them.
+    /// that close came before them, or crossed them on the way (the client's end did not take
+    /// every byte).
     fn client_closed(&mut self) {
-        if self.closed_before_answer {
+        if self.closed_before_answer || !(self.received_all)() {
             self.deliveries.discard();
         } else {
             self.confirming = Some(self.deliveries.confirm());

@@ -48,7 +48,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use super::{
     ProxyBody,
     client_close::{ClientClose, ClientLeft},
-    delivery::{Deliveries, Watched},
+    delivery::{Deliveries, ReceivedAll, Watched},
     request_body::{BodyDeadline, RequestBody},
 };
 use crate::{
@@ -149,11 +149,16 @@ where
                     return;
                 }
             };
+            let received_all: ReceivedAll = {
+                let close = close.clone();
+                Arc::new(move || close.received_all())
+            };
             let client = Client {
                 peer,
                 close,
                 header_timeout,
                 body_deadline,
+                received_all,
             };
             serve_connection(stream, &*handler, watcher, client).await;
         });
@@ -263,6 +268,8 @@ struct Client {
     close: Arc<ClientClose>,
     header_timeout: Duration,
     body_deadline: Arc<BodyDeadline>,
+    /// Whether the client's end took every byte written to it.
+    received_all: ReceivedAll,
 }
 
 /// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
@@ -279,7 +286,11 @@ where
     S::Future: Send + 'static,
 {
     let deliveries = Arc::new(Deliveries::default());
-    let io = TokioIo::new(Watched::new(io, deliveries.clone()));
+    let io = TokioIo::new(Watched::new(
+        io,
+        deliveries.clone(),
+        client.received_all.clone(),
+    ));
     let service = handler(deliveries);
     // Each request's body is read under the body deadline, and knows how to see its client
     // leave.
@@ -305,11 +316,13 @@ where
 }
 
 /// Serves one connection a simulated listener accepted from `peer`, as `serve` serves one:
-/// with the flags' default timeouts, no look at its socket (it has none), and no shutdown.
+/// with the flags' default timeouts, no look at its socket (it has none: `received_all` says
+/// what the simulated client's end took), and no shutdown.
 pub(super) async fn serve_simulated<IO, F, S>(
     io: IO,
     handler: &F,
     peer: SocketAddr,
+    received_all: ReceivedAll,
     shutdown: Watcher,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -327,6 +340,7 @@ pub(super) async fn serve_simulated<IO, F, S>(
         close: ClientClose::unwatched(),
         header_timeout: DEFAULT_TIMEOUT,
         body_deadline: Arc::new(BodyDeadline::new(DEFAULT_TIMEOUT, DEFAULT_MIN_RATE)),
+        received_all,
     };
     serve_connection(io, handler, shutdown, client).await;
 }

@@ -58,12 +58,19 @@ impl SimulatedProxy {
         }
     }
 
-    /// Serves one client connection from `peer` until it closes.
-    pub async fn serve<IO>(&self, io: IO, peer: SocketAddr)
-    where
+    /// Serves one client connection from `peer` until it closes; `received_all` says whether
+    /// the client's end took every byte written to it so far (what a real socket's
+    /// acknowledgements say).
+    pub async fn serve<IO>(
+        &self,
+        io: IO,
+        peer: SocketAddr,
+        received_all: impl Fn() -> bool + Send + Sync + 'static,
+    ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let handler = Arc::new(self.proxy.handler());
-        serve::serve_simulated(io, &*handler, peer, self.shutdown.watcher()).await;
+        let received_all = Arc::new(received_all);
+        serve::serve_simulated(io, &*handler, peer, received_all, self.shutdown.watcher()).await;
     }
 }

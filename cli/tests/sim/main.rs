@@ -22,6 +22,7 @@
 
 mod disk;
 mod plan;
+mod proxy;
 #[path = "../../../tests/support/seeds.rs"]
 mod seeds;
 mod stdio;

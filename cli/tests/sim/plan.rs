@@ -191,6 +191,10 @@ pub enum Entry {
     },
     /// An operator resolves every held execution from what the target really did.
     Operator { at_ms: u64 },
+    /// In a proxy plan: the caller of attempt `attempt` of call `call` closes its side of
+    /// the connection right after its request (a half-close, as `nc -N` does) and reads the
+    /// answer to its end.
+    HalfClose { call: u32, attempt: u8 },
     /// In a stdio plan: process `process` is killed right after its relay wrote its
     /// `answer`-th answer (counted over its lives) to the client and before the client read
     /// it: the answer is in the client's pipe, and nobody reads it.
@@ -225,6 +229,10 @@ pub struct Plan {
     /// instead of HTTP.
     #[serde(default)]
     pub stdio: bool,
+    /// Every agent process is a `replay-guard proxy` with its clients on the same host: the
+    /// callers send plain HTTP to it, and it guards the calls to the target.
+    #[serde(default)]
+    pub proxy: bool,
     pub entries: Vec<Entry>,
 }
 
@@ -246,6 +254,10 @@ const FOURTH_DRAWS: u64 = 0x0DD5_0DD5_0DD5_0DD5;
 /// The seed of the sixth draws (a compaction killed at its directory sync, and a power loss
 /// after it), for the same reason.
 const SIXTH_DRAWS: u64 = 0xC0DE_C0DE_C0DE_C0DE;
+
+/// The seed of the seventh draws (the proxy as the channel, and its half-closing callers),
+/// for the same reason.
+const SEVENTH_DRAWS: u64 = 0x9805_9805_9805_9805;
 
 /// The seed of the fifth draws (the channel: stdio through the relay, and the crash between
 /// the relay's write of an answer and the client's read of it), for the same reason.
@@ -366,6 +378,7 @@ impl Plan {
             retention_ms: [None; 4],
             server_half: false,
             stdio: false,
+            proxy: false,
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
@@ -373,6 +386,7 @@ impl Plan {
         plan.draw_callers(&mut StdRng::seed_from_u64(seed ^ FOURTH_DRAWS));
         plan.draw_channel(&mut StdRng::seed_from_u64(seed ^ FIFTH_DRAWS));
         plan.draw_compaction_kills(&mut StdRng::seed_from_u64(seed ^ SIXTH_DRAWS));
+        plan.draw_proxy(&mut StdRng::seed_from_u64(seed ^ SEVENTH_DRAWS));
         plan
     }
 
@@ -413,6 +427,34 @@ impl Plan {
                 }
             }
         }
+    }
+
+    /// The seventh draws: half the plans that are not stdio go through the proxy, and in
+    /// those some attempts' callers half-close.
+    fn draw_proxy(&mut self, rng: &mut StdRng) {
+        self.proxy = !self.stdio && rng.random_bool(0.5);
+        let calls: Vec<(u32, u8)> = self
+            .calls()
+            .filter_map(|e| match e {
+                Entry::Call { id, attempts, .. } => Some((*id, *attempts)),
+                _ => None,
+            })
+            .collect();
+        for (call, attempts) in calls {
+            for attempt in 0..attempts {
+                if rng.random_bool(0.1) && self.proxy && !self.unread(call, attempt) {
+                    self.entries.push(Entry::HalfClose { call, attempt });
+                }
+            }
+        }
+    }
+
+    /// Whether the caller of attempt `attempt` of call `call` half-closes (a proxy plan).
+    pub fn half_closes(&self, call: u32, attempt: u8) -> bool {
+        self.proxy
+            && self.entries.iter().any(|e| {
+                matches!(e, Entry::HalfClose { call: c, attempt: a } if *c == call && *a == attempt)
+            })
     }
 
     /// Whether the caller of attempt `attempt` of call `call` drops its answer unread.
@@ -629,7 +671,7 @@ impl Plan {
         let removed = plan.entries.remove(index);
         if let Entry::Call { id, .. } = removed {
             plan.entries.retain(|e| {
-                !matches!(e, Entry::TargetFault { call, .. } | Entry::Unread { call, .. } if *call == id)
+                !matches!(e, Entry::TargetFault { call, .. } | Entry::Unread { call, .. } | Entry::HalfClose { call, .. } if *call == id)
             });
         }
         plan
@@ -657,6 +699,8 @@ impl fmt::Display for Plan {
             self.server_half,
             if self.stdio {
                 "stdio through the relay"
+            } else if self.proxy {
+                "HTTP through the proxy"
             } else {
                 "HTTP"
             }

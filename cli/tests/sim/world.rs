@@ -25,7 +25,7 @@ use hyper_util::{
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ProbeOutcome, ProbeRequest, StatusProbe, ToolContract},
-    credentials::CredentialActors,
+    credentials::{ANONYMOUS, CredentialActors},
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody, STRUCTURED_KEY},
     integrations::server::IdempotencyLayer,
@@ -40,6 +40,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use crate::{
     disk::{Machine, PlannedCrash, ProcessDisk},
     plan::{Carrier, DEFAULT_RETENTION_MS, Entry, LedgerKind, Plan, Tool, Victim},
+    proxy::{self, Caller, ProxyClients},
     stdio::StdioClient,
     target::{self, Started},
     witness::{self, Acked, AckedWrites, Witness},
@@ -134,6 +135,9 @@ pub struct Shared {
     answers_written: HashMap<usize, u32>,
     /// A process to kill before the next step: an answer was just written to it.
     dies_after_answer: Option<usize>,
+    /// Per proxy connection (by its caller's address): how many bytes the caller's end has
+    /// read, which is what its TCP acknowledgements would say it took.
+    read_by_clients: HashMap<std::net::SocketAddr, u64>,
 }
 
 impl Shared {
@@ -160,6 +164,24 @@ impl Shared {
             "p{p}: answer {written} is written to the client; the process dies before it is read"
         ));
         true
+    }
+
+    /// The caller's end of proxy connection `client` read `bytes` more of it.
+    pub fn client_read(&mut self, client: std::net::SocketAddr, bytes: u64) {
+        *self.read_by_clients.entry(client).or_default() += bytes;
+    }
+
+    /// How much of proxy connection `client` its caller's end has read.
+    pub fn read_by_client(&self, client: std::net::SocketAddr) -> u64 {
+        self.read_by_clients.get(&client).copied().unwrap_or(0)
+    }
+
+    /// The head of attempt `tag`'s request reached the proxy: through the proxy, that is
+    /// when it was asked of the guard.
+    pub fn arrived(&mut self, tag: &str) {
+        if let Some(asked) = self.issued.get_mut(tag) {
+            *asked = self.now_ms;
+        }
     }
 
     fn violation(&mut self, text: String) {
@@ -279,15 +301,15 @@ impl StatusProbe for TargetProbe {
 /// A turmoil TCP stream as a hyper-util client connection, with the kernel's user timeout:
 /// a connection that carries nothing for [`TCP_TIMEOUT`] fails (simulated TCP never gives
 /// up on a partitioned peer; a real one does).
-struct Io {
-    stream: TokioIo<turmoil::net::TcpStream>,
+pub struct Io<S = turmoil::net::TcpStream> {
+    stream: TokioIo<S>,
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Io {
-    fn new(stream: turmoil::net::TcpStream) -> Self {
+impl<S> Io<S> {
+    pub fn new(stream: S) -> Self {
         Self {
             stream: TokioIo::new(stream),
             idle: Box::pin(tokio::time::sleep(TCP_TIMEOUT)),
@@ -317,7 +339,7 @@ impl Io {
     }
 }
 
-impl Connection for Io {
+impl<S> Connection for Io<S> {
     fn connected(&self) -> Connected {
         Connected::new()
     }
@@ -329,7 +351,7 @@ fn timeout() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::TimedOut, "the connection timed out")
 }
 
-impl hyper::rt::Read for Io {
+impl<S: tokio::io::AsyncRead + Unpin> hyper::rt::Read for Io<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -341,7 +363,7 @@ impl hyper::rt::Read for Io {
     }
 }
 
-impl hyper::rt::Write for Io {
+impl<S: tokio::io::AsyncWrite + Unpin> hyper::rt::Write for Io<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -375,7 +397,7 @@ impl hyper::rt::Write for Io {
 /// later draw, depended on how many tasks the process had made before (on this thread or any
 /// other), and one seed gave two timelines in one process.
 #[derive(Clone, Copy, Debug)]
-struct LocalExecutor;
+pub struct LocalExecutor;
 
 impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExecutor {
     fn execute(&self, future: F) {
@@ -383,9 +405,10 @@ impl<F: Future + 'static> hyper::rt::Executor<F> for LocalExecutor {
     }
 }
 
-type Connector = tower::util::BoxCloneSyncService<http::Uri, Io, std::io::Error>;
+pub type Connector = tower::util::BoxCloneSyncService<http::Uri, Io, std::io::Error>;
 
-fn connector() -> Connector {
+/// Connects to the target.
+pub fn connector() -> Connector {
     tower::util::BoxCloneSyncService::new(tower::service_fn(|_uri: http::Uri| {
         Box::pin(async {
             turmoil::net::TcpStream::connect(("target", target::PORT))
@@ -571,6 +594,11 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
         layer
     };
     match env.stack {
+        Stack::Guard if env.plan.proxy => {
+            let (layer, key) = (layer.clone(), env.key.clone());
+            tokio::task::spawn_local(proxy::serve(p, layer, key, env.shared.clone()));
+            spawn_calls(&env, p, ProxyClients::new(p, env.shared.clone()));
+        }
         Stack::Guard if env.plan.stdio => spawn_calls(
             &env,
             p,
@@ -706,6 +734,9 @@ where
             Some((carrier, secret)) => {
                 format!("{name}.{}.{carrier:?}", &secret[secret.len() - 1..])
             }
+            // The proxy tells its clients apart by their credentials only: every caller that
+            // sends none is one principal.
+            None if env.plan.proxy => ANONYMOUS.to_owned(),
             None => name.clone(),
         };
         {
@@ -733,6 +764,7 @@ where
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a valid request");
         let expected = match &credential {
+            None if env.plan.proxy => Actor::new(ANONYMOUS),
             None => Actor::new(actor.clone()),
             Some((carrier, secret)) => {
                 let (name, value) = match carrier {
@@ -749,6 +781,11 @@ where
             }
         };
         request.extensions_mut().insert(expected.clone());
+        if env.plan.half_closes(id, attempt) {
+            request.extensions_mut().insert(Caller::HalfCloses);
+        } else if env.plan.proxy && env.plan.unread(id, attempt) {
+            request.extensions_mut().insert(Caller::DropsUnread);
+        }
         // Over stdio the client reads every line of the child's stdout: an answer handed to a
         // call was read (the host that dies before reading is the planned crash after an
         // answer instead).
