@@ -1,4 +1,4 @@
-//! Hooks for the crate's deterministic simulator (`tests/sim`, feature `simulation`).
+//! Hooks for the crate's deterministic simulator (`cli/tests/sim`, feature `simulation`).
 //!
 //! The simulator runs the real guard and the real ledgers through seeded schedules on a
 //! simulated clock. Two things of the crate must follow that clock and that schedule, and

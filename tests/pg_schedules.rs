@@ -1,4 +1,4 @@
-//! Seeded schedules against a real PostgreSQL ledger: the simulator's promise (`tests/sim`)
+//! Seeded schedules against a real PostgreSQL ledger: the simulator's promise (`cli/tests/sim`)
 //! where the simulator cannot go. The simulator drives the file and memory ledgers on a
 //! simulated clock and network; the PostgreSQL ledger's rules (its chain locks, its batched
 //! writer, the owner leases in `mrg_owners` read on the database's clock) only run against a

@@ -249,7 +249,25 @@ impl Wire {
     /// [`WireQueue`] was written to nobody: it stays, for the next peer the queue is written
     /// to, or to be refused unwritten when the queue is dropped.
     pub fn peer_gone(&self) {
-        self.lock().by_id.retain(|_, entry| !entry.taken);
+        let mut gone: Vec<Entry> = {
+            let mut waiting = self.lock();
+            let written: Vec<RequestId> = waiting
+                .by_id
+                .iter()
+                .filter(|(_, entry)| entry.taken)
+                .map(|(id, _)| id.clone())
+                .collect();
+            written
+                .iter()
+                .filter_map(|id| waiting.by_id.remove(id))
+                .collect()
+        };
+        // Failed in the order they were sent, not the table's: each waiter wakes to its
+        // unknown outcome (and writes it) in that order, the same order on every run.
+        gone.sort_by_key(|entry| entry.number);
+        for entry in gone {
+            drop(entry.answer);
+        }
     }
 
     /// Writes one message from the client that waits for no answer (a notification, a

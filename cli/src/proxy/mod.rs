@@ -23,8 +23,11 @@
 //! 1. the whole response, to its last byte and the end of the message, was written to the
 //!    client connection (hyper took the end of the body and the connection flushed it), and
 //! 2. the client then showed it was done with it: it sent its next request on that connection
-//!    (recorded before that request is handled), or closed the connection cleanly (after a
-//!    `Connection: close` answer the proxy waits up to 10 s for that clean close).
+//!    (recorded before that request is handled), or closed the connection cleanly having taken
+//!    every byte (after a `Connection: close` answer the proxy waits up to 10 s for that clean
+//!    close). A client that gave up and closed while the answer was on its way sends a clean
+//!    close all the same: on Linux the proxy asks its socket whether the client acknowledged
+//!    everything written (`SIOCOUTQ` is zero), and a close before that confirms nothing.
 //!
 //! A connection that breaks or is reset first leaves the answer undelivered (a client's TCP
 //! stack resets a connection it closes with unread data), so the client's repeat gets the kept
@@ -168,7 +171,8 @@ struct Front {
 const DELIVERY_HELP: &str = "\
 When an answer counts as delivered: a proxy cannot know that its client read a byte. An answer \
 (JSON or SSE alike) is recorded delivered once the whole response was written to the client \
-connection and the client then sent its next request on that connection or closed it cleanly. \
+connection and the client then sent its next request on that connection or closed it cleanly \
+having taken every byte. \
 A connection that breaks or is reset first leaves the answer undelivered, so the client's repeat \
 gets the kept result instead of running the tool again. Served over HTTP/1.1.";
 

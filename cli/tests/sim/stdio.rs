@@ -103,22 +103,10 @@ impl StdioClient {
                 self.note(format!("p{p}: child {life} is up (stdio)"));
                 let (read, mut write) = stream.into_split();
                 let mut reader = tokio::io::BufReader::new(read);
-                // The id of the last request written, until its answer is read.
-                let open = tokio::sync::watch::Sender::new(None::<String>);
                 let reading = async {
                     loop {
                         match read_line(&mut reader, MAX_LINE).await {
-                            Ok(Some(Line::Message(line))) => {
-                                let id = id_of(&line);
-                                open.send_if_modified(|open| {
-                                    let answered = id.is_some() && *open == id;
-                                    if answered {
-                                        *open = None;
-                                    }
-                                    answered
-                                });
-                                relay.from_server(line).await
-                            }
+                            Ok(Some(Line::Message(line))) => relay.from_server(line).await,
                             Ok(Some(Line::TooLong(prefix))) => {
                                 relay.server_message_too_large(&prefix, MAX_LINE)
                             }
@@ -126,7 +114,7 @@ impl StdioClient {
                         }
                     }
                 };
-                let writing = write_one_at_a_time(&mut wire, &mut write, &open);
+                let writing = write_in_order(&mut wire, &mut write);
                 tokio::pin!(reading, writing);
                 // A stdin that fails does not end the stdout: what the child still writes is
                 // read.
@@ -214,29 +202,10 @@ impl StdioClient {
     }
 }
 
-/// The JSON-RPC id of `message`, as JSON text.
-fn id_of(message: &[u8]) -> Option<String> {
-    serde_json::from_slice::<Value>(message)
-        .ok()?
-        .get("id")
-        .map(Value::to_string)
-}
-
-/// Writes the wire queue to the child's stdin one line at a time, each request only once the
-/// one before it is answered (`open` holds the id of the request that waits). A host that
-/// keeps several requests written and unanswered is not simulated: when the child's stdout
-/// ends, the relay fails those in an order that differs from run to run (its table of
-/// waiting requests is a hash map), and so would the order of their `unknown` writes, and a
-/// seed would no longer be one schedule. Requests still wait in the queue, several at a time,
-/// and are refused unwritten, in their order, when the child dies.
-async fn write_one_at_a_time(
-    wire: &mut WireQueue,
-    write: &mut turmoil::net::tcp::OwnedWriteHalf,
-    open: &tokio::sync::watch::Sender<Option<String>>,
-) {
-    let mut waiting = open.subscribe();
+/// Writes the wire queue to the child's stdin, each line as it comes: several requests may be
+/// written and unanswered at once, and the child answers each when it is ready.
+async fn write_in_order(wire: &mut WireQueue, write: &mut turmoil::net::tcp::OwnedWriteHalf) {
     while let Some(outgoing) = wire.next().await {
-        let id = id_of(outgoing.message());
         let mut taken = 0;
         let written = async {
             for part in [&outgoing.message()[..], b"\n"] {
@@ -254,10 +223,7 @@ async fn write_one_at_a_time(
         };
         let result: std::io::Result<()> = written.await;
         match result {
-            Ok(()) => {
-                open.send_replace(id.clone());
-                outgoing.written();
-            }
+            Ok(()) => outgoing.written(),
             // Nothing of it taken: the child's stdin was closed before it.
             Err(error) if taken == 0 => {
                 outgoing.not_written(format!("the child's stdin is closed ({error})"));
@@ -267,9 +233,6 @@ async fn write_one_at_a_time(
                 outgoing.failed(error);
                 return;
             }
-        }
-        if id.is_some() && waiting.wait_for(Option::is_none).await.is_err() {
-            return;
         }
     }
 }
