@@ -191,6 +191,9 @@ pub enum Entry {
     },
     /// An operator resolves every held execution from what the target really did.
     Operator { at_ms: u64 },
+    /// The target machine's clock steps by `by_ms` at `at_ms` (forward or back), its own step
+    /// apart from the agents'.
+    TargetClockStep { at_ms: u64, by_ms: i64 },
     /// In a proxy plan: the caller of attempt `attempt` of call `call` closes its side of
     /// the connection right after its request (a half-close, as `nc -N` does) and reads the
     /// answer to its end.
@@ -229,6 +232,10 @@ pub struct Plan {
     /// instead of HTTP.
     #[serde(default)]
     pub stdio: bool,
+    /// How far the target machine's clock is from the agents' (ms, either way): the server
+    /// half's ledger reads it.
+    #[serde(default)]
+    pub target_skew_ms: i64,
     /// Every agent process is a `replay-guard proxy` with its clients on the same host: the
     /// callers send plain HTTP to it, and it guards the calls to the target.
     #[serde(default)]
@@ -258,6 +265,10 @@ const SIXTH_DRAWS: u64 = 0xC0DE_C0DE_C0DE_C0DE;
 /// The seed of the seventh draws (the proxy as the channel, and its half-closing callers),
 /// for the same reason.
 const SEVENTH_DRAWS: u64 = 0x9805_9805_9805_9805;
+
+/// The seed of the eighth draws (the target machine's own clock: its skew from the agents'
+/// and its own steps), for the same reason.
+const EIGHTH_DRAWS: u64 = 0x0C10_C0C1_0C10_C0C1;
 
 /// The seed of the fifth draws (the channel: stdio through the relay, and the crash between
 /// the relay's write of an answer and the client's read of it), for the same reason.
@@ -379,6 +390,7 @@ impl Plan {
             server_half: false,
             stdio: false,
             proxy: false,
+            target_skew_ms: 0,
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
@@ -387,6 +399,7 @@ impl Plan {
         plan.draw_channel(&mut StdRng::seed_from_u64(seed ^ FIFTH_DRAWS));
         plan.draw_compaction_kills(&mut StdRng::seed_from_u64(seed ^ SIXTH_DRAWS));
         plan.draw_proxy(&mut StdRng::seed_from_u64(seed ^ SEVENTH_DRAWS));
+        plan.draw_target_clock(&mut StdRng::seed_from_u64(seed ^ EIGHTH_DRAWS));
         plan
     }
 
@@ -445,6 +458,28 @@ impl Plan {
                 if rng.random_bool(0.1) && self.proxy && !self.unread(call, attempt) {
                     self.entries.push(Entry::HalfClose { call, attempt });
                 }
+            }
+        }
+    }
+
+    /// The eighth draws: in half the plans the target machine's clock is skewed from the
+    /// agents' by up to a minute either way, and it steps on its own (forward up to 30 s, back
+    /// up to 10 s).
+    fn draw_target_clock(&mut self, rng: &mut StdRng) {
+        let skew = rng.random_range(1_000..60_000);
+        if rng.random_bool(0.5) {
+            self.target_skew_ms = if rng.random_bool(0.5) { skew } else { -skew };
+        }
+        for _ in 0..rng.random_range(0..=2) {
+            let forward = rng.random_bool(0.6);
+            let by_ms = if forward {
+                rng.random_range(500..30_000)
+            } else {
+                -rng.random_range(500..10_000)
+            };
+            let at_ms = rng.random_range(0..12_000);
+            if rng.random_bool(0.4) {
+                self.entries.push(Entry::TargetClockStep { at_ms, by_ms });
             }
         }
     }
@@ -682,7 +717,7 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}, server half {}, {}",
+            "plan of seed {}: {:?} ledger, {} process(es), era {}, {}, link window {} ms, attach wait {} ms, results kept {:?}, short retention (ms) {:?}, server half {}, target clock skew {} ms, {}",
             self.seed,
             self.ledger,
             self.processes,
@@ -697,6 +732,7 @@ impl fmt::Display for Plan {
             self.keep_results,
             self.retention_ms,
             self.server_half,
+            self.target_skew_ms,
             if self.stdio {
                 "stdio through the relay"
             } else if self.proxy {

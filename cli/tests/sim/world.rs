@@ -59,12 +59,26 @@ thread_local! {
     static NOW_MS: Cell<u64> = const { Cell::new(0) };
     /// How far the agents' machine clock was stepped, in all (ms).
     static STEPPED_MS: Cell<i64> = const { Cell::new(0) };
+    /// How far the target machine's clock is from the simulated time (its skew and its own
+    /// steps, ms).
+    static TARGET_OFFSET_MS: Cell<i64> = const { Cell::new(0) };
+    /// The runtime of the target's life now.
+    static TARGET_RUNTIME: Cell<Option<tokio::runtime::Id>> = const { Cell::new(None) };
 }
 
 /// The agents' machine clock: simulated time, and the steps the plan gave it.
 fn sim_clock() -> Timestamp {
     let now = i64::try_from(EPOCH_MS + NOW_MS.with(Cell::get)).unwrap_or(i64::MAX);
-    Timestamp::from_millis(u64::try_from(now + STEPPED_MS.with(Cell::get)).unwrap_or(0))
+    // The target machine has a clock of its own: told apart by the runtime reading it (each
+    // simulated host runs its own).
+    let on_target = tokio::runtime::Handle::try_current()
+        .is_ok_and(|runtime| TARGET_RUNTIME.with(Cell::get) == Some(runtime.id()));
+    let offset = if on_target {
+        TARGET_OFFSET_MS.with(Cell::get)
+    } else {
+        STEPPED_MS.with(Cell::get)
+    };
+    Timestamp::from_millis(u64::try_from(now + offset).unwrap_or(0))
 }
 
 /// Simulated time (ms since the start of the run), the oracle's clock: it never steps.
@@ -1108,6 +1122,7 @@ enum Action {
     Partition(usize, bool),
     Hold(usize, bool),
     ClockStep(i64),
+    TargetClockStep(i64),
 }
 
 fn host_name(victim: Victim, processes: usize) -> Vec<String> {
@@ -1154,6 +1169,8 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     });
     NOW_MS.with(|n| n.set(0));
     STEPPED_MS.with(|n| n.set(0));
+    TARGET_OFFSET_MS.with(|n| n.set(plan.target_skew_ms));
+    TARGET_RUNTIME.with(|r| r.set(None));
     mcp_replay_guard::simulation::set_clock(sim_clock);
     mcp_replay_guard::simulation::seed_ids(plan.seed);
 
@@ -1174,6 +1191,8 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         sim.host("target", move || {
             let (shared, plan, keys) = (shared.clone(), plan.clone(), keys.clone());
             async move {
+                let runtime = tokio::runtime::Handle::current().id();
+                TARGET_RUNTIME.with(|r| r.set(Some(runtime)));
                 if plan.stdio {
                     let lines = target::serve_lines(shared.clone(), plan.clone(), keys.clone());
                     tokio::task::spawn_local(lines);
@@ -1229,6 +1248,12 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
             Entry::ClockStep { at_ms, by_ms } => {
                 span(at_ms, 0, Action::ClockStep(by_ms), Action::ClockStep(0))
             }
+            Entry::TargetClockStep { at_ms, by_ms } => span(
+                at_ms,
+                0,
+                Action::TargetClockStep(by_ms),
+                Action::TargetClockStep(0),
+            ),
             _ => {}
         }
     }
@@ -1457,7 +1482,12 @@ fn apply(
                 sim.repair(host.as_str(), "target");
             }
         }
-        Action::ClockStep(0) => {}
+        Action::ClockStep(0) | Action::TargetClockStep(0) => {}
+        Action::TargetClockStep(by_ms) => {
+            TARGET_OFFSET_MS.with(|n| n.set(n.get() + by_ms));
+            let mut shared = env.shared.lock().unwrap();
+            shared.note(format!("machine: the target's clock steps by {by_ms} ms"));
+        }
         Action::ClockStep(by_ms) => {
             STEPPED_MS.with(|n| n.set(n.get() + by_ms));
             let mut shared = env.shared.lock().unwrap();
