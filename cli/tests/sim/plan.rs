@@ -232,6 +232,10 @@ pub struct Plan {
     /// instead of HTTP.
     #[serde(default)]
     pub stdio: bool,
+    /// In a stdio plan: a caller that gives up waiting has its host send the child
+    /// `notifications/cancelled` for its request (as an SDK's request timeout does).
+    #[serde(default)]
+    pub stdio_cancels: bool,
     /// How far the target machine's clock is from the agents' (ms, either way): the server
     /// half's ledger reads it.
     #[serde(default)]
@@ -269,6 +273,10 @@ const SEVENTH_DRAWS: u64 = 0x9805_9805_9805_9805;
 /// The seed of the eighth draws (the target machine's own clock: its skew from the agents'
 /// and its own steps), for the same reason.
 const EIGHTH_DRAWS: u64 = 0x0C10_C0C1_0C10_C0C1;
+
+/// The seed of the ninth draws (stdio hosts that cancel what they gave up on), for the same
+/// reason.
+const NINTH_DRAWS: u64 = 0xCA9C_E15C_A9CE_15CA;
 
 /// The seed of the fifth draws (the channel: stdio through the relay, and the crash between
 /// the relay's write of an answer and the client's read of it), for the same reason.
@@ -391,6 +399,7 @@ impl Plan {
             stdio: false,
             proxy: false,
             target_skew_ms: 0,
+            stdio_cancels: false,
             entries,
         };
         plan.draw_seams(&mut StdRng::seed_from_u64(seed ^ SECOND_DRAWS));
@@ -400,6 +409,8 @@ impl Plan {
         plan.draw_compaction_kills(&mut StdRng::seed_from_u64(seed ^ SIXTH_DRAWS));
         plan.draw_proxy(&mut StdRng::seed_from_u64(seed ^ SEVENTH_DRAWS));
         plan.draw_target_clock(&mut StdRng::seed_from_u64(seed ^ EIGHTH_DRAWS));
+        let cancels = StdRng::seed_from_u64(seed ^ NINTH_DRAWS).random_bool(0.5);
+        plan.stdio_cancels = plan.stdio && cancels;
         plan
     }
 
@@ -733,7 +744,9 @@ impl fmt::Display for Plan {
             self.retention_ms,
             self.server_half,
             self.target_skew_ms,
-            if self.stdio {
+            if self.stdio_cancels {
+                "stdio through the relay, cancelling what it gives up on"
+            } else if self.stdio {
                 "stdio through the relay"
             } else if self.proxy {
                 "HTTP through the proxy"

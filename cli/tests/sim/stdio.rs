@@ -193,9 +193,15 @@ impl StdioClient {
         let (tx, rx) = oneshot::channel();
         self.0.waiting.borrow_mut().insert(id.clone(), tx);
         // A caller that stops waiting takes its id out: its answer is read by nobody.
-        let _unwait = Unwait(self.clone(), id);
+        let mut unwait = Unwait {
+            client: self.clone(),
+            id,
+            relay: relay.clone(),
+            answered: false,
+        };
         relay.from_client(Bytes::from(message.to_string())).await;
         let answer = rx.await.map_err(|_| "the relay ended without an answer")?;
+        unwait.answered = true;
         let mut response = Response::new(Full::new(answer));
         *response.status_mut() = StatusCode::OK;
         Ok(response)
@@ -237,11 +243,38 @@ async fn write_in_order(wire: &mut WireQueue, write: &mut turmoil::net::tcp::Own
     }
 }
 
-struct Unwait(StdioClient, String);
+/// A caller's wait for its answer: when it ends without one (the caller gave up), its id is
+/// taken out, and in a plan whose host cancels, `notifications/cancelled` goes to the child
+/// through the relay the request went through (as an SDK's request timeout sends it).
+struct Unwait {
+    client: StdioClient,
+    /// The request's JSON-RPC id, as JSON text.
+    id: String,
+    relay: Relay,
+    answered: bool,
+}
 
 impl Drop for Unwait {
     fn drop(&mut self) {
-        self.0.0.waiting.borrow_mut().remove(&self.1);
+        let inner = &self.client.0;
+        inner.waiting.borrow_mut().remove(&self.id);
+        let cancels = inner.shared.lock().unwrap().stdio_cancels();
+        if self.answered || !cancels || inner.dying.get() {
+            return;
+        }
+        let Ok(request_id) = serde_json::from_str::<Value>(&self.id) else {
+            return;
+        };
+        self.client.note(format!(
+            "p{}: cancels {} (its caller gave up)",
+            inner.p, self.id
+        ));
+        let cancel = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": request_id, "reason": "the caller gave up waiting"}});
+        let relay = self.relay.clone();
+        tokio::task::spawn_local(async move {
+            relay.from_client(Bytes::from(cancel.to_string())).await;
+        });
     }
 }
 

@@ -152,6 +152,8 @@ pub struct Shared {
     /// Per proxy connection (by its caller's address): how many bytes the caller's end has
     /// read, which is what its TCP acknowledgements would say it took.
     read_by_clients: HashMap<std::net::SocketAddr, u64>,
+    /// The plan's hosts cancel what their callers gave up on (stdio).
+    stdio_cancels: bool,
 }
 
 impl Shared {
@@ -188,6 +190,11 @@ impl Shared {
     /// How much of proxy connection `client` its caller's end has read.
     pub fn read_by_client(&self, client: std::net::SocketAddr) -> u64 {
         self.read_by_clients.get(&client).copied().unwrap_or(0)
+    }
+
+    /// Whether a stdio host cancels what its callers gave up on.
+    pub fn stdio_cancels(&self) -> bool {
+        self.stdio_cancels
     }
 
     /// The head of attempt `tag`'s request reached the proxy: through the proxy, that is
@@ -1139,6 +1146,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
     let shared = Arc::new(Mutex::new(Shared {
         disks: vec![None; plan.processes],
         target_up: true,
+        stdio_cancels: plan.stdio_cancels,
         answer_crashes: plan
             .entries
             .iter()
