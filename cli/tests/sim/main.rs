@@ -8,6 +8,7 @@
 //! - `MRG_SIM_SECONDS=T` runs schedules for T seconds instead of a count (with
 //!   `MRG_SIM_SCHEDULES` too, whichever ends first), for a night run bounded by time. Either
 //!   way a line of progress is printed every 30 s (`--nocapture` shows it as it comes).
+//! - `MRG_SIM_THREADS=N` runs schedules on N threads (default: one per core).
 //! - `MRG_SIM_SEED=S` replays one schedule and prints its timeline; `MRG_SIM_PLAN=FILE`
 //!   replays a plan written out as JSON (a failing run writes its shrunk plan so; the plans
 //!   of schedules that once failed are kept in `cli/tests/sim/regressions/`).
@@ -164,7 +165,10 @@ fn schedules_keep_the_promise() {
     let virtual_ms = AtomicU64::new(0);
     let started = Instant::now();
     let out_of_time = || seconds.is_some_and(|seconds| started.elapsed() >= seconds);
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = env_u64("MRG_SIM_THREADS").map_or_else(
+        || std::thread::available_parallelism().map_or(2, |n| n.get()),
+        |n| n.max(1) as usize,
+    );
     let failure = std::thread::scope(|scope| {
         let progress = scope.spawn(|| {
             let mut last = Instant::now();
