@@ -9,7 +9,7 @@
 //! (`Last-Event-ID`) only, and never a path with a dot segment, which could leave
 //! `/.well-known/` at an upstream that normalises paths.
 //!
-//! Who acts in each call is read from the client's request ([`principals`]), so that one
+//! Who acts in each call is read from the client's request (the `principals` module), so that one
 //! client's kept result or held answer is never another's.
 //! `tools/call` POSTs are guarded: a repeat attaches to its execution instead of running again.
 //! Responses stream back as they come; a cut upstream stream is cut for the client too, so the
