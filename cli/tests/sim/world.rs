@@ -1033,6 +1033,7 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
             alive.then_some(process)
         })
     };
+    let asked = env.shared.lock().unwrap().now_ms;
     let resolved = layer
         .resolve(
             record.execution_id,
@@ -1041,6 +1042,11 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
             "the target shows nothing yet",
         )
         .await;
+    // The owner's attempt had ended before the operator asked (its end was written, and the
+    // ledger acknowledged it) although its caller had not read the answer yet: nothing the
+    // owner runs stands in the way then (the target may still run the tool, as after any
+    // unknown outcome; that is the operator's call).
+    let owner = owner.filter(|_| !attempt_ended(&env.acked.lock().unwrap(), &key, asked));
     let mut shared = env.shared.lock().unwrap();
     shared.note(format!(
         "operator resolves {key}, still running, as not applied: {:?}",
@@ -1060,6 +1066,20 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
         }
     }
     true
+}
+
+/// Whether the latest attempt of execution `key` had ended by `at_ms`, by the oracle's record of
+/// what the ledger acknowledged: the last event of the attempt's life asked for by then ends it
+/// (an outcome), rather than starts or continues it.
+fn attempt_ended(acked: &[Acked], key: &str, at_ms: u64) -> bool {
+    const RUNNING: [&str; 3] = ["accepted", "authorized", "dispatched"];
+    const ENDED: [&str; 5] = ["unknown", "completed", "failed", "not_sent", "needs_review"];
+    acked
+        .iter()
+        .filter(|w| w.acknowledged && w.asked_ms <= at_ms && w.execution_id.to_string() == key)
+        .filter(|w| RUNNING.contains(&w.event) || ENDED.contains(&w.event))
+        .max_by_key(|w| w.asked_ms)
+        .is_some_and(|w| ENDED.contains(&w.event))
 }
 
 /// An operator: resolves every held execution the target shows applied.
