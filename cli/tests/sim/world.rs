@@ -290,7 +290,8 @@ impl Shared {
 
 /// The status probe of `charge`: asks the target what became of the execution. It answers
 /// "not applied" only when nothing can still arrive: no run, no effect, no hold in the
-/// network, the target up.
+/// network, no agent process crashed within the last second (what it sent just before may
+/// still be on its way), the target up.
 #[derive(Debug)]
 struct TargetProbe(Arc<Mutex<Shared>>);
 
@@ -1557,6 +1558,9 @@ fn crash(
             let mut shared = env.shared.lock().unwrap();
             let now = shared.now_ms;
             shared.crashes.push((p, now));
+            // What the process sent just before may still be on its way to the target: until
+            // it has arrived, the target's status probe cannot say "not applied".
+            shared.quiet_after = shared.quiet_after.max(now + 1_000);
             if let Some(disk) = &shared.disks[p] {
                 disk.dead.store(true, Ordering::SeqCst);
             }
