@@ -34,6 +34,11 @@ pub enum ProbeOutcome {
         result: Option<Value>,
     },
     /// The action did not take effect: the guard sends it again under the same execution ID.
+    ///
+    /// Answer it only when the action cannot take effect later either. A request sent just
+    /// before (by a process that then died, say) may still be on its way to the target, and
+    /// against a target that does not honour `Idempotency-Key` the re-send would run beside
+    /// it: answer [`ProbeOutcome::Unknown`] while that may be.
     NotApplied,
     /// The action is still running (an MCP task that is `working`): nothing is re-sent and the
     /// caller is told to ask again later.
