@@ -200,3 +200,47 @@ impl Body for UntilClientLeft {
         self.body.size_hint()
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// What a clean close confirms rests on this: bytes the client's end has not taken are
+    /// seen as unacknowledged, and once it has taken them all, none are.
+    #[tokio::test]
+    async fn bytes_the_clients_end_has_not_taken_are_seen() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let close = ClientClose::of(&server);
+        assert!(close.received_all(), "nothing written yet");
+        // Written until the kernel takes no more: the client reads nothing, so its window
+        // closes and what the proxy's end still holds is unacknowledged.
+        let chunk = vec![7u8; 64 * 1024];
+        let mut written = 0;
+        loop {
+            match server.try_write(&chunk) {
+                Ok(n) => written += n,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        assert!(!close.received_all(), "{written} bytes written, none read");
+        let mut read = vec![0u8; written];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut read))
+            .await
+            .expect("the client reads every byte in time")
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !close.received_all() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(close.received_all(), "every byte read and acknowledged");
+    }
+}
