@@ -30,6 +30,9 @@ pub struct Acked {
     pub asked_ms: u64,
     pub settles: bool,
     pub acknowledged: bool,
+    /// Not acknowledged (its process was killed during the write), but a ledger reopened
+    /// after the crash held it: from then on it stands, whatever retention later purges.
+    pub held_after_crash: bool,
 }
 
 /// What the ledgers of one machine acknowledged, over every life of its processes.
@@ -96,6 +99,7 @@ impl Witness {
                 asked_ms,
                 settles,
                 acknowledged: true,
+                held_after_crash: false,
             });
         }
     }
@@ -109,6 +113,7 @@ impl Witness {
             asked_ms,
             settles: true,
             acknowledged: false,
+            held_after_crash: false,
         });
     }
 }
@@ -197,6 +202,31 @@ impl Ledger for Witness {
 
     async fn is_owner_alive(&self, owner: &str) -> bool {
         self.inner.is_owner_alive(owner).await
+    }
+}
+
+/// Notes, of the settling writes of `acked` that were asked for and never acknowledged (a
+/// crash came during them), those the reopened `ledger` holds: a restarted guard decides from
+/// them, so the oracle counts them from here on, even once retention purges them.
+pub async fn held_after_crash(ledger: &dyn Ledger, acked: &AckedWrites) {
+    let unacknowledged: Vec<(usize, ExecutionId, &'static str)> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.settles && !w.acknowledged && !w.held_after_crash)
+        .map(|(i, w)| (i, w.execution_id, w.event))
+        .collect();
+    for (i, execution_id, event) in unacknowledged {
+        let held = ledger
+            .events(execution_id)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e.kind.name() == event);
+        if held {
+            acked.lock().unwrap()[i].held_after_crash = true;
+        }
     }
 }
 

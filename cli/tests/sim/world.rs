@@ -586,6 +586,7 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
     };
     // Every write a ledger acknowledged survives every crash: checked from the oracle's own
     // record of the acknowledgements, for the tools whose executions outlast the schedule.
+    witness::held_after_crash(&*ledger, &env.acked).await;
     let lost = witness::lost(&*ledger, &env.acked, |tool| {
         Tool::from_name(tool).is_some_and(|tool| env.plan.retention_ms(tool).is_none())
     })
@@ -1680,7 +1681,8 @@ fn check_effects(
 ///
 /// - Delivered to a caller, or resolved as applied by the operator: from then on.
 /// - A `completed` or a resolution as applied that the ledger acknowledged, or that a killed
-///   process wrote unacknowledged and the ledger still holds at the end: from when it was
+///   process wrote unacknowledged and a ledger reopened after it (or the ledger at the end)
+///   held: from when it was
 ///   asked for, and not before the machine clock reads its acceptance plus the link window
 ///   the plan configured. The window counts from acceptance (as the contract says), so
 ///   acceptance plus window is the earliest a correct guard starts a new execution; counting
@@ -1736,7 +1738,7 @@ fn settled_at(
         })
     });
     let settled = of_this()
-        .filter(|a| a.settles && (a.acknowledged || kept))
+        .filter(|a| a.settles && (a.acknowledged || a.held_after_crash || kept))
         .map(|a| a.asked_ms)
         .min();
     if let (Some(settled), Some((accepted, reading))) = (settled, accepted) {
