@@ -365,6 +365,15 @@ impl Writer {
         }
     }
 
+    /// The writer of the file the ledger's name holds now, its index read from it, locked.
+    fn reopen(&mut self) -> Result<(), LedgerError> {
+        let owners = self.owners.clone();
+        let _ = self.file.unlock();
+        *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
+        lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
+        self.catch_up(true)
+    }
+
     /// Writes lines (already applied to the index) and syncs them.
     fn write(&mut self, bodies: Vec<LineBody>) -> Result<(), LedgerError> {
         self.write_flushed(bodies, Flush::Now)
@@ -544,9 +553,23 @@ impl Writer {
                         replies.push(Box::new(move |failed| send(reply, stored, failed)));
                     }
                     Op::Compact(now, reply) => {
-                        // Whatever this batch appended goes first, into the archived file.
-                        let written = w.write(std::mem::take(&mut bodies));
-                        let report = written.and_then(|()| w.compact(now));
+                        // Whatever this batch appended goes first, into the archived file. A
+                        // write that fails fails the batch: every write of it is told it was
+                        // not recorded (its compaction too), and the index is rebuilt from the
+                        // file. It used to be the compaction's failure alone, and the writes
+                        // before it were acknowledged unwritten.
+                        if let Err(error) = w.write(std::mem::take(&mut bodies)) {
+                            replies.push(Box::new(move |failed| {
+                                send(reply, Err(storage("the compaction did not run", "")), failed)
+                            }));
+                            return Err(error);
+                        }
+                        let report = w.compact(now);
+                        if report.is_err() {
+                            // Its file may have been swapped in under the name before it
+                            // failed: what comes next is written to the file the name holds.
+                            w.reopen()?;
+                        }
                         replies.push(Box::new(move |failed| send(reply, report, failed)));
                     }
                     Op::BindKey(id, reply) => {
