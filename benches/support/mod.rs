@@ -31,6 +31,7 @@ pub fn claim(n: u64, retention: Duration) -> Claim {
         owner: "guard:bench".into(),
         at: Timestamp::now(),
         asked_at: None,
+        waited: false,
     }
 }
 

@@ -870,6 +870,7 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
                 owner: "guard:gone".into(),
                 at: Timestamp::now(),
                 asked_at: None,
+                waited: false,
             })
             .await
             .unwrap();

@@ -319,6 +319,7 @@ pub fn valid_chain() -> Vec<String> {
         owner: "guard:fuzz".into(),
         at: Timestamp::from_millis(1_780_000_000_000),
         asked_at: None,
+        waited: false,
     };
     let event = |millis: u64, kind| LedgerEvent {
         execution_id: id,

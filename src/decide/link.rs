@@ -55,11 +55,14 @@ pub(crate) fn is_retained(
 /// - A result that settled no earlier than this call was asked is handed back whatever the
 ///   window says: the call was asked while the execution was unsettled, and linked to it then
 ///   (it waited on it); a second run now would be a second effect of an intent asked for while
-///   its first was in doubt.
+///   its first was in doubt. A call that attached and waited (`waited`) is handed back a
+///   settled result whatever the clocks say too: after the clock stepped back, a settlement
+///   after its ask reads as earlier.
 pub(crate) fn is_linkable(
     record: &ExecutionRecord,
     now: Timestamp,
     asked_at: Timestamp,
+    waited: bool,
     owner_alive: impl FnOnce(&str) -> bool,
 ) -> bool {
     use ExecutionState as S;
@@ -73,8 +76,9 @@ pub(crate) fn is_linkable(
             // Strictly after: a delivery in the same millisecond as the call counts as
             // before it (a deliberate repeat right after its answer is a new execution).
             let settled_since_asked = record.completed_at.is_some_and(|at| at >= asked_at);
-            record.delivered_at.is_none_or(|at| at > asked_at)
-                && (inside_window || settled_since_asked)
+            waited
+                || record.delivered_at.is_none_or(|at| at > asked_at)
+                    && (inside_window || settled_since_asked)
         }
         S::Denied | S::NotSent => inside_window,
         _ => false,
@@ -157,19 +161,19 @@ mod tests {
             r.retain_until = Timestamp::from_millis(200_000);
             let row = format!("{state} delivered={delivered}");
             assert_eq!(
-                is_linkable(&r, inside, inside, |_| true),
+                is_linkable(&r, inside, inside, false, |_| true),
                 in_window,
                 "{row}"
             );
             assert_eq!(
-                is_linkable(&r, past_window, past_window, |_| true),
+                is_linkable(&r, past_window, past_window, false, |_| true),
                 after_window,
                 "{row}"
             );
             // Past retention nothing links, except what may still be running.
             let running = matches!(state, S::Dispatched);
             assert_eq!(
-                is_linkable(&r, past_retention, past_retention, |_| false),
+                is_linkable(&r, past_retention, past_retention, false, |_| false),
                 running,
                 "{row}"
             );
@@ -207,7 +211,7 @@ mod tests {
             let row = format!("{state} owner alive={alive}");
             assert_eq!(is_retained(&r, day_later, |_| alive), linked, "{row}");
             assert_eq!(
-                is_linkable(&r, day_later, day_later, |_| alive),
+                is_linkable(&r, day_later, day_later, false, |_| alive),
                 linked,
                 "{row}"
             );
@@ -237,25 +241,79 @@ mod tests {
             let past_window = Timestamp::from_millis(90_000);
             // Asked at 80 s, while it was unsettled; settled at 85 s.
             assert!(
-                is_linkable(&r, past_window, Timestamp::from_millis(80_000), |_| true),
+                is_linkable(
+                    &r,
+                    past_window,
+                    Timestamp::from_millis(80_000),
+                    false,
+                    |_| true
+                ),
                 "{state}"
             );
             // Asked in the millisecond it settled: it may have been unsettled then.
             assert!(
-                is_linkable(&r, past_window, Timestamp::from_millis(85_000), |_| true),
+                is_linkable(
+                    &r,
+                    past_window,
+                    Timestamp::from_millis(85_000),
+                    false,
+                    |_| true
+                ),
                 "{state}"
             );
             // Asked once it had settled: the window decides.
             assert!(
-                !is_linkable(&r, past_window, Timestamp::from_millis(86_000), |_| true),
+                !is_linkable(
+                    &r,
+                    past_window,
+                    Timestamp::from_millis(86_000),
+                    false,
+                    |_| true
+                ),
                 "{state}"
             );
             // Delivered to another caller before this one asked: a new intent.
             r.delivered_at = Some(Timestamp::from_millis(85_500));
             assert!(
-                !is_linkable(&r, past_window, Timestamp::from_millis(86_000), |_| true),
+                !is_linkable(
+                    &r,
+                    past_window,
+                    Timestamp::from_millis(86_000),
+                    false,
+                    |_| true
+                ),
                 "{state}"
             );
+        }
+    }
+
+    /// Found by the simulator's night run, through the proxy: a repeat attached to an
+    /// execution in doubt and waited; the machine's clock stepped back 5 s; the execution then
+    /// settled as applied, its `completed_at` now earlier than the repeat's ask, past its
+    /// window, and the repeat ran a second time. A call that waited is handed back what it
+    /// waited on, whatever the clocks say.
+    #[test]
+    fn a_call_that_waited_is_handed_back_a_result_that_settled_before_its_ask_by_the_clock() {
+        for state in [ExecutionState::Completed, ExecutionState::ResolvedApplied] {
+            let mut r = record_in(state, false);
+            r.retain_until = Timestamp::from_millis(200_000);
+            // Settled at 84 s by a clock stepped back, the call asked at 86 s.
+            r.completed_at = Some(Timestamp::from_millis(84_000));
+            let (now, asked) = (
+                Timestamp::from_millis(90_000),
+                Timestamp::from_millis(86_000),
+            );
+            assert!(is_linkable(&r, now, asked, true, |_| true), "{state}");
+            assert!(!is_linkable(&r, now, asked, false, |_| true), "{state}");
+            // Delivered to a twin meanwhile (by the same stepped clock): still its answer.
+            r.delivered_at = Some(Timestamp::from_millis(84_500));
+            assert!(is_linkable(&r, now, asked, true, |_| true), "{state}");
+        }
+        // What the call waited on failed or was settled as not applied: it may run anew.
+        for state in [ExecutionState::Failed, ExecutionState::ResolvedNotApplied] {
+            let r = record_in(state, false);
+            let now = Timestamp::from_millis(90_000);
+            assert!(!is_linkable(&r, now, now, true, |_| true), "{state}");
         }
     }
 
@@ -269,22 +327,22 @@ mod tests {
             r.retain_until = Timestamp::from_millis(200_000);
             let now = Timestamp::from_millis(30_000);
             assert!(
-                is_linkable(&r, now, Timestamp::from_millis(0), |_| true),
+                is_linkable(&r, now, Timestamp::from_millis(0), false, |_| true),
                 "{state}"
             );
             // Asked in the millisecond of the delivery: after it.
             assert!(
-                !is_linkable(&r, now, Timestamp::from_millis(1), |_| true),
+                !is_linkable(&r, now, Timestamp::from_millis(1), false, |_| true),
                 "{state}"
             );
             assert!(
-                !is_linkable(&r, now, Timestamp::from_millis(2), |_| true),
+                !is_linkable(&r, now, Timestamp::from_millis(2), false, |_| true),
                 "{state}"
             );
             // Past the window, even the twin starts over: the window bounds every hand-back.
             let past_window = Timestamp::from_millis(90_000);
             assert!(
-                !is_linkable(&r, past_window, Timestamp::from_millis(0), |_| true),
+                !is_linkable(&r, past_window, Timestamp::from_millis(0), false, |_| true),
                 "{state}"
             );
         }

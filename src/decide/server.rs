@@ -98,6 +98,7 @@ mod tests {
             owner: "server:a".into(),
             at: Timestamp::from_millis(0),
             asked_at: None,
+            waited: false,
         };
         let id = ExecutionId::new();
         let mut r = ExecutionRecord::from_accepted(&claim.accepted_event(id)).unwrap();

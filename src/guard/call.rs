@@ -293,6 +293,9 @@ where
                     .await
                     .map(|value| value.clone())
             };
+            intent
+                .waited
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let waited = match tokio::time::timeout(self.config.attach_timeout, wait).await {
                 Ok(Ok(Some(Settlement::Completed {
                     execution_id,
@@ -505,6 +508,9 @@ where
                     attempt_alive,
                 });
             }
+            intent
+                .waited
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let waited = match self.config.wait_for_other_attempt(claimed.record()).await? {
                 Some(current) if current.state == ExecutionState::Completed => {
                     Waited::Completed(current)

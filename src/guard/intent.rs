@@ -42,6 +42,9 @@ pub(super) struct Intent {
     /// When the call reached the guard: a twin's result delivered after it is still this
     /// call's ([`Claim::asked_at`](crate::ledger::Claim::asked_at)).
     pub(super) asked_at: Timestamp,
+    /// The call attached to an attempt of its intent in flight and waited
+    /// ([`Claim::waited`](crate::ledger::Claim::waited)).
+    pub(super) waited: std::sync::atomic::AtomicBool,
 }
 
 impl Intent {
@@ -151,6 +154,7 @@ where
             caller_key,
             era,
             asked_at: Timestamp::now(),
+            waited: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }

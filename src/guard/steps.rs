@@ -189,6 +189,7 @@ impl Config {
             owner: self.owner.clone(),
             at: Timestamp::now(),
             asked_at: Some(intent.asked_at),
+            waited: intent.waited.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

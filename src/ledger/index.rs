@@ -291,7 +291,7 @@ impl<E: Entry> IndexOf<E> {
             .and_then(|id| Some(self.executions.get(&id)?.record(id)))
             .filter(|record| {
                 let asked_at = claim.asked_at.unwrap_or(claim.at);
-                decide::is_linkable(record, claim.at, asked_at, &owner_alive)
+                decide::is_linkable(record, claim.at, asked_at, claim.waited, &owner_alive)
             });
         if let Some(record) = linked {
             return Ok((Claimed::Existing(record.into_owned()), None));

@@ -188,6 +188,7 @@ mod tests {
             owner: "test".into(),
             at: Timestamp::from_millis(at),
             asked_at: None,
+            waited: false,
         }
     }
 

@@ -80,6 +80,11 @@ pub struct Claim {
     /// was asked is still this call's to be handed back, never a reason to run the action
     /// again. `None`: asked at `at`.
     pub asked_at: Option<Timestamp>,
+    /// The call waited on an attempt of its intent in flight (it attached) before this
+    /// claim: an execution of the intent that settled as applied since is its answer,
+    /// whatever the link window or the clocks say (after a clock stepped back, a settlement
+    /// after the ask reads as earlier).
+    pub waited: bool,
 }
 
 impl Claim {

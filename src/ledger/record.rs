@@ -777,7 +777,7 @@ impl ExecutionRecord {
     ///
     /// The rule lives in the crate's `decide` module; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        crate::decide::is_linkable(self, now, now, |_| true)
+        crate::decide::is_linkable(self, now, now, false, |_| true)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -869,6 +869,7 @@ pub(crate) mod fixtures {
             owner: owner.into(),
             at: Timestamp::from_millis(0),
             asked_at: None,
+            waited: false,
         }
     }
 

@@ -70,6 +70,7 @@ pub fn deploy_claim(fingerprint: Fingerprint, intent_scope: &str, owner: &str) -
         owner: owner.into(),
         at: Timestamp::now(),
         asked_at: None,
+        waited: false,
     }
 }
 

@@ -486,6 +486,7 @@ impl Config {
             owner: self.owner.clone(),
             at: Timestamp::now(),
             asked_at: None,
+            waited: false,
         }
     }
 
