@@ -16,7 +16,6 @@
 //! a call cut that way reads as unknown to every later decision.
 
 use std::{
-    convert::Infallible,
     io,
     net::SocketAddr,
     pin::Pin,
@@ -28,7 +27,7 @@ use std::{
 
 use bytes::Bytes;
 use clap::Args;
-use http::{Request, Response};
+use http::Request;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -46,7 +45,7 @@ use tokio::{
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{
-    ProxyBody,
+    Connection, ProxyBody,
     client_close::{ClientClose, ClientLeft},
     delivery::{Deliveries, ReceivedAll, Watched},
     request_body::{BodyDeadline, RequestBody},
@@ -99,7 +98,7 @@ const FINAL_WRITES_BOUND: Duration = Duration::from_secs(10);
 
 /// Serves `listener` until a signal, then shuts down (see the module docs). `handler` makes
 /// the service of one connection from that connection's deliveries.
-pub(super) async fn serve<F, S>(
+pub(super) async fn serve<F>(
     listener: TcpListener,
     tls: tls::Listener,
     mut signals: Signals,
@@ -109,14 +108,7 @@ pub(super) async fn serve<F, S>(
     handler: F,
 ) -> ExitCode
 where
-    F: Fn(Arc<Deliveries>) -> S + Send + Sync + 'static,
-    S: hyper::service::Service<
-            Request<RequestBody>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    F: Fn(Arc<Deliveries>) -> Connection + Send + Sync + 'static,
 {
     let handler = Arc::new(handler);
     let limit = Arc::new(Semaphore::new(options.max_connections as usize));
@@ -273,17 +265,10 @@ struct Client {
 }
 
 /// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
-async fn serve_connection<IO, F, S>(io: IO, handler: &F, shutdown: Watcher, client: Client)
+async fn serve_connection<IO, F>(io: IO, handler: &F, shutdown: Watcher, client: Client)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: Fn(Arc<Deliveries>) -> S,
-    S: hyper::service::Service<
-            Request<RequestBody>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    F: Fn(Arc<Deliveries>) -> Connection,
 {
     let deliveries = Arc::new(Deliveries::default());
     let io = TokioIo::new(Watched::new(
@@ -318,7 +303,7 @@ where
 /// Serves one connection a simulated listener accepted from `peer`, as `serve` serves one:
 /// with the flags' default timeouts, no look at its socket (it has none: `received_all` says
 /// what the simulated client's end took), and no shutdown.
-pub(super) async fn serve_simulated<IO, F, S>(
+pub(super) async fn serve_simulated<IO, F>(
     io: IO,
     handler: &F,
     peer: SocketAddr,
@@ -326,14 +311,7 @@ pub(super) async fn serve_simulated<IO, F, S>(
     shutdown: Watcher,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: Fn(Arc<Deliveries>) -> S,
-    S: hyper::service::Service<
-            Request<RequestBody>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    F: Fn(Arc<Deliveries>) -> Connection,
 {
     let client = Client {
         peer,
