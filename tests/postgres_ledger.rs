@@ -747,6 +747,65 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     schema.drop(&observer).await;
 }
 
+/// In PostgreSQL: an execution re-sent over an unknown outcome by another replica, which
+/// then went away, stays past its retention while the replica that sent the earlier attempt
+/// lives (that attempt may still be running at the target), and leaves once it is gone too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
+    let Some(schema) = TestSchema::new("earlier_owner") else {
+        return;
+    };
+    let dispatched = |id, attempt, owner| dispatched(id, attempt, Some(owner));
+    let unknown = |attempt| EventKind::Unknown {
+        target_status: None,
+        reason: "no answer".into(),
+        attempt: Some(attempt),
+    };
+    let observer = schema.replica().await;
+    let first = schema.replica().await;
+    let mut owned = claim(1, 0);
+    owned.owner = "guard:pg-first".into();
+    let id = first.claim(owned).await.unwrap().record().execution_id;
+    first
+        .append(event(id, 1, dispatched(id, 1, "guard:pg-first")))
+        .await
+        .unwrap();
+    first.append(event(id, 2, unknown(1))).await.unwrap();
+    let second = schema.replica().await;
+    second
+        .append(event(id, 3, dispatched(id, 2, "guard:pg-second")))
+        .await
+        .unwrap();
+    second.append(event(id, 4, unknown(2))).await.unwrap();
+    drop(second);
+    let gone = |owner: &'static str| {
+        let observer = &observer;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while observer.is_owner_alive(owner).await {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{owner} outlived its ledger"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    gone("guard:pg-second").await;
+    let record = observer.get(id).await.unwrap().unwrap();
+    assert_eq!(record.owner, "guard:pg-second");
+    assert_eq!(record.earlier_owners, ["guard:pg-first"]);
+
+    let day_later = Timestamp::from_millis(86_400_000 * 30);
+    assert_eq!(observer.purge_expired(day_later).await.unwrap(), 0);
+    assert!(observer.get(id).await.unwrap().is_some());
+    drop(first);
+    gone("guard:pg-first").await;
+    assert_eq!(observer.purge_expired(day_later).await.unwrap(), 1);
+    assert!(observer.get(id).await.unwrap().is_none());
+    schema.drop(&observer).await;
+}
+
 // ---- partitions: one chain per partition of the intent space ----
 
 /// The chain (partition) an execution's intent is in, as its index row says.

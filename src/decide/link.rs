@@ -21,7 +21,8 @@ pub(crate) fn is_running(record: &ExecutionRecord, owner_alive: bool) -> bool {
 ///   ([`ExecutionRecord::apply`]), so a call answered after a day is kept for its retention
 ///   from its answer, not from its acceptance.
 /// - An unsettled execution ([`ExecutionState::is_unsettled`]: in flight, unknown, needs
-///   review) whose owner is alive never leaves retention, however long the tool runs or however
+///   review) whose owner, or the owner of an earlier attempt still in doubt when a later one
+///   was sent ([`ExecutionRecord::earlier_owners`]), is alive never leaves retention, however long the tool runs or however
 ///   far the wall clock steps (a VM resumed, a host without an RTC): an attempt whose caller
 ///   gave up (`unknown`) may still be running at the target, which is where its effect lands.
 /// - A `dispatched` execution whose owner is gone is an orphan: its `unknown`
@@ -30,11 +31,14 @@ pub(crate) fn is_running(record: &ExecutionRecord, owner_alive: bool) -> bool {
 pub(crate) fn is_retained(
     record: &ExecutionRecord,
     now: Timestamp,
-    owner_alive: impl FnOnce(&str) -> bool,
+    owner_alive: impl Fn(&str) -> bool,
 ) -> bool {
     now <= record.retain_until
         || record.state == ExecutionState::Dispatched
-        || (record.state.is_unsettled() && owner_alive(&record.owner))
+        || (record.state.is_unsettled()
+            && std::iter::once(&record.owner)
+                .chain(&record.earlier_owners)
+                .any(|owner| owner_alive(owner)))
 }
 
 /// Whether a repeat of the same intent, asked at `asked_at` and claiming at `now`, links to
@@ -63,7 +67,7 @@ pub(crate) fn is_linkable(
     now: Timestamp,
     asked_at: Timestamp,
     waited: bool,
-    owner_alive: impl FnOnce(&str) -> bool,
+    owner_alive: impl Fn(&str) -> bool,
 ) -> bool {
     use ExecutionState as S;
     if !is_retained(record, now, owner_alive) {
@@ -225,6 +229,43 @@ mod tests {
         let r = record_in(S::Accepted, false);
         let inside = Timestamp::from_millis(1_000);
         assert!(is_retained(&r, inside, |_| panic!("asked")));
+    }
+
+    /// Found by the simulator over stdio: a process's attempt ran slowly at the target and its
+    /// outcome became unknown; a second process re-sent it (refused while the first still
+    /// ran), became the owner and died. Past retention, counted from the second attempt, the
+    /// execution left and a repeat started anew while the first attempt, of a process still
+    /// alive, went on to its effect: two effects. Any owner of an attempt in doubt holds it.
+    #[test]
+    fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
+        use ExecutionState as S;
+        let day_later = Timestamp::from_millis(86_400_000 + 200_000);
+        let mut r = record_in(S::Unknown, false);
+        r.retain_until = Timestamp::from_millis(200_000);
+        r.owner = "guard:two".into();
+        r.earlier_owners = vec!["guard:one".into()];
+        // (alive, retained)
+        for (alive, retained) in [
+            (&[][..], false),
+            (&["guard:two"][..], true),
+            (&["guard:one"][..], true),
+            (&["guard:three"][..], false),
+        ] {
+            let owner_alive = |owner: &str| alive.contains(&owner);
+            assert_eq!(
+                is_retained(&r, day_later, owner_alive),
+                retained,
+                "{alive:?}"
+            );
+            assert_eq!(
+                is_linkable(&r, day_later, day_later, false, owner_alive),
+                retained,
+                "{alive:?}"
+            );
+        }
+        // Settled, no owner holds it.
+        r.state = S::Completed;
+        assert!(!is_retained(&r, day_later, |_| true));
     }
 
     /// Found by the simulator through the proxy: a repeat asked while an execution's outcome

@@ -480,6 +480,10 @@ pub struct ExecutionRecord {
     /// The guard that owns it: the one that accepted it, then the one that dispatched its
     /// latest attempt (ownership moves with every `dispatched` that names an owner).
     pub owner: String,
+    /// The owners of earlier attempts that were still in doubt (`unknown`) when a later one
+    /// was sent, each once: such an attempt may still be running at the target, so any of its
+    /// owners alive holds the execution in retention as the owner does.
+    pub earlier_owners: Vec<String>,
     /// The latest attempt was sent while an earlier one's outcome was unknown. If the latest
     /// then turns out `not_sent` or refused (`failed`), the execution is still `unknown`:
     /// that attempt never ran, the earlier one may have.
@@ -546,6 +550,7 @@ impl ExecutionRecord {
                 .as_millis()
                 .saturating_sub(event.at.as_millis()),
             owner: owner.clone(),
+            earlier_owners: Vec::new(),
             earlier_attempt_unknown: false,
         })
     }
@@ -622,7 +627,14 @@ impl ExecutionRecord {
                 self.state = S::Dispatched;
                 // Ownership moves with every dispatch: the dispatching guard owns the attempt
                 // in flight, and its liveness is what a repeat asks about.
+                // The owner of an attempt in doubt is kept: that attempt may still run.
                 if let Some(owner) = owner {
+                    if self.earlier_attempt_unknown
+                        && self.owner != *owner
+                        && !self.earlier_owners.contains(&self.owner)
+                    {
+                        self.earlier_owners.push(self.owner.clone());
+                    }
                     self.owner = owner.clone();
                 }
                 self.dispatched_at.get_or_insert(at);
@@ -791,7 +803,7 @@ impl ExecutionRecord {
     }
 }
 
-/// The JSON form of a record, as DESIGN and incident reports show it.
+/// The JSON form of a record, as incident reports show it.
 impl Serialize for ExecutionRecord {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
@@ -963,6 +975,8 @@ mod tests {
         apply(&mut r, unknown(None)).unwrap();
         apply(&mut r, dispatched(id, 2, "guard:two")).unwrap();
         assert_eq!((r.owner.as_str(), r.attempts), ("guard:two", 2));
+        // The first attempt was in doubt when the second was sent: its owner is kept.
+        assert_eq!(r.earlier_owners, ["guard:one"]);
         // A dispatch that names no owner (an older writer) leaves the owner as it was.
         apply(&mut r, unknown(None)).unwrap();
         let mut anonymous = dispatched(id, 3, "x");
@@ -971,6 +985,13 @@ mod tests {
         }
         apply(&mut r, anonymous).unwrap();
         assert_eq!(r.owner, "guard:two");
+        // Each owner once, in the order their attempts were sent.
+        apply(&mut r, unknown(None)).unwrap();
+        apply(&mut r, dispatched(id, 4, "guard:one")).unwrap();
+        assert_eq!(r.earlier_owners, ["guard:one", "guard:two"]);
+        apply(&mut r, unknown(None)).unwrap();
+        apply(&mut r, dispatched(id, 5, "guard:two")).unwrap();
+        assert_eq!(r.earlier_owners, ["guard:one", "guard:two"]);
     }
 
     fn not_sent() -> EventKind {

@@ -202,12 +202,14 @@ impl Sql {
             lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
             // `decide::is_retained` in SQL: past its `retain_until`, an unsettled execution
             // stays while its owner may live (dispatched always; accepted, authorized, unknown
-            // or needs review while its owner's lease lives).
+            // or needs review while the lease of its owner, or of the owner of an earlier
+            // attempt still in doubt, lives).
             purge_executions: format!(
                 "DELETE FROM {s}.mrg_executions e WHERE e.retain_until_ms < $1::int8 \
                  AND e.state <> 'dispatched' \
                  AND NOT (e.state IN ('accepted', 'authorized', 'unknown', 'needs_review') AND EXISTS \
-                 (SELECT 1 FROM {s}.mrg_owners o WHERE o.owner = e.owner AND o.lease_until > now()))"
+                 (SELECT 1 FROM {s}.mrg_owners o WHERE o.lease_until > now() AND (o.owner = e.owner \
+                     OR o.owner IN (SELECT json_array_elements_text(e.record->'earlier_owners')))))"
             ),
             purge_owners: format!(
                 "DELETE FROM {s}.mrg_owners o WHERE o.lease_until < now() \

@@ -42,6 +42,10 @@ pub(super) struct StoredRecord {
     // rows written before it have none.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) earlier_attempt_unknown: bool,
+    // Added when the simulator found a hold end with its last dispatcher while an earlier
+    // one lived: rows written before it have none. The purge reads it from the column.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) earlier_owners: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
