@@ -184,6 +184,16 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// A boxed error, as tower uses.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+// The README's and the guide's code blocks are compiled (and the ones not marked `no_run` run)
+// as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/channels.md")]
+struct ChannelsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/contracts.md")]
+struct ContractsDoctests;

@@ -1,7 +1,7 @@
 //! The fault matrix: every named fault point × every retry class × both
 //! protocol eras, against rmcp's own Streamable HTTP server on 127.0.0.1 and a `FileLedger` on
 //! disk. Each cell asserts the side-effect count the class allows, the final ledger state and
-//! what the agent was told, then the table is printed (README "Fault matrix" carries it).
+//! what the agent was told, then the table is printed (docs/proof.md, "Fault matrix", carries it).
 //!
 //! The stack is `GuardLayer` → `ResumeLayer` → hyper-util client, with no retry layer: the agent
 //! itself calls once more, with a new JSON-RPC id, whenever its first call gave it no result.

@@ -78,7 +78,7 @@ use support::*;
 use tower::Layer;
 
 /// Schedules in one run unless `MRG_PG_SCHEDULES` says otherwise: CI's share, a few seconds
-/// of wall time (see the README's figures).
+/// of wall time (see the figures in docs/simulation.md).
 const DEFAULT_SCHEDULES: u64 = 10;
 
 /// The first seed unless `MRG_PG_BASE` says otherwise.

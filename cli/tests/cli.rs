@@ -201,8 +201,6 @@ async fn recorded_text_is_printed_escaped_never_raw() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// README carries the shipped policy file verbatim, so the documented example is the one that
-/// `call --policy` is tested with.
 /// An operator settled a held call as not applied, then the target's own answer came (a
 /// resumed stream, a late reply): the `completed` is recorded after the `resolved`, never lost
 /// or rewritten, `ledger list` says completed, and `audit show` names the conflict.
@@ -261,14 +259,16 @@ async fn an_answer_after_an_operators_resolution_is_kept_and_the_conflict_is_sho
     assert_eq!(code, 0, "{out}");
 }
 
+/// The guide (docs/contracts.md) carries the shipped policy file verbatim, so the documented
+/// example is the one that `call --policy` is tested with.
 #[test]
-fn readme_carries_the_example_policy_verbatim() {
+fn the_guide_carries_the_example_policy_verbatim() {
     let root = repo_root().display().to_string();
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let guide = std::fs::read_to_string(format!("{root}/docs/contracts.md")).unwrap();
     let policy = std::fs::read_to_string(format!("{root}/examples/policy.toml")).unwrap();
     assert!(
-        readme.contains(&format!("```toml\n{policy}```")),
-        "README's policy example differs from examples/policy.toml"
+        guide.contains(&format!("```toml\n{policy}```")),
+        "docs/contracts.md's policy example differs from examples/policy.toml"
     );
 }
 

@@ -1,5 +1,5 @@
 //! What a `tools/call` with an `Idempotency-Key` gets in the server half, decided from the
-//! key's ledger record alone (README, "the server half" table).
+//! key's ledger record alone (the server half's table in docs/channels.md).
 
 use crate::{
     fingerprint::Fingerprint,

@@ -405,7 +405,7 @@ fn is_timeline_line(line: &str) -> bool {
 }
 
 /// Where the plans of schedules that once broke the promise are kept, one JSON file each,
-/// each a fixed bug (the README's simulator section says which). A plan is kept whole, never
+/// each a fixed bug (docs/simulation.md says which). A plan is kept whole, never
 /// by its seed alone: a seed names a schedule of one version of `Plan::generate` only.
 fn regressions_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sim/regressions")

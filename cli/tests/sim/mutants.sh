@@ -2,7 +2,7 @@
 # Puts back, one at a time, bugs that were fixed, and runs the simulator on each: every one
 # must be found within the budget (MRG_SIM_SCHEDULES, default 10,000 schedules). Prints, per bug, after how many schedules it was found and what broke.
 # The patches are in cli/tests/sim/mutants/; each is taken back out whatever happens. Those in
-# cli/tests/sim/mutants/missed/ are bugs the simulator does not find yet (the README says why): not run.
+# cli/tests/sim/mutants/missed/ are bugs the simulator does not find yet (docs/simulation.md says why): not run.
 # Those in cli/tests/sim/mutants/pg/ break the PostgreSQL ledger, which the simulator does not
 # drive: each runs against the PostgreSQL schedules (tests/pg_schedules.rs) within their budget
 # (MRG_PG_SCHEDULES, default 50), on the server of MCP_REPLAY_GUARD_POSTGRES_URL.
