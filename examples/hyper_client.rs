@@ -10,12 +10,11 @@
 
 #[path = "support/deploy_server.rs"]
 mod deploy_server;
+#[path = "support/mcp_http.rs"]
+mod mcp_http;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     Actor, IntentScope,
@@ -25,41 +24,9 @@ use mcp_replay_guard::{
     ledger::{Ledger, MemoryLedger},
     resume::ResumeLayer,
 };
-use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn post(url: &str, session: Option<&str>, body: Value) -> Request<Full<Bytes>> {
-    let mut request = Request::post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25");
-    if let Some(session) = session {
-        request = request.header("mcp-session-id", session);
-    }
-    request
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a valid request")
-}
-
-/// The JSON-RPC messages of a response body (JSON or SSE), read to its end.
-async fn messages<B>(body: B) -> Result<Vec<Value>, BoxError>
-where
-    B: http_body::Body,
-    B::Error: Into<BoxError>,
-{
-    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-    let text = String::from_utf8_lossy(&bytes);
-    let data = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim);
-    Ok(std::iter::once(text.trim())
-        .chain(data)
-        .filter_map(|s| serde_json::from_str(s).ok())
-        .collect())
-}
+use mcp_http::BoxError;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -78,32 +45,15 @@ async fn main() -> Result<(), BoxError> {
         .service(Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>());
 
     // initialize + initialized pass through the guard untouched.
-    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "hyper-client-example", "version": "0"}}});
-    let response = (&mut client)
-        .oneshot(post(&server.url, None, initialize))
-        .await?;
-    let session = response
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    messages(response.into_body()).await?;
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), initialized))
-        .await?;
-    messages(response.into_body()).await?;
-
-    let deploy = |id: i64| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "deploy_release", "arguments": {"service": "catalog", "version": "2026.07.22"}}})
-    };
+    let session = mcp_http::open_session(&mut client, &server.url, "hyper-client-example").await?;
 
     // 1. The agent sends the call and crashes before reading the answer.
     let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), deploy(1)))
+        .oneshot(mcp_http::post(
+            &server.url,
+            session.as_deref(),
+            mcp_http::deploy(1),
+        ))
         .await?;
     drop(response);
     // The guard reads the abandoned stream on in the background and keeps the result.
@@ -126,18 +76,26 @@ async fn main() -> Result<(), BoxError> {
 
     // 2. The agent restarts and makes the same call with a new JSON-RPC id.
     let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), deploy(7)))
+        .oneshot(mcp_http::post(
+            &server.url,
+            session.as_deref(),
+            mcp_http::deploy(7),
+        ))
         .await?;
-    let answer = messages(response.into_body()).await?;
+    let answer = mcp_http::messages(response.into_body()).await?;
     println!("\nthe repeat got: {}", serde_json::to_string(&answer)?);
     println!("deployments after the repeat: {}", server.count());
     let after_repeat = server.count();
 
     // 3. A deliberate second deployment, after the first answer was delivered.
     let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), deploy(8)))
+        .oneshot(mcp_http::post(
+            &server.url,
+            session.as_deref(),
+            mcp_http::deploy(8),
+        ))
         .await?;
-    messages(response.into_body()).await?;
+    mcp_http::messages(response.into_body()).await?;
     println!(
         "deployments after a deliberate second call: {}",
         server.count()

@@ -10,12 +10,11 @@
 
 #[path = "support/deploy_server.rs"]
 mod deploy_server;
+#[path = "support/mcp_http.rs"]
+mod mcp_http;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
@@ -32,10 +31,9 @@ use rustls::{
     crypto::ring,
     pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer},
 };
-use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use mcp_http::BoxError;
 
 /// A private CA and a server certificate for 127.0.0.1 it signed: the server's config, and
 /// the CA a client must trust.
@@ -51,37 +49,6 @@ fn certificates() -> Result<(ServerConfig, CertificateDer<'static>), BoxError> {
         .with_no_client_auth()
         .with_single_cert(vec![cert.der().clone()], key)?;
     Ok((server, ca.der().clone()))
-}
-
-fn post(url: &str, session: Option<&str>, body: Value) -> Request<Full<Bytes>> {
-    let mut request = Request::post(url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25");
-    if let Some(session) = session {
-        request = request.header("mcp-session-id", session);
-    }
-    request
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a valid request")
-}
-
-/// The JSON-RPC messages of a response body (JSON or SSE), read to its end.
-async fn messages<B>(body: B) -> Result<Vec<Value>, BoxError>
-where
-    B: http_body::Body,
-    B::Error: Into<BoxError>,
-{
-    let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
-    let text = String::from_utf8_lossy(&bytes);
-    let data = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim);
-    Ok(std::iter::once(text.trim())
-        .chain(data)
-        .filter_map(|s| serde_json::from_str(s).ok())
-        .collect())
 }
 
 #[tokio::main]
@@ -115,45 +82,33 @@ async fn main() -> Result<(), BoxError> {
         .layer(ResumeLayer::new())
         .service(Client::builder(TokioExecutor::new()).build::<_, GuardRequestBody>(https));
 
-    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "hyper-rustls-example", "version": "0"}}});
-    let response = (&mut client)
-        .oneshot(post(&server.url, None, initialize))
-        .await?;
-    let session = response
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    messages(response.into_body()).await?;
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), initialized))
-        .await?;
-    messages(response.into_body()).await?;
-
-    let deploy = |id: i64| {
-        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "deploy_release", "arguments": {"service": "catalog", "version": "2026.07.22"}}})
-    };
+    // initialize + initialized pass through the guard untouched.
+    let session = mcp_http::open_session(&mut client, &server.url, "hyper-rustls-example").await?;
 
     // 1. The tool runs; its response is lost on the way back.
     server.lose_next_responses(1);
     let first = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), deploy(1)))
+        .oneshot(mcp_http::post(
+            &server.url,
+            session.as_deref(),
+            mcp_http::deploy(1),
+        ))
         .await;
     let first = match first {
-        Ok(response) => messages(response.into_body()).await.map(|_| ()),
+        Ok(response) => mcp_http::messages(response.into_body()).await.map(|_| ()),
         Err(error) => Err(error.into()),
     };
     println!("the first attempt: {first:?}");
 
     // 2. The agent asks again: the guard answers from its ledger, without sending.
     let response = (&mut client)
-        .oneshot(post(&server.url, session.as_deref(), deploy(2)))
+        .oneshot(mcp_http::post(
+            &server.url,
+            session.as_deref(),
+            mcp_http::deploy(2),
+        ))
         .await?;
-    let answer = messages(response.into_body()).await?;
+    let answer = mcp_http::messages(response.into_body()).await?;
     let state = answer
         .iter()
         .find_map(|m| m["result"]["structuredContent"][STRUCTURED_KEY]["state"].as_str())

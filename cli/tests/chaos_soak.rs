@@ -46,7 +46,8 @@ use async_trait::async_trait;
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::ContractRegistry,
-    guard::{GuardLayer, GuardRequestBody, ProbeOutcome, ProbeRequest, StatusProbe},
+    contract::{ProbeOutcome, ProbeRequest, StatusProbe},
+    guard::{GuardLayer, GuardRequestBody},
     ledger::{
         ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp, chain,
         verify_file,

@@ -51,7 +51,7 @@ mod probe;
 mod registry;
 mod tool;
 
-pub use crate::protocol::ToolAnnotations;
+use crate::protocol::ToolAnnotations;
 pub(crate) use annotations::AnnotationCache;
 pub use class::RetryClass;
 pub use error::{InvalidContract, NoContract};

@@ -14,9 +14,9 @@ use super::{
 
 use crate::{
     Target,
-    contract::{AnnotationCache, ToolAnnotations},
+    contract::AnnotationCache,
     protocol::{
-        RequestId,
+        RequestId, ToolAnnotations,
         response::{Examined, ResponseScanner},
         tools_list::listed_annotations,
     },

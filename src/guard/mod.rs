@@ -118,10 +118,9 @@ mod tests;
 
 use std::fmt;
 
-pub use crate::contract::{ProbeOutcome, ProbeRequest, StatusProbe};
+use crate::contract::{ProbeOutcome, ProbeRequest};
 pub(crate) use crate::decide::call::UncertainReason;
-// The answers both halves write live at the crate root; these two are public here.
-pub use crate::DEFAULT_MAX_BODY_BYTES;
+// The answers both halves write live at the crate root; these are public here.
 use crate::answer;
 pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error, refused_request};
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
@@ -134,7 +133,7 @@ pub use service::Guard;
 
 use crate::{ExecutionId, ledger::LedgerError, protocol::RequestId};
 
-pub use crate::BoxError;
+use crate::BoxError;
 
 /// Whether a JSON-RPC error with this `code`, answering a `tools/call`, leaves open that the
 /// tool ran: the rule the guard records by (`unknown`, held by the tool's class), for a caller

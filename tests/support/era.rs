@@ -11,7 +11,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_replay_guard::guard::{GuardError, ProbeOutcome, ProbeRequest, StatusProbe};
+use mcp_replay_guard::{
+    contract::{ProbeOutcome, ProbeRequest, StatusProbe},
+    guard::GuardError,
+};
 use serde_json::{Value, json};
 use tower::Service;
 

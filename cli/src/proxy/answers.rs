@@ -15,8 +15,8 @@ use http::{Request, Response, StatusCode, request::Parts};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
-    ExecutionId,
-    guard::{DEFAULT_MAX_BODY_BYTES, Delivery, GuardError, GuardResponseBody, jsonrpc_error},
+    DEFAULT_MAX_BODY_BYTES, ExecutionId,
+    guard::{Delivery, GuardError, GuardResponseBody, jsonrpc_error},
     protocol::{self, Era, Message, RequestId, RequestKind, sse::SseParser},
 };
 use tokio_util::sync::CancellationToken;

@@ -66,11 +66,8 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use mcp_replay_guard::{
-    IntentScope,
-    guard::{
-        DEFAULT_MAX_BODY_BYTES, Guard, GuardLayer, GuardRequestBody, jsonrpc_error, redact_url,
-        refused_request,
-    },
+    DEFAULT_MAX_BODY_BYTES, IntentScope,
+    guard::{Guard, GuardLayer, GuardRequestBody, jsonrpc_error, redact_url, refused_request},
     protocol,
 };
 use tokio_util::sync::CancellationToken;

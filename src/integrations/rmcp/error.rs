@@ -4,7 +4,7 @@ use std::fmt;
 
 use http::StatusCode;
 
-use crate::guard::BoxError;
+use crate::BoxError;
 
 /// The error of [`TowerHttpClient`](super::TowerHttpClient), carried in
 /// [`StreamableHttpError::Client`](rmcp::transport::streamable_http_client::StreamableHttpError::Client)

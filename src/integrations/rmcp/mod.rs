@@ -128,7 +128,7 @@ use rmcp::{
 use sse_stream::Sse;
 use tower_service::Service;
 
-use crate::guard::BoxError;
+use crate::BoxError;
 
 use crate::protocol::{
     ACCEPT_BOTH, EVENT_STREAM, JSON, LAST_EVENT_ID, MCP_SESSION_ID as SESSION_ID, media_type_is,

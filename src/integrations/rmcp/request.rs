@@ -11,7 +11,7 @@ use http_body_util::Full;
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 use tower_service::Service;
 
-use crate::guard::BoxError;
+use crate::BoxError;
 
 use super::{
     ACCEPT_BOTH, Error, JSON, LAST_EVENT_ID, RESERVED, SESSION_ID, error::TowerClientError,

@@ -18,7 +18,7 @@ use rmcp::{
     },
 };
 
-use crate::guard::BoxError;
+use crate::BoxError;
 
 use super::{
     BODY_PREVIEW, EVENT_STREAM, Error, JSON, MAX_RETRY_AFTER, READ_FAILURE, SESSION_ID,

@@ -16,8 +16,7 @@ use rmcp::transport::streamable_http_client::SseError;
 use sse_stream::Sse;
 
 use crate::{
-    Target,
-    guard::BoxError,
+    BoxError, Target,
     protocol::{
         ResumeKey,
         sse::{SseEvent, SseParser},
