@@ -18,7 +18,8 @@ use std::{
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp},
+    execution::{EventKind, LedgerEvent, Timestamp},
+    ledger::{FileLedger, Ledger},
 };
 
 mod support;

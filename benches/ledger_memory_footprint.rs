@@ -24,7 +24,8 @@ use std::{
 use dashmap::DashMap;
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{ExecutionRecord, Ledger, MemoryLedger},
+    execution::ExecutionRecord,
+    ledger::{Ledger, MemoryLedger},
 };
 
 /// Live heap bytes. Hand-written rather than `dhat` or `stats_alloc`: dhat records a backtrace
@@ -138,6 +139,6 @@ fn main() {
     println!(
         "size_of: ExecutionRecord {} bytes, LedgerEvent {} bytes (5 events per record)",
         std::mem::size_of::<ExecutionRecord>(),
-        std::mem::size_of::<mcp_replay_guard::ledger::LedgerEvent>()
+        std::mem::size_of::<mcp_replay_guard::execution::LedgerEvent>()
     );
 }

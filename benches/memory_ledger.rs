@@ -30,7 +30,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use dashmap::DashMap;
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{ExecutionRecord, Ledger, MemoryLedger},
+    execution::ExecutionRecord,
+    ledger::{Ledger, MemoryLedger},
 };
 
 mod support;

@@ -28,9 +28,10 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use mcp_replay_guard::{
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     integrations::server::IdempotencyLayer,
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use tower::Layer;

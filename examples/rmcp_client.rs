@@ -17,10 +17,11 @@ use std::{process::ExitCode, time::Duration};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     integrations::rmcp::TowerHttpClient,
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use rmcp::{
     ServiceExt,

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use crate::{
     decide::call::UncertainReason,
-    ledger::ExecutionRecord,
+    execution::ExecutionRecord,
     protocol::{ClassifyError, Era, ProtocolVersion, RequestId},
 };
 
@@ -149,7 +149,7 @@ pub(crate) fn uncertain(
 /// The answer when a caller stops asking and the outcome is still unknown: every attempt
 /// it allowed lost its answer.
 pub(crate) fn unanswered(id: &RequestId, era: Era, record: &ExecutionRecord) -> Response<Bytes> {
-    if record.state == crate::ledger::ExecutionState::NeedsReview {
+    if record.state == crate::execution::ExecutionState::NeedsReview {
         return uncertain(id, era, record, UncertainReason::NeedsReview);
     }
     let text = format!(
@@ -161,10 +161,10 @@ pub(crate) fn unanswered(id: &RequestId, era: Era, record: &ExecutionRecord) -> 
         id = record.execution_id,
         class = record.retry_class,
         next = match record.retry_class {
-            crate::contract::RetryClass::ReadOnly | crate::contract::RetryClass::Idempotent =>
+            crate::execution::RetryClass::ReadOnly | crate::execution::RetryClass::Idempotent =>
                 "it is sent again under the same Idempotency-Key",
-            crate::contract::RetryClass::Recoverable => "its status is probed first",
-            crate::contract::RetryClass::Irreversible => "it is held for review, never sent again",
+            crate::execution::RetryClass::Recoverable => "its status is probed first",
+            crate::execution::RetryClass::Irreversible => "it is held for review, never sent again",
         },
     );
     tool_error(

@@ -19,10 +19,14 @@
 //!   `Idempotency-Key` header ([`IdempotencyKey`], raw or structured-field spelling).
 //! - [`fingerprint`]: the intent fingerprint, an HMAC-SHA256 over the RFC 8785 canonical action
 //!   record, which finds an earlier execution of the same intent. Secrets never enter it raw.
-//! - [`contract`]: per-tool contracts ([`RetryClass`](contract::RetryClass): read-only,
+//! - [`contract`]: per-tool contracts ([`RetryClass`](execution::RetryClass): read-only,
 //!   idempotent, recoverable, irreversible), built in code or loaded from a TOML/JSON policy.
-//! - [`ledger`]: each execution's lifecycle as appended events, the atomic claim that finds or
-//!   creates the execution of an intent, and kept results. [`MemoryLedger`](ledger::MemoryLedger)
+//! - [`execution`]: the execution model every layer speaks: an execution's record, its events
+//!   and states and the state machine between them, the link rule with its two clocks,
+//!   [`RetryClass`](execution::RetryClass), and the claim that finds or creates the execution
+//!   of an intent.
+//! - [`ledger`]: stores, indexes and verifies executions: the atomic claim, appended events,
+//!   kept results. [`MemoryLedger`](ledger::MemoryLedger)
 //!   in memory; [`FileLedger`](ledger::FileLedger), durable, hash-chained and shared by the
 //!   processes of one host; `PostgresLedger` (feature `postgres`) for replicas; tamper
 //!   evidence ([`ledger::chain`]) and the investigation timeline ([`ledger::audit`]).
@@ -160,6 +164,7 @@ pub mod context;
 pub mod contract;
 pub mod credentials;
 mod decide;
+pub mod execution;
 mod execution_id;
 pub mod fingerprint;
 pub mod guard;

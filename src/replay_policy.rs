@@ -112,8 +112,9 @@ use tower::retry::{
 
 use crate::{
     IDEMPOTENCY_KEY, Target,
-    contract::{ContractRegistry, RetryClass},
+    contract::ContractRegistry,
     decide::class::AfterUnknown,
+    execution::RetryClass,
     guard::GuardError,
     protocol::{self, RequestKind},
 };

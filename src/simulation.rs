@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 
-use crate::ledger::Timestamp;
+use crate::execution::Timestamp;
 
 thread_local! {
     static CLOCK: Cell<Option<fn() -> Timestamp>> = const { Cell::new(None) };

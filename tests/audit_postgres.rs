@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use mcp_replay_guard::{
     ExecutionId,
+    execution::{Claim, EventKind},
     ledger::{
-        Claim, EventKind, Ledger, PostgresLedger,
+        Ledger, PostgresLedger,
         chain::{
             ChainHash, ChainHead, ChainProblem, ChainedLine, Checkpoint, HEAD_LOG_EVERY, LineBody,
             parse_line,

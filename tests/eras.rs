@@ -10,9 +10,10 @@ use http::{Method, Request, Response};
 use http_body_util::Full;
 use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{Guard, GuardLayer, GuardRequestBody, GuardResponseBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use support::*;
@@ -260,7 +261,7 @@ async fn a_2026_reissue_of_an_idempotent_tool_carries_the_same_key() {
 
 #[tokio::test]
 async fn an_unknown_outcome_of_a_call_that_became_a_task_is_settled_by_tasks_get() {
-    use mcp_replay_guard::ledger::{EventKind, LedgerEvent, Timestamp};
+    use mcp_replay_guard::execution::{EventKind, LedgerEvent, Timestamp};
     let (url, seen) = task_server("completed").await;
     let ledger = MemoryLedger::new();
     let mut client = guarded(&ledger);

@@ -35,8 +35,9 @@ use hyper_util::{
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::ContractRegistry,
+    execution::{ExecutionRecord, ExecutionState},
     guard::{Guard, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionRecord, ExecutionState, FileLedger, Ledger},
+    ledger::{FileLedger, Ledger},
     resume::{Resume, ResumeLayer},
 };
 use serde_json::{Value, json};
@@ -191,9 +192,9 @@ async fn wait_past_link_windows(ledger: &FileLedger) {
 /// the time `until` reads from it.
 async fn wait_past(
     ledger: &FileLedger,
-    until: impl Fn(&ExecutionRecord) -> mcp_replay_guard::ledger::Timestamp,
+    until: impl Fn(&ExecutionRecord) -> mcp_replay_guard::execution::Timestamp,
 ) {
-    use mcp_replay_guard::ledger::Timestamp;
+    use mcp_replay_guard::execution::Timestamp;
     let records = ledger.list().await.expect("list");
     let Some(until) = records.iter().map(until).max() else {
         return;

@@ -17,9 +17,10 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::{FingerprintKey, FingerprintRules},
     guard::{Authorization, AuthorizationRequest, Authorize, Guard, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use support::*;

@@ -17,10 +17,11 @@ use std::{
 use mcp_replay_guard::{
     ExecutionId,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, STRUCTURED_KEY},
     integrations::{rmcp::GuardedTransport, server::KEY_OUTCOME_UNKNOWN},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use rmcp::{
     ServiceExt,

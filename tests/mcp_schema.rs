@@ -33,13 +33,13 @@ use http_body_util::Full;
 use mcp_replay_guard::{
     ExecutionId, Target,
     contract::{ContractRegistry, ToolContract},
+    execution::{
+        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp,
+    },
     fingerprint::FingerprintKey,
     guard::{Authorization, AuthorizationRequest, Authorize, GuardLayer, GuardRequestBody},
     integrations::server::IdempotencyLayer,
-    ledger::{
-        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
-        LedgerEvent, MemoryLedger, Timestamp,
-    },
+    ledger::{Ledger, LedgerError, MemoryLedger},
     protocol::{Era as WireEra, RequestId},
 };
 use serde_json::{Value, json};

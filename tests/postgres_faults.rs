@@ -13,9 +13,10 @@ use std::{collections::HashMap, time::Duration};
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, PostgresLedger},
+    ledger::{Ledger, PostgresLedger},
 };
 use serde_json::{Value, json};
 use support::*;

@@ -18,11 +18,11 @@ use bytes::Bytes;
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::{Claim, Claimed, EventKind, ExecutionState, LedgerEvent, Timestamp},
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     ledger::{
-        Claim, Claimed, EventKind, ExecutionState, Ledger, LedgerError, LedgerEvent,
-        PostgresLedger, Timestamp,
+        Ledger, LedgerError, PostgresLedger,
         chain::{ChainProblem, VerifyReport},
     },
 };
@@ -1205,7 +1205,7 @@ async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across_replicas()
             let start = start.clone();
             tokio::spawn(async move {
                 start.wait().await;
-                let dispatch = mcp_replay_guard::ledger::Dispatch {
+                let dispatch = mcp_replay_guard::execution::Dispatch {
                     jsonrpc_id: Some(7.into()),
                     ..Default::default()
                 };

@@ -8,7 +8,10 @@
 mod support;
 
 use bytes::Bytes;
-use mcp_replay_guard::ledger::{EventKind, Ledger, Timestamp};
+use mcp_replay_guard::{
+    execution::{EventKind, Timestamp},
+    ledger::Ledger,
+};
 use support::*;
 
 #[tokio::test]

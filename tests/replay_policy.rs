@@ -14,9 +14,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardError, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
     replay_policy::{Backoff, ReplayPolicy},
 };
 use tower::{Layer, Service, ServiceExt, retry::Retry, retry::budget::TpsBudget};

@@ -15,9 +15,10 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use mcp_replay_guard::{
     Actor,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
     resume::ResumeLayer,
 };
 use serde_json::json;

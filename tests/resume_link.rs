@@ -7,9 +7,10 @@ mod support;
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, MemoryLedger},
+    ledger::MemoryLedger,
 };
 use serde_json::json;
 use support::*;

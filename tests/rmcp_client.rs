@@ -9,10 +9,11 @@ use std::time::Duration;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use mcp_replay_guard::{
     contract::{ContractRegistry, ToolContract},
+    execution::{ExecutionRecord, ExecutionState},
     fingerprint::FingerprintKey,
     guard::{Guard, GuardLayer, GuardRequestBody},
     integrations::rmcp::TowerHttpClient,
-    ledger::{ExecutionRecord, ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use rmcp::{
     ClientServiceExt, RoleClient, ServiceError, ServiceExt,

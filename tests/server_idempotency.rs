@@ -10,12 +10,13 @@ use http::{HeaderValue, StatusCode, header::AUTHORIZATION};
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     integrations::server::{
         IDEMPOTENT_REPLAYED, IdempotencyLayer, InFlight, KEY_IN_FLIGHT, KEY_REUSED,
     },
-    ledger::{ExecutionState, FileLedger, Ledger, MemoryLedger},
+    ledger::{FileLedger, Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use support::*;

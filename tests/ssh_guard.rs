@@ -33,10 +33,11 @@ use hyper_util::{
 use mcp_replay_guard::{
     ExecutionId,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody},
     integrations::ssh::{MarkedCommand, MarkerProbe, MarkerStatus, run_marked, sh_quote},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use rmcp::{
     ErrorData, RoleServer, ServerHandler,
@@ -275,7 +276,7 @@ impl Cell {
     }
 
     /// The one execution in the ledger, once its first attempt lost its answer.
-    async fn only_execution(&self) -> mcp_replay_guard::ledger::ExecutionRecord {
+    async fn only_execution(&self) -> mcp_replay_guard::execution::ExecutionRecord {
         let records = self.ledger.list().await.unwrap();
         assert_eq!(records.len(), 1, "{records:#?}");
         records.into_iter().next().unwrap()

@@ -9,9 +9,10 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
     guard::{Guard, GuardError, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
     resume::{Resume, ResumeLayer},
 };
 use serde_json::{Value, json};

@@ -11,10 +11,11 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use mcp_replay_guard::{
     Target,
-    contract::{ContractRegistry, RetryClass},
+    contract::ContractRegistry,
+    execution::{ExecutionState, RetryClass},
     fingerprint::FingerprintKey,
     guard::{Guard, GuardLayer, GuardRequestBody},
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 use serde_json::{Value, json};
 use support::*;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use mcp_replay_guard::{
     ExecutionId,
-    contract::RetryClass,
-    ledger::{Claim, Dispatch, EventKind, Ledger, LedgerEvent, Timestamp},
+    execution::{Claim, Dispatch, EventKind, LedgerEvent, RetryClass, Timestamp},
+    ledger::Ledger,
 };
 
 /// The claim of the `n`th intent (a fingerprint of its own), kept for `retention` (a record
@@ -60,7 +60,7 @@ pub async fn claim_dispatched<L: Ledger + ?Sized>(
         .await
         .unwrap();
     assert!(
-        matches!(claimed, mcp_replay_guard::ledger::Claimed::New(_)),
+        matches!(claimed, mcp_replay_guard::execution::Claimed::New(_)),
         "every intent of a bench is new"
     );
     claimed.record().execution_id

@@ -32,10 +32,11 @@ use http_body_util::Full;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     ExecutionId,
+    execution::ExecutionState,
     guard::{
         Delivery, GuardError, GuardRequestBody, GuardResponseBody, STRUCTURED_KEY, redact_url,
     },
-    ledger::{ExecutionState, Ledger},
+    ledger::Ledger,
     resume::ResumeLayer,
 };
 use serde_json::{Value, json};

@@ -40,11 +40,9 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use mcp_replay_guard::{
     ExecutionId,
+    execution::ExecutionState,
     guard::resolve,
-    ledger::{
-        ExecutionState, FileLedger, Ledger, audit, chain::ChainHead, verify_file,
-        verify_file_anchored,
-    },
+    ledger::{FileLedger, Ledger, audit, chain::ChainHead, verify_file, verify_file_anchored},
 };
 
 #[derive(Debug, Parser)]

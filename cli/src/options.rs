@@ -6,7 +6,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use mcp_replay_guard::{
     Actor, CredentialRef, IntentScope,
-    contract::{ContractRegistry, RetryClass},
+    contract::ContractRegistry,
+    execution::RetryClass,
     fingerprint::FingerprintKey,
     guard::GuardLayer,
     ledger::{FileLedger, MemoryLedger},

@@ -11,9 +11,12 @@ use std::{
     time::Duration,
 };
 
-use mcp_replay_guard::ledger::{
-    Claim, EventKind, FileLedger, Ledger, Timestamp,
-    chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
+use mcp_replay_guard::{
+    execution::{Claim, EventKind, Timestamp},
+    ledger::{
+        FileLedger, Ledger,
+        chain::{ChainHash, ChainHead, ChainedLine, HEAD_LOG_EVERY, LineBody, parse_line},
+    },
 };
 use support::{
     captured_log, deploy_claim, dispatched_as, event_now, fingerprint_of, head_log_lines,

@@ -45,13 +45,10 @@ use std::{
 use async_trait::async_trait;
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
-    contract::ContractRegistry,
-    contract::{ProbeOutcome, ProbeRequest, StatusProbe},
+    contract::{ContractRegistry, ProbeOutcome, ProbeRequest, StatusProbe},
+    execution::{ExecutionRecord, ExecutionState, LedgerEvent, Timestamp},
     guard::{GuardLayer, GuardRequestBody},
-    ledger::{
-        ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerEvent, Timestamp, chain,
-        verify_file,
-    },
+    ledger::{FileLedger, Ledger, chain, verify_file},
     resume::ResumeLayer,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};

@@ -6,7 +6,8 @@ mod support;
 
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{Claim, EventKind, ExecutionState, FileLedger, Ledger},
+    execution::{Claim, EventKind, ExecutionState},
+    ledger::{FileLedger, Ledger},
 };
 use support::{
     deploy_claim, dispatched_as, event_now, fingerprint_of_byte,

@@ -836,7 +836,10 @@ fn snapshot(ledger: &Path) -> Snapshot {
 
 #[tokio::test]
 async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write() {
-    use mcp_replay_guard::ledger::{EventKind, FileLedger, Ledger, LedgerEvent, Timestamp};
+    use mcp_replay_guard::{
+        execution::{EventKind, LedgerEvent, Timestamp},
+        ledger::{FileLedger, Ledger},
+    };
     let (dir, ledger) = ledger_dir("read-only");
     let path = std::path::PathBuf::from(&ledger);
     let server = TestServer::start().await;
@@ -857,14 +860,14 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
         let key = file.fingerprint_key().unwrap();
         drop(key);
         let claimed = file
-            .claim(mcp_replay_guard::ledger::Claim {
+            .claim(mcp_replay_guard::execution::Claim {
                 fingerprint: format!("hmac-sha256:{}", "ab".repeat(32)).parse().unwrap(),
                 tool: "deploy_release".into(),
                 actor: "replay-guard".into(),
                 intent_scope: "cli".into(),
                 target: "127.0.0.1/mcp".into(),
                 credential_ref: None,
-                retry_class: mcp_replay_guard::contract::RetryClass::Irreversible,
+                retry_class: mcp_replay_guard::execution::RetryClass::Irreversible,
                 link_window: Duration::from_secs(600),
                 retention: Duration::from_secs(3600),
                 owner: "guard:gone".into(),

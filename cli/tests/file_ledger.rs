@@ -14,11 +14,9 @@ use bytes::Bytes;
 use mcp_replay_guard::{
     Actor, ExecutionId, IntentScope,
     contract::{ContractRegistry, ToolContract},
+    execution::{Claim, Claimed, EventKind, ExecutionState, Timestamp},
     guard::{GuardLayer, GuardRequestBody},
-    ledger::{
-        Claim, Claimed, EventKind, ExecutionState, FileLedger, Ledger, Timestamp,
-        chain::ChainProblem, verify_file,
-    },
+    ledger::{FileLedger, Ledger, chain::ChainProblem, verify_file},
 };
 use serde_json::json;
 use support::{event_now as event, *};
@@ -1334,7 +1332,7 @@ async fn a_compaction_killed_after_linking_its_archive_does_not_stop_the_next_on
     // The state a kill between the link and the rename leaves.
     std::fs::hard_link(&path, &archive).unwrap();
     let report = ledger
-        .compact(mcp_replay_guard::ledger::Timestamp::now())
+        .compact(mcp_replay_guard::execution::Timestamp::now())
         .await
         .unwrap();
     assert_eq!(report.archived_to, archive);
@@ -1348,7 +1346,7 @@ async fn a_compaction_killed_after_linking_its_archive_does_not_stop_the_next_on
     std::fs::write(&taken, b"an operator's notes").unwrap();
     assert!(
         ledger
-            .compact(mcp_replay_guard::ledger::Timestamp::now())
+            .compact(mcp_replay_guard::execution::Timestamp::now())
             .await
             .is_err()
     );

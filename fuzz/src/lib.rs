@@ -13,10 +13,10 @@ use std::{
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use mcp_replay_guard::{
     ExecutionId,
-    contract::RetryClass,
+    execution::{Claim, EventKind, LedgerEvent, RetryClass, Timestamp},
     fingerprint::canonical_json,
     ledger::{
-        Claim, EventKind, FileLedger, LedgerEvent, Timestamp,
+        FileLedger,
         chain::{self, ChainHash, ChainedLine, LineBody},
         verify_file,
     },

@@ -44,16 +44,15 @@
 //! task (`tasks/get`); otherwise its unknown outcome waits for review.
 
 mod annotations;
-mod class;
 mod error;
 mod policy;
 mod probe;
 mod registry;
 mod tool;
 
+use crate::execution::RetryClass;
 use crate::protocol::ToolAnnotations;
 pub(crate) use annotations::AnnotationCache;
-pub use class::RetryClass;
 pub use error::{InvalidContract, NoContract};
 pub use policy::{Policy, ToolPolicy, UnlistedPolicy};
 pub use probe::{ProbeOutcome, ProbeRequest, StatusProbe};

@@ -12,7 +12,7 @@ use std::fmt;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
-use crate::ledger::ExecutionRecord;
+use crate::execution::ExecutionRecord;
 
 /// What a status probe is asked: did this execution, whose outcome is unknown, take effect?
 #[derive(Debug)]

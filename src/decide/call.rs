@@ -7,10 +7,7 @@
 //! resume (`Facts::resumable` was never fed and `Decision::Resume` never taken).
 
 use super::class::AfterUnknown;
-use crate::{
-    contract::RetryClass,
-    ledger::{Claimed, ExecutionRecord, ExecutionState},
-};
+use crate::execution::{Claimed, ExecutionRecord, ExecutionState, RetryClass};
 
 /// What the guard does with a `tools/call`, decided from the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +107,7 @@ fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{ExecutionRecord, Timestamp, fixtures};
+    use crate::execution::{ExecutionRecord, Timestamp, fixtures};
 
     const CLASSES: [RetryClass; 4] = [
         RetryClass::ReadOnly,

@@ -1,7 +1,7 @@
 //! What a retry class allows after an unknown outcome: the one table the guard's
 //! decision and `ReplayPolicy` both read.
 
-use crate::contract::RetryClass;
+use crate::execution::RetryClass;
 
 /// What may follow an unknown outcome of a call of a given class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,23 +12,17 @@
 //! - `classify`: the one outcome classifier, status or error chain → outcome.
 //! - `probe`: a status probe's answer → the next step.
 //! - `server`: what a keyed call gets in the server half.
-//! - `link`: whether a ledger record links to a repeat (the link window), how long it stays in
-//!   retention (never while its attempt may still run), whether an attempt may still be
-//!   running (an operator may not settle it then), and an orphan (an execution `dispatched` by
-//!   an owner that is gone) becomes `unknown`; every ledger asks it.
+//!
+//! Whether a record links to a repeat, how long it stays in retention and what an orphan
+//! becomes are the execution model's rules (`execution::link`), which every ledger asks too.
 
 pub(crate) mod call;
 pub(crate) mod class;
 pub(crate) mod classify;
 pub(crate) mod flight;
-mod link;
 pub(crate) mod probe;
 #[cfg(feature = "server")]
 pub(crate) mod server;
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-pub(crate) use link::ORPHAN_REASON;
-pub(crate) use link::{is_linkable, is_orphaned, is_retained, is_running, orphan_unknown};

@@ -2,8 +2,8 @@
 //! key's ledger record alone (the server half's table in docs/channels.md).
 
 use crate::{
+    execution::{Claimed, ExecutionRecord, ExecutionState},
     fingerprint::Fingerprint,
-    ledger::{Claimed, ExecutionRecord, ExecutionState},
 };
 
 /// The answer to a keyed call.
@@ -74,8 +74,7 @@ mod tests {
     use super::*;
     use crate::{
         ExecutionId, IdempotencyKey,
-        contract::RetryClass,
-        ledger::{Claim, EventKind, LedgerEvent, Timestamp},
+        execution::{Claim, EventKind, LedgerEvent, RetryClass, Timestamp},
     };
 
     fn fp(byte: u8) -> Fingerprint {

@@ -8,8 +8,7 @@ use super::{
 };
 use crate::{
     contract::ProbeOutcome,
-    contract::RetryClass,
-    ledger::{Claimed, ExecutionRecord, ExecutionState, Timestamp, fixtures},
+    execution::{Claimed, ExecutionRecord, ExecutionState, RetryClass, Timestamp, fixtures},
 };
 
 const CLASSES: [RetryClass; 4] = [

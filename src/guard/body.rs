@@ -16,7 +16,8 @@ use pin_project_lite::pin_project;
 use super::listing::ListWatch;
 use crate::{
     BoxError, ExecutionId,
-    ledger::{EventKind, Ledger, LedgerError, LedgerEvent, Timestamp},
+    execution::{EventKind, LedgerEvent, Timestamp},
+    ledger::{Ledger, LedgerError},
     observe::{BufferedBody, Observed, Polled, Recorder, Write},
     protocol::{RequestId, tap::EventTap},
 };

@@ -19,13 +19,11 @@ use super::{
 
 use crate::{
     Actor,
-    contract::RetryClass,
     decide::{
-        self,
         call::{Decision, Facts, decide},
         flight::{AfterWait, Waited, after_wait},
     },
-    ledger::{EventKind, ExecutionRecord, ExecutionState},
+    execution::{self, EventKind, ExecutionRecord, ExecutionState, RetryClass},
     observe::{self, Settlement, Unread},
     protocol::{self, Era, Message, RequestKind, ResumeKey, tap::EventTap},
 };
@@ -388,7 +386,9 @@ where
             let id = record.execution_id;
             // A dispatched execution whose attempt is gone has an unknown outcome: record it
             // so (only if that attempt is still the latest).
-            if decide::is_orphaned(&record, attempt_alive) && !matches!(decision, Decision::Start) {
+            if execution::is_orphaned(&record, attempt_alive)
+                && !matches!(decision, Decision::Start)
+            {
                 match self
                     .config
                     .mark_unknown(&record, "the attempt ended before its outcome was observed")

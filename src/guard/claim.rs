@@ -12,10 +12,15 @@ use std::sync::Arc;
 
 use super::{GuardError, intent::Intent, layer::Config};
 
-use crate::ledger::{
-    Claim, Claimed, Dispatch, EventKind, ExecutionRecord, ExecutionState, IntentKey, Ledger,
-    LedgerEvent, Timestamp,
-    retry::{self, OUTCOME_TRIED_AFTER_ANSWER, Retry},
+use crate::{
+    execution::{
+        Claim, Claimed, Dispatch, EventKind, ExecutionRecord, ExecutionState, LedgerEvent,
+        Timestamp,
+    },
+    ledger::{
+        IntentKey, Ledger,
+        retry::{self, OUTCOME_TRIED_AFTER_ANSWER, Retry},
+    },
 };
 
 /// Why an attempt is recorded `not_sent` here.

@@ -13,7 +13,7 @@ use super::{
 use crate::{
     EXECUTION_ID_META_KEY, IDEMPOTENCY_KEY, IdempotencyKey,
     decide::classify::{ErrorClass, classify_error, refused_before_running},
-    ledger::{EventKind, ExecutionRecord, ExecutionState},
+    execution::{EventKind, ExecutionRecord, ExecutionState},
     observe::{Polled, Settlement},
     protocol::{self, response::ResponseScanner, tap::EventTap},
 };

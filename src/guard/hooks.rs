@@ -7,7 +7,7 @@ use std::fmt;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
-use crate::ledger::ExecutionRecord;
+use crate::execution::ExecutionRecord;
 
 /// What the authorization hook is asked about: a new execution, before anything is sent.
 #[derive(Debug)]

@@ -9,7 +9,8 @@ use tokio::sync::watch;
 use crate::{
     Actor, ExecutionId, Target,
     decide::flight::{Flight, single_flight},
-    ledger::{EventKind, Ledger, LedgerEvent, Timestamp},
+    execution::{EventKind, LedgerEvent, Timestamp},
+    ledger::Ledger,
     observe::{Recorder, Settlement, Watchers, Write, write_from_drop},
     protocol::{RequestId, ResumeKey},
 };

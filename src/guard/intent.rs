@@ -11,9 +11,9 @@ use super::{BoxError, GuardRequestBody, answer, call::Call};
 
 use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
-    contract::{RetryClass, StatusProbe},
+    contract::StatusProbe,
+    execution::{ClientInfo, Dispatch, RetryClass, Timestamp},
     fingerprint::{ActionRecord, Fingerprint},
-    ledger::{ClientInfo, Dispatch, Timestamp},
     protocol::{self, Era, ToolCall},
 };
 
@@ -40,10 +40,10 @@ pub(super) struct Intent {
     /// The caller's era: the shape of every answer the guard writes for this call.
     pub(super) era: Era,
     /// When the call reached the guard: a twin's result delivered after it is still this
-    /// call's ([`Claim::asked_at`](crate::ledger::Claim::asked_at)).
+    /// call's ([`Claim::asked_at`](crate::execution::Claim::asked_at)).
     pub(super) asked_at: Timestamp,
     /// The call attached to an attempt of its intent in flight and waited
-    /// ([`Claim::waited`](crate::ledger::Claim::waited)).
+    /// ([`Claim::waited`](crate::execution::Claim::waited)).
     pub(super) waited: std::sync::atomic::AtomicBool,
 }
 

@@ -9,8 +9,9 @@ use super::{Authorize, inflight::Inflight, service::Guard};
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
     contract::{AnnotationCache, ContractRegistry},
+    execution::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp},
     fingerprint::FingerprintKey,
-    ledger::{EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerEvent, Timestamp},
+    ledger::Ledger,
 };
 
 #[derive(Clone)]
@@ -237,8 +238,8 @@ pub async fn resolve(
         .ok_or(crate::ledger::LedgerError::NotFound(execution_id))?;
     // The owner is asked only about an execution in flight.
     let alive =
-        crate::decide::is_running(&record, true) && ledger.is_owner_alive(&record.owner).await;
-    if crate::decide::is_running(&record, alive) {
+        crate::execution::is_running(&record, true) && ledger.is_owner_alive(&record.owner).await;
+    if crate::execution::is_running(&record, alive) {
         return Err(crate::ledger::LedgerError::StillRunning {
             execution_id,
             state: record.state,

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     ExecutionId, IDEMPOTENCY_KEY,
     decide::probe::AfterProbe,
-    ledger::{EventKind, ExecutionRecord},
+    execution::{EventKind, ExecutionRecord},
     protocol::{self, RequestId},
 };
 

@@ -12,10 +12,10 @@ use super::{
 
 use crate::{
     ExecutionId, IdempotencyKey,
-    ledger::{
+    execution::{
         Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp,
-        retry::Retry,
     },
+    ledger::retry::Retry,
     observe::{self, Settlement},
 };
 

@@ -119,7 +119,8 @@ mod over_resume {
 
     use super::*;
     use crate::{
-        ledger::{ExecutionState, Ledger},
+        execution::ExecutionState,
+        ledger::Ledger,
         protocol::sse::{PUSHED_BYTES, SseParser},
         resume::ResumeLayer,
     };

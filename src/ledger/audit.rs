@@ -304,10 +304,7 @@ impl fmt::Display for Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        contract::RetryClass,
-        ledger::{Claim, fixtures},
-    };
+    use crate::execution::{Claim, RetryClass, fixtures};
 
     /// An operator settled the call as not applied, and then the target's own answer came:
     /// both are in the timeline, and the conflict is said in so many words.

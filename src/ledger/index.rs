@@ -14,7 +14,7 @@ use bytes::Bytes;
 use super::{
     Claim, Claimed, ExecutionRecord, LedgerError, LedgerEvent, Timestamp, result_reference,
 };
-use crate::{Actor, ExecutionId, IntentScope, decide, fingerprint::Fingerprint};
+use crate::{Actor, ExecutionId, IntentScope, execution, fingerprint::Fingerprint};
 
 /// The intent an execution belongs to: who acts, in which scope, with which fingerprint. Two
 /// calls with the same key are the same intent; the ledgers index executions by it and the
@@ -274,7 +274,7 @@ impl Index {
 
 impl<E: Entry> IndexOf<E> {
     /// Claim-or-link: the linkable execution of the claim's intent
-    /// ([`decide::is_linkable`], which asks `owner_alive` about an execution past its
+    /// ([`execution::is_linkable`], which asks `owner_alive` about an execution past its
     /// `retain_until` that may still run), or a new one, in state `accepted`. For a new one,
     /// `before_create` runs first (a ledger takes the owner's liveness signal there; if it
     /// fails, nothing is created), and the `accepted` event it returns is the one to store.
@@ -291,7 +291,7 @@ impl<E: Entry> IndexOf<E> {
             .and_then(|id| Some(self.executions.get(&id)?.record(id)))
             .filter(|record| {
                 let asked_at = claim.asked_at.unwrap_or(claim.at);
-                decide::is_linkable(record, claim.at, asked_at, claim.waited, &owner_alive)
+                execution::is_linkable(record, claim.at, asked_at, claim.waited, &owner_alive)
             });
         if let Some(record) = linked {
             return Ok((Claimed::Existing(record.into_owned()), None));
@@ -377,7 +377,7 @@ impl<E: Entry> IndexOf<E> {
         records
     }
 
-    /// The `unknown` events of every orphaned execution ([`decide::orphan_unknown`]), applied
+    /// The `unknown` events of every orphaned execution ([`execution::orphan_unknown`]), applied
     /// to the index; the caller stores them.
     pub(crate) fn settle_orphans(
         &mut self,
@@ -389,7 +389,7 @@ impl<E: Entry> IndexOf<E> {
             .iter()
             .filter_map(|(id, e)| {
                 let record = e.record(*id);
-                decide::orphan_unknown(&record, owner_alive(&record.owner), at)
+                execution::orphan_unknown(&record, owner_alive(&record.owner), at)
             })
             .collect();
         orphans.sort_by_key(|e| e.execution_id);
@@ -399,7 +399,7 @@ impl<E: Entry> IndexOf<E> {
         Ok(orphans)
     }
 
-    /// Removes every execution whose retention ended before `now` ([`decide::is_retained`],
+    /// Removes every execution whose retention ended before `now` ([`execution::is_retained`],
     /// which asks `owner_alive` about one that may still run), with its kept results; returns
     /// how many. Visits only those past their `retain_until`.
     pub(crate) fn purge_expired(
@@ -422,7 +422,7 @@ impl<E: Entry> IndexOf<E> {
             let retained = self
                 .executions
                 .get(&id)
-                .is_some_and(|e| decide::is_retained(&e.record(id), now, &owner_alive));
+                .is_some_and(|e| execution::is_retained(&e.record(id), now, &owner_alive));
             if retained {
                 kept.push((until, id));
                 continue;
@@ -449,12 +449,9 @@ impl<E: Entry> IndexOf<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        contract::RetryClass,
-        ledger::{
-            ExecutionState,
-            fixtures::{claim, dispatched, event_at},
-        },
+    use crate::execution::{
+        ExecutionState, RetryClass,
+        fixtures::{claim, dispatched, event_at},
     };
 
     #[test]

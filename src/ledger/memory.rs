@@ -164,9 +164,10 @@ mod tests {
     use super::*;
     use crate::{
         IdempotencyKey,
-        contract::RetryClass,
-        ledger::fixtures::{dispatched, event_at as event},
-        ledger::{EventKind, ExecutionState},
+        execution::{
+            EventKind, ExecutionState, RetryClass,
+            fixtures::{dispatched, event_at as event},
+        },
     };
 
     fn claim(fingerprint_byte: u8, at: u64) -> Claim {

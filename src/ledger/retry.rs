@@ -140,14 +140,14 @@ async fn write_until(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ExecutionId, ledger::InvalidTransition};
+    use crate::{ExecutionId, execution::InvalidTransition};
 
     #[tokio::test(start_paused = true)]
     async fn only_a_storage_failure_is_tried_again_and_only_until_the_deadline() {
         let mut retry = Retry::until(Instant::now() + Duration::from_millis(100));
         let refused = LedgerError::InvalidTransition(InvalidTransition {
             execution_id: ExecutionId::new(),
-            state: crate::ledger::ExecutionState::Completed,
+            state: crate::execution::ExecutionState::Completed,
             event: "completed",
         });
         assert!(!retry.again(&refused).await);

@@ -77,11 +77,11 @@ mod tests {
 
     use super::*;
     use crate::{
-        contract::RetryClass,
-        ledger::{
-            EventKind, MemoryLedger,
+        execution::{
+            EventKind, RetryClass,
             fixtures::{claim, event_at},
         },
+        ledger::MemoryLedger,
     };
 
     /// A memory ledger that notes which of its own methods ran.

@@ -405,7 +405,8 @@ mod tests {
     use super::*;
     use crate::{
         ExecutionId,
-        ledger::{ExecutionState, FileLedger, Ledger, MemoryLedger},
+        execution::ExecutionState,
+        ledger::{FileLedger, Ledger, MemoryLedger},
         observe::recorder::tests::dispatched,
         protocol::RequestId,
     };

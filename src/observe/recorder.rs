@@ -13,7 +13,8 @@ use bytes::Bytes;
 use super::probe::ResultProbe;
 use crate::{
     ExecutionId,
-    ledger::{EventKind, Ledger, LedgerEvent, Timestamp, retry},
+    execution::{EventKind, LedgerEvent, Timestamp},
+    ledger::{Ledger, retry},
     protocol::{
         self, RequestId,
         response::{Examined, ResponseTo, read_message, response_to},
@@ -507,8 +508,8 @@ pub(crate) async fn record_outcome(
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        contract::RetryClass,
-        ledger::{Claim, ExecutionState, MemoryLedger, fixtures},
+        execution::{Claim, ExecutionState, RetryClass, fixtures},
+        ledger::MemoryLedger,
         protocol::LEXICAL_SCANS,
     };
 
@@ -571,7 +572,7 @@ pub(crate) mod tests {
 
     /// Records the answer in `message` and says whether its result was kept, with the
     /// record and how many lexical scans it took.
-    async fn record_answer(message: &str) -> (bool, crate::ledger::ExecutionRecord, usize) {
+    async fn record_answer(message: &str) -> (bool, crate::execution::ExecutionRecord, usize) {
         let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new());
         let id = dispatched(&*ledger).await;
         let answer = TargetAnswer::find(message.as_bytes(), &RequestId::from(1)).unwrap();

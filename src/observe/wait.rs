@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::ledger::{ExecutionRecord, Ledger, LedgerError};
+use crate::{
+    execution::ExecutionRecord,
+    ledger::{Ledger, LedgerError},
+};
 
 /// How often a waiting call looks at the ledger (no ledger notifies a change).
 const POLL: Duration = Duration::from_millis(10);
@@ -36,10 +39,10 @@ pub(crate) async fn until_changed(
 mod tests {
     use super::*;
     use crate::{
-        contract::RetryClass,
-        ledger::{
-            Claim, EventKind, ExecutionState, LedgerEvent, MemoryLedger, Timestamp, fixtures,
+        execution::{
+            Claim, EventKind, ExecutionState, LedgerEvent, RetryClass, Timestamp, fixtures,
         },
+        ledger::MemoryLedger,
     };
 
     async fn accepted(ledger: &MemoryLedger, owner: &str) -> ExecutionRecord {

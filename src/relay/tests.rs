@@ -9,8 +9,9 @@ use serde_json::{Value, json};
 use super::*;
 use crate::{
     contract::{ContractRegistry, ToolContract},
+    execution::ExecutionState,
     fingerprint::FingerprintKey,
-    ledger::{ExecutionState, Ledger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
 
 const WAIT: Duration = Duration::from_secs(10);

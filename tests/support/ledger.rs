@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use mcp_replay_guard::ledger::{ExecutionRecord, ExecutionState, Ledger};
+use mcp_replay_guard::{
+    execution::{ExecutionRecord, ExecutionState},
+    ledger::Ledger,
+};
 
 /// The first execution that reaches `state`, polling for up to 5 s.
 pub async fn wait_for_state(ledger: &impl Ledger, state: ExecutionState) -> ExecutionRecord {
@@ -37,9 +40,8 @@ pub async fn event_names(ledger: &impl Ledger, id: ExecutionId) -> Vec<&'static 
 
 use mcp_replay_guard::{
     ExecutionId, IdempotencyKey,
-    contract::RetryClass,
+    execution::{Claim, EventKind, LedgerEvent, RetryClass, Timestamp},
     fingerprint::Fingerprint,
-    ledger::{Claim, EventKind, LedgerEvent, Timestamp},
 };
 
 /// `hmac-sha256:` and `byte` 32 times.

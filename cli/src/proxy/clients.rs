@@ -8,7 +8,7 @@ use std::{
     sync::Mutex,
 };
 
-use mcp_replay_guard::ledger::ClientInfo;
+use mcp_replay_guard::execution::ClientInfo;
 use serde::Deserialize;
 
 /// How many sessions' clients are remembered; the oldest is forgotten first.

@@ -10,9 +10,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_replay_guard::{
     ExecutionId,
-    ledger::{
-        Claim, Claimed, Dispatch, EventKind, ExecutionRecord, Ledger, LedgerError, LedgerEvent,
-    },
+    execution::{Claim, Claimed, Dispatch, EventKind, ExecutionRecord, LedgerEvent},
+    ledger::{Ledger, LedgerError},
 };
 
 use crate::{disk::Machine, world::now_ms};

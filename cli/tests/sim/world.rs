@@ -26,13 +26,11 @@ use mcp_replay_guard::{
     Actor, IntentScope,
     contract::{ContractRegistry, ProbeOutcome, ProbeRequest, StatusProbe, ToolContract},
     credentials::{ANONYMOUS, CredentialActors},
+    execution::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp},
     fingerprint::FingerprintKey,
     guard::{GuardLayer, GuardRequestBody, STRUCTURED_KEY},
     integrations::server::IdempotencyLayer,
-    ledger::{
-        EventKind, ExecutionRecord, ExecutionState, FileLedger, Ledger, LedgerError, LedgerEvent,
-        MemoryLedger, Timestamp,
-    },
+    ledger::{FileLedger, Ledger, LedgerError, MemoryLedger},
 };
 use serde_json::{Value, json};
 use tower::{ServiceBuilder, ServiceExt};

@@ -39,7 +39,7 @@
 //! Each key is an execution in the crate's [`Ledger`](crate::ledger::Ledger) (memory, file or
 //! PostgreSQL): actor = the principal (or `anonymous`), intent scope `idempotency-key:<key>`, a
 //! fingerprint of (principal, key) so that the claim is atomic per key, a
-//! [`KeyBound`](crate::ledger::EventKind::KeyBound) event with the call's own fingerprint, then
+//! [`KeyBound`](crate::execution::EventKind::KeyBound) event with the call's own fingerprint, then
 //! `dispatched`, and `completed` with the kept result (or `failed` / `unknown`). The kept
 //! response is the final JSON-RPC response, found while the body streams (progress events of
 //! an SSE answer are not kept), and it is recorded before the frame that carries it is handed

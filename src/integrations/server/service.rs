@@ -22,16 +22,18 @@ use super::{
 use crate::{
     Actor, BoxError, EXECUTION_ID_META_KEY, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     answer,
-    contract::RetryClass,
     decide::{
         classify::refused_before_running,
         server::{KeyDecision, decide},
     },
+    execution::{Claim, Claimed, EventKind, ExecutionRecord, LedgerEvent, RetryClass, Timestamp},
     fingerprint::{ActionRecord, Channel, Fingerprint, FingerprintRules},
-    ledger::{Claim, Claimed, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp},
+    ledger::LedgerError,
     observe::{self, Recorder, Unread, spawn_finishing, written},
-    protocol::response::ResponseScanner,
-    protocol::{self, Era, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall},
+    protocol::{
+        self, Era, MCP_SESSION_ID, Message, RequestId, RequestKind, ToolCall,
+        response::ResponseScanner,
+    },
 };
 
 /// JSON-RPC error code: the `Idempotency-Key` was first used for another call (HTTP 422).

@@ -636,7 +636,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_probe_that_cannot_reach_the_host_says_unknown_never_not_applied() {
-        use crate::{contract::RetryClass, ledger::fixtures};
+        use crate::execution::{RetryClass, fixtures};
         let record = fixtures::accepted(&fixtures::claim(RetryClass::Recoverable, "me"));
         let arguments = serde_json::Map::new();
         // Port 1 on 127.0.0.1: nothing listens; and no client key either.

@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     ExecutionId,
-    ledger::{EventKind, Timestamp},
+    execution::{EventKind, Timestamp},
 };
 
 fn chain(n: u64) -> Vec<String> {

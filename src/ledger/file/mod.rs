@@ -579,12 +579,9 @@ impl Ledger for FileLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        contract::RetryClass,
-        ledger::{
-            ExecutionState,
-            fixtures::{claim, dispatched, event_at},
-        },
+    use crate::execution::{
+        ExecutionState, RetryClass,
+        fixtures::{claim, dispatched, event_at},
     };
 
     fn temp_dir(test: &str) -> PathBuf {
@@ -593,7 +590,7 @@ mod tests {
         dir
     }
 
-    /// The orphan rule of every ledger ([`crate::decide::orphan_unknown`]), on open.
+    /// The orphan rule of every ledger ([`crate::execution::orphan_unknown`]), on open.
     #[tokio::test]
     async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_after_reopen() {
         let dir = temp_dir("orphan-unit");
@@ -612,7 +609,10 @@ mod tests {
         let reopened = FileLedger::open(&path).unwrap();
         let record = reopened.get(id).await.unwrap().unwrap();
         assert_eq!(record.state, ExecutionState::Unknown);
-        assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+        assert_eq!(
+            record.reason.as_deref(),
+            Some(crate::execution::ORPHAN_REASON)
+        );
         drop(reopened);
         fs::remove_dir_all(dir).unwrap();
     }

@@ -401,7 +401,7 @@ impl Writer {
     }
 
     /// On open: an execution left `dispatched` by an owner that is gone has an unknown outcome
-    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)).
+    /// ([`execution::orphan_unknown`](crate::execution::orphan_unknown)).
     pub(super) fn recover(&mut self) -> Result<(), LedgerError> {
         self.locked(|w| {
             let owners = w.owners.clone();

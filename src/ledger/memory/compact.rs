@@ -4,10 +4,10 @@ use std::{borrow::Cow, collections::HashSet, sync::Arc};
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target,
-    contract::RetryClass,
+    execution::{ClientInfo, EventKind, ExecutionRecord, LedgerEvent, RetryClass, Timestamp},
     fingerprint::Fingerprint,
     ledger::{
-        ClientInfo, EventKind, ExecutionRecord, LedgerError, LedgerEvent, Timestamp,
+        LedgerError,
         index::{Entry, IntentKey},
         result_reference,
     },
@@ -377,15 +377,17 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{
-        Claim,
-        fixtures::{event_at, event_at as event},
-        index::IndexOf,
+    use crate::{
+        execution::{
+            Claim,
+            fixtures::{event_at, event_at as event},
+        },
+        ledger::index::IndexOf,
     };
 
     /// The claim of intent `n` (a fingerprint of its own), retained an hour, by `test`.
     fn claim(n: u8, at: u64) -> Claim {
-        let mut claim = crate::ledger::fixtures::claim(RetryClass::Irreversible, "test");
+        let mut claim = crate::execution::fixtures::claim(RetryClass::Irreversible, "test");
         claim.fingerprint = format!("hmac-sha256:{}", format!("{n:02x}").repeat(32))
             .parse()
             .unwrap();

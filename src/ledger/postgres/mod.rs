@@ -33,7 +33,7 @@ use super::{
     result_reference,
 };
 use crate::{
-    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, contract::RetryClass,
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, execution::RetryClass,
     fingerprint::Fingerprint,
 };
 
@@ -317,7 +317,7 @@ impl PostgresLedger {
 
     /// On connect, as the file ledger on open: an execution left `dispatched` by an owner
     /// whose lease ended has an unknown outcome
-    /// ([`decide::orphan_unknown`](crate::decide::orphan_unknown)). Each `unknown` goes
+    /// ([`execution::orphan_unknown`](crate::execution::orphan_unknown)). Each `unknown` goes
     /// through the writer like any append and names its attempt, so one that another replica
     /// moved meanwhile is refused by the state machine and left as that replica wrote it.
     async fn settle_orphans(&self) -> Result<(), LedgerError> {
@@ -331,7 +331,7 @@ impl PostgresLedger {
         for row in rows {
             let record = record_from_json(row.get(0))?;
             let alive: bool = row.get(1);
-            let Some(event) = crate::decide::orphan_unknown(&record, alive, Timestamp::now())
+            let Some(event) = crate::execution::orphan_unknown(&record, alive, Timestamp::now())
             else {
                 continue;
             };
@@ -582,9 +582,9 @@ fn millis(t: Timestamp) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        contract::RetryClass,
-        ledger::fixtures::{claim, dispatched, event_at},
+    use crate::execution::{
+        RetryClass,
+        fixtures::{claim, dispatched, event_at},
     };
 
     /// A schema of its own in the database of `MCP_REPLAY_GUARD_POSTGRES_URL`; `None` (the
@@ -647,7 +647,10 @@ mod tests {
         for ledger in [&second, &observer] {
             let record = ledger.get(id).await.unwrap().unwrap();
             assert_eq!(record.state, ExecutionState::Unknown);
-            assert_eq!(record.reason.as_deref(), Some(crate::decide::ORPHAN_REASON));
+            assert_eq!(
+                record.reason.as_deref(),
+                Some(crate::execution::ORPHAN_REASON)
+            );
         }
         // Settled once: a third replica writes nothing more.
         let third = PostgresLedger::connect_with_schema(&url, &schema)

@@ -200,7 +200,7 @@ impl Sql {
             ),
             heads: format!("SELECT chain, seq, hash FROM {s}.mrg_chains ORDER BY chain"),
             lock_all_chains: format!("SELECT chain FROM {s}.mrg_chains ORDER BY chain FOR UPDATE"),
-            // `decide::is_retained` in SQL: past its `retain_until`, an unsettled execution
+            // `execution::is_retained` in SQL: past its `retain_until`, an unsettled execution
             // stays while its owner may live (dispatched always; accepted, authorized, unknown
             // or needs review while the lease of its owner, or of the owner of an earlier
             // attempt still in doubt, lives).

@@ -3,7 +3,7 @@
 //! gone becomes, and whether an attempt may still be running. The ledgers store, index and
 //! verify; they ask these functions, and never decide on their own.
 
-use crate::ledger::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp};
+use crate::execution::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp};
 
 /// Whether an attempt of `record` may still be running: it is in flight (accepted, authorized
 /// or dispatched) and its owner (`owner_alive` says whether that process still runs) is alive.
@@ -123,9 +123,9 @@ pub(crate) fn orphan_unknown(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        contract::RetryClass,
-        ledger::fixtures::{accepted, claim, dispatched, event_at},
+    use crate::execution::{
+        RetryClass,
+        fixtures::{accepted, claim, dispatched, event_at},
     };
 
     fn record_in(state: ExecutionState, delivered: bool) -> ExecutionRecord {

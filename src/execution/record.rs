@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, contract::RetryClass,
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, execution::RetryClass,
     fingerprint::Fingerprint, protocol::RequestId,
 };
 
@@ -787,9 +787,9 @@ impl ExecutionRecord {
     /// - Never linkable: failed (the target refused it), settled as not applied, and a result
     ///   that reached the caller (a repeat after that is a new intent).
     ///
-    /// The rule lives in the crate's `decide` module; the record only answers it.
+    /// The rule is the execution model's link rule; the record only answers it.
     pub fn is_linkable(&self, now: Timestamp) -> bool {
-        crate::decide::is_linkable(self, now, now, false, |_| true)
+        crate::execution::is_linkable(self, now, now, false, |_| true)
     }
 
     /// The state as the JSON form spells it: a completed record without delivery is
@@ -860,7 +860,7 @@ pub(crate) mod fixtures {
     use std::time::Duration;
 
     use super::*;
-    use crate::ledger::Claim;
+    use crate::execution::Claim;
 
     /// A claim of `retry_class` by `owner`: zero fingerprint, placeholder names, a 60 s link
     /// window and retention, at 0 ms.
