@@ -447,6 +447,7 @@ async fn kill_after_dispatch(server: &TestServer, era: Era, class: Class, path: 
 
 /// The child side: does nothing unless `MRG_CHILD` names a task (`era|tool|ledger|url|contracts`).
 #[test]
+#[ignore = "a child process's entry point, run by the tests that start it (with MRG_CHILD set)"]
 fn child_entry() {
     let Ok(task) = std::env::var("MRG_CHILD") else {
         return;

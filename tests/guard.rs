@@ -1266,6 +1266,7 @@ fn abandon_a_keyed_response() {
 
 /// Runs a child's task (see tests/support/child.rs); does nothing in a normal test run.
 #[test]
+#[ignore = "a child process's entry point, run by the tests that start it (with MRG_CHILD set)"]
 fn child_entry() {
     let Ok(task) = std::env::var(CHILD_TASK) else {
         return;

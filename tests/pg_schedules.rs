@@ -42,7 +42,7 @@
 //! `MRG_PG_SCHEDULES=N` runs N schedules (default [`DEFAULT_SCHEDULES`]); `MRG_PG_BASE=S`
 //! starts at seed S (default a fixed base, so CI runs the same schedules each time; `random`
 //! for a new one, printed); `MRG_PG_SEED=S` replays one schedule and prints its timeline.
-//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres_faults.rs`:
+//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres.rs`:
 //! unset, the test is skipped with a message, except under CI (`CI` set), where it fails.
 //! Each schedule works in a schema of its own, dropped when the schedule passes.
 //!

@@ -166,6 +166,7 @@ fn spawn_child(index: usize, path: &Path, urls: &[String; 2], seed: u64, calls: 
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.
 #[test]
+#[ignore = "a child process's entry point, run by the tests that start it (with MRG_CHILD set)"]
 fn child_entry() {
     let Ok(task) = std::env::var("MRG_CHILD") else {
         return;

@@ -1052,6 +1052,7 @@ async fn a_held_ledger_lock_bounds_the_call_and_names_the_holder() {
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.
 #[test]
+#[ignore = "a child process's entry point, run by the tests that start it (with MRG_CHILD set)"]
 fn child_entry() {
     let Ok(task) = std::env::var(CHILD_TASK) else {
         return;

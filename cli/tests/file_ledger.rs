@@ -329,6 +329,7 @@ async fn the_fingerprint_key_is_kept_beside_the_ledger_with_mode_0600() {
 
 /// The child side: does nothing unless `MRG_CHILD` names a task.
 #[test]
+#[ignore = "a child process's entry point, run by the tests that start it (with MRG_CHILD set)"]
 fn child_entry() {
     let Ok(task) = std::env::var("MRG_CHILD") else {
         return;

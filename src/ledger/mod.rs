@@ -38,7 +38,7 @@ pub use memory::MemoryLedger;
 pub use postgres::PostgresLedger;
 // The values every ledger stores (the execution model), named here for the ledgers' own files.
 use crate::execution::{
-    Claim, Claimed, ClientInfo, Correlation, Dispatch, EventKind, ExecutionRecord, ExecutionState,
+    Claim, Claimed, ClientInfo, Dispatch, EventKind, ExecutionRecord, ExecutionState,
     InvalidTransition, LedgerEvent, Timestamp,
 };
 pub use verify::verify_file_anchored;

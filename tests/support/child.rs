@@ -1,5 +1,7 @@
 //! Child processes: a test binary runs itself again to execute its `child_entry` test, which
-//! reads its task from [`CHILD_TASK`] and does nothing when the variable is unset.
+//! reads its task from [`CHILD_TASK`] and does nothing when the variable is unset. The entry is
+//! marked ignored, so a normal run does not count it as a test; the child runs it with
+//! `--ignored`.
 
 use std::process::{Command, Stdio};
 
@@ -11,7 +13,13 @@ pub const CHILD_TASK: &str = "MRG_CHILD";
 pub fn child_process(task: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("the test binary"));
     command
-        .args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "child_entry",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_TASK, task)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

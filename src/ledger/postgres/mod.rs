@@ -26,12 +26,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use super::{
-    Claim, Claimed, Correlation, Dispatch, EventKind, ExecutionRecord, ExecutionState, Ledger,
-    LedgerError, LedgerEvent, StorageError, Timestamp,
+    Claim, Claimed, Dispatch, EventKind, ExecutionRecord, ExecutionState, Ledger, LedgerError,
+    LedgerEvent, StorageError, Timestamp,
     chain::{self, ChainHash, ChainProblem, ChainedLine, LineBody, VerifyReport},
     index::{Index, IntentKey},
     result_reference,
 };
+use crate::execution::Correlation;
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, execution::RetryClass,
     fingerprint::Fingerprint,
@@ -582,103 +583,6 @@ fn millis(t: Timestamp) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::execution::{
-        RetryClass,
-        fixtures::{claim, dispatched, event_at},
-    };
-
-    /// A schema of its own in the database of `MCP_REPLAY_GUARD_POSTGRES_URL`; `None` (the
-    /// test skips) when it is unset.
-    fn test_schema(test: &str) -> Option<(String, String)> {
-        let Ok(url) = std::env::var("MCP_REPLAY_GUARD_POSTGRES_URL") else {
-            eprintln!("skipped: MCP_REPLAY_GUARD_POSTGRES_URL is unset");
-            return None;
-        };
-        let ulid = ExecutionId::new().ulid().to_string().to_lowercase();
-        Some((url, format!("mrg_u_{test}_{ulid}")))
-    }
-
-    async fn drop_schema(ledger: &PostgresLedger) {
-        let client = ledger.pool().get().await.unwrap();
-        let statement = format!("DROP SCHEMA \"{}\" CASCADE", ledger.schema());
-        client.batch_execute(&statement).await.unwrap();
-    }
-
-    /// An execution left `dispatched` by an owner whose lease ended reads `unknown`
-    /// from a ledger that connects afterwards, as it does in a file ledger reopened; it used
-    /// to read `dispatched` in PostgreSQL.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_from_another_replica() {
-        let Some((url, schema)) = test_schema("orphan") else {
-            return;
-        };
-        let observer = PostgresLedger::connect_with_schema(&url, &schema)
-            .await
-            .unwrap();
-        let first = PostgresLedger::connect_with_schema(&url, &schema)
-            .await
-            .unwrap();
-        let id = first
-            .claim(claim(RetryClass::Idempotent, "guard:orphan-one"))
-            .await
-            .unwrap()
-            .record()
-            .execution_id;
-        first
-            .append(event_at(id, 1, dispatched(id, 1, Some("guard:orphan-one"))))
-            .await
-            .unwrap();
-        drop(first);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while observer.is_owner_alive("guard:orphan-one").await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the lease outlived its ledger"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // The observer connected while the owner lived: it reads what was written.
-        let before = observer.get(id).await.unwrap().unwrap();
-        assert_eq!(before.state, ExecutionState::Dispatched);
-
-        let second = PostgresLedger::connect_with_schema(&url, &schema)
-            .await
-            .unwrap();
-        for ledger in [&second, &observer] {
-            let record = ledger.get(id).await.unwrap().unwrap();
-            assert_eq!(record.state, ExecutionState::Unknown);
-            assert_eq!(
-                record.reason.as_deref(),
-                Some(crate::execution::ORPHAN_REASON)
-            );
-        }
-        // Settled once: a third replica writes nothing more.
-        let third = PostgresLedger::connect_with_schema(&url, &schema)
-            .await
-            .unwrap();
-        assert_eq!(third.events(id).await.unwrap().len(), 3);
-        assert!(third.verify().await.unwrap().is_ok());
-        drop_schema(&third).await;
-    }
-
-    /// A failed query keeps the PostgreSQL error as its source.
-    #[tokio::test]
-    async fn a_postgres_failure_keeps_its_source() {
-        let Some((url, schema)) = test_schema("source") else {
-            return;
-        };
-        let ledger = PostgresLedger::connect_with_schema(&url, &schema)
-            .await
-            .unwrap();
-        drop_schema(&ledger).await;
-        let error = ledger.get(ExecutionId::new()).await.unwrap_err();
-        assert!(matches!(error, LedgerError::Storage(_)), "{error}");
-        let source = std::error::Error::source(&error).expect("a source");
-        assert!(
-            source.downcast_ref::<tokio_postgres::Error>().is_some(),
-            "{source:?}"
-        );
-    }
 
     #[test]
     fn passwords_are_found_in_both_url_forms() {

@@ -10,7 +10,7 @@
 //! `MCP_REPLAY_GUARD_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/mrg_dev \
 //!  cargo test --features postgres --test postgres_ledger`
 
-mod support;
+use crate::support;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -63,8 +63,7 @@ async fn new_execution(ledger: &PostgresLedger, n: u32, at: u64) -> ExecutionId 
     }
 }
 
-#[tokio::test]
-async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
+pub(crate) async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
     let Some(schema) = TestSchema::new("lifecycle") else {
         return;
     };
@@ -155,8 +154,7 @@ async fn the_lifecycle_reads_as_the_design_record_and_survives_a_restart() {
     schema.drop(&ledger).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner_and_one_chain() {
+pub(crate) async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner_and_one_chain() {
     let Some(schema) = TestSchema::new("race") else {
         return;
     };
@@ -220,8 +218,7 @@ async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner_and_one_ch
     schema.drop(&replicas[0]).await;
 }
 
-#[tokio::test]
-async fn transitions_the_state_machine_refuses_write_nothing() {
+pub(crate) async fn transitions_the_state_machine_refuses_write_nothing() {
     let Some(schema) = TestSchema::new("refused") else {
         return;
     };
@@ -287,8 +284,7 @@ async fn transitions_the_state_machine_refuses_write_nothing() {
     schema.drop(&ledger).await;
 }
 
-#[tokio::test]
-async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
+pub(crate) async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
     let Some(schema) = TestSchema::new("tamper") else {
         return;
     };
@@ -390,8 +386,8 @@ async fn an_edited_or_deleted_event_row_is_named_by_its_seq() {
     schema.drop(&ledger).await;
 }
 
-#[tokio::test]
-async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_not_the_chain() {
+pub(crate) async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_not_the_chain()
+ {
     let Some(schema) = TestSchema::new("retention") else {
         return;
     };
@@ -482,8 +478,7 @@ async fn settled_links_end_with_the_window_and_purged_records_leave_the_index_no
     schema.drop(&ledger).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_is_alive_while_its_ledger_runs_and_dead_once_dropped() {
+pub(crate) async fn an_owner_is_alive_while_its_ledger_runs_and_dead_once_dropped() {
     let Some(schema) = TestSchema::new("owners") else {
         return;
     };
@@ -510,8 +505,7 @@ async fn an_owner_is_alive_while_its_ledger_runs_and_dead_once_dropped() {
     schema.drop(&observer).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_connecting_together_migrate_once() {
+pub(crate) async fn replicas_connecting_together_migrate_once() {
     let Some(schema) = TestSchema::new("migrate") else {
         return;
     };
@@ -538,8 +532,7 @@ async fn replicas_connecting_together_migrate_once() {
     schema.drop(&ledgers[0]).await;
 }
 
-#[tokio::test]
-async fn errors_and_debug_output_never_show_the_password() {
+pub(crate) async fn errors_and_debug_output_never_show_the_password() {
     let unreachable = PostgresLedger::connect("postgres://mrg:s3cr3t-pw@127.0.0.1:1/nowhere")
         .await
         .unwrap_err();
@@ -590,8 +583,7 @@ fn guard_answer(response: &Value) -> &Value {
         .unwrap_or_else(|| panic!("not a guard answer: {response}"))
 }
 
-#[tokio::test]
-async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postgres() {
+pub(crate) async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postgres() {
     let Some(schema) = TestSchema::new("guard") else {
         return;
     };
@@ -675,8 +667,7 @@ async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_review_in_postg
 /// continued through another replica belongs to the continuing owner, whose lease is taken
 /// in the dispatch's own transaction (that replica never claimed anything). A stale
 /// continuation, from what was read before, is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
+pub(crate) async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     let Some(schema) = TestSchema::new("continue") else {
         return;
     };
@@ -750,8 +741,7 @@ async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
 /// In PostgreSQL: an execution re-sent over an unknown outcome by another replica, which
 /// then went away, stays past its retention while the replica that sent the earlier attempt
 /// lives (that attempt may still be running at the target), and leaves once it is gone too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
+pub(crate) async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
     let Some(schema) = TestSchema::new("earlier_owner") else {
         return;
     };
@@ -806,6 +796,72 @@ async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
     schema.drop(&observer).await;
 }
 
+/// An execution left `dispatched` by an owner whose lease ended reads `unknown` from a ledger
+/// that connects afterwards, as it does in a file ledger reopened (it used to read
+/// `dispatched` in PostgreSQL), and from one that was connected all along; settled once.
+pub(crate) async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_from_another_replica()
+{
+    let Some(schema) = TestSchema::new("orphan") else {
+        return;
+    };
+    let observer = schema.replica().await;
+    let first = schema.replica().await;
+    let mut owned = claim(1, 0);
+    owned.owner = "guard:orphan-one".into();
+    let id = first.claim(owned).await.unwrap().record().execution_id;
+    first
+        .append(event(id, 1, dispatched(id, 1, Some("guard:orphan-one"))))
+        .await
+        .unwrap();
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while observer.is_owner_alive("guard:orphan-one").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease outlived its ledger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The observer connected while the owner lived: it reads what was written.
+    let before = observer.get(id).await.unwrap().unwrap();
+    assert_eq!(before.state, ExecutionState::Dispatched);
+
+    let second = schema.replica().await;
+    for ledger in [&second, &observer] {
+        let record = ledger.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ExecutionState::Unknown);
+        assert!(
+            record
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("ended before its outcome was observed")),
+            "{:?}",
+            record.reason
+        );
+    }
+    // Settled once: a third replica writes nothing more.
+    let third = schema.replica().await;
+    assert_eq!(third.events(id).await.unwrap().len(), 3);
+    assert!(third.verify().await.unwrap().is_ok());
+    schema.drop(&third).await;
+}
+
+/// A failed query keeps the PostgreSQL error as its source.
+pub(crate) async fn a_postgres_failure_keeps_its_source() {
+    let Some(schema) = TestSchema::new("source") else {
+        return;
+    };
+    let ledger = schema.replica().await;
+    schema.sql(&ledger, "DROP SCHEMA {s} CASCADE").await;
+    let error = ledger.get(ExecutionId::new()).await.unwrap_err();
+    assert!(matches!(error, LedgerError::Storage(_)), "{error}");
+    let source = std::error::Error::source(&error).expect("a source");
+    assert!(
+        source.downcast_ref::<tokio_postgres::Error>().is_some(),
+        "{source:?}"
+    );
+}
+
 // ---- partitions: one chain per partition of the intent space ----
 
 /// The chain (partition) an execution's intent is in, as its index row says.
@@ -815,8 +871,8 @@ async fn chain_of(schema: &TestSchema, ledger: &PostgresLedger, id: ExecutionId)
     schema.query_i64s(ledger, &statement).await[0]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_many_partitions() {
+pub(crate) async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_many_partitions()
+ {
     let Some(schema) = TestSchema::new("race_each") else {
         return;
     };
@@ -868,8 +924,7 @@ async fn two_replicas_racing_on_one_intent_create_exactly_one_execution_in_many_
     schema.drop(&replicas[0]).await;
 }
 
-#[tokio::test]
-async fn verify_names_an_edited_or_deleted_row_in_a_chain_other_than_the_first() {
+pub(crate) async fn verify_names_an_edited_or_deleted_row_in_a_chain_other_than_the_first() {
     let Some(schema) = TestSchema::new("tamper_chain") else {
         return;
     };
@@ -942,8 +997,7 @@ async fn verify_names_an_edited_or_deleted_row_in_a_chain_other_than_the_first()
 
 /// A line copied from one chain's position onto another's, re-sealed, forks the chain it
 /// claims to follow: the second line that follows one line is caught.
-#[tokio::test]
-async fn a_line_sealed_after_a_line_that_already_has_a_successor_is_a_fork() {
+pub(crate) async fn a_line_sealed_after_a_line_that_already_has_a_successor_is_a_fork() {
     let Some(schema) = TestSchema::new("fork") else {
         return;
     };
@@ -977,8 +1031,7 @@ async fn a_line_sealed_after_a_line_that_already_has_a_successor_is_a_fork() {
 /// The claim is atomic in its partition's row, not in a lock every claim waits for: with one
 /// chain's head row locked from outside, a claim in that partition waits (in one replica),
 /// while a claim in another partition goes through (in another replica).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_locked_chain_holds_up_a_claim_of_its_partition_not_one_of_another() {
+pub(crate) async fn a_locked_chain_holds_up_a_claim_of_its_partition_not_one_of_another() {
     let Some(schema) = TestSchema::new("row_lock") else {
         return;
     };
@@ -1031,8 +1084,7 @@ async fn a_locked_chain_holds_up_a_claim_of_its_partition_not_one_of_another() {
 /// no `chain` column) opens, verifies with every line as it was, and goes on: its chain is
 /// chain 0, new lines take `seq`s after it, and its executions are still found and claimed.
 /// A write shaped as the builds from before partitions write (no `chain`) fails.
-#[tokio::test]
-async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
+pub(crate) async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
     let Some(schema) = TestSchema::new("unpartitioned") else {
         return;
     };
@@ -1152,8 +1204,7 @@ async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on() {
 
 /// Cutting the tail of one chain leaves every chain linked: the chain's head row, which its
 /// writers move in the same transaction as its lines, no longer matches its last line.
-#[tokio::test]
-async fn a_chain_whose_last_line_was_cut_does_not_verify() {
+pub(crate) async fn a_chain_whose_last_line_was_cut_does_not_verify() {
     let Some(schema) = TestSchema::new("cut_chain") else {
         return;
     };
@@ -1191,8 +1242,7 @@ async fn a_chain_whose_last_line_was_cut_does_not_verify() {
     schema.drop(&ledger).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across_replicas() {
+pub(crate) async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across_replicas() {
     let Some(schema) = TestSchema::new("claim_dispatched") else {
         return;
     };

@@ -3,9 +3,8 @@
 //! keeps results in `mrg_results`, keyed by the execution and removed only with it (at the end
 //! of its retention), so the file ledger's compaction gap has no counterpart here; this test
 //! holds that line. Needs `MCP_REPLAY_GUARD_POSTGRES_URL` (skips without it, fails under CI).
-#![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use mcp_replay_guard::{
@@ -14,8 +13,7 @@ use mcp_replay_guard::{
 };
 use support::*;
 
-#[tokio::test]
-async fn a_result_stored_before_a_purge_loads_after_its_completion() {
+pub(crate) async fn a_result_stored_before_a_purge_loads_after_its_completion() {
     let Some(schema) = TestSchema::new("results") else {
         return;
     };
@@ -48,8 +46,7 @@ async fn a_result_stored_before_a_purge_loads_after_its_completion() {
 /// `complete` writes the `completed` and its kept result in one transaction: a `completed`
 /// the state machine refuses keeps no result either (the trait's default stored the result
 /// first and left it behind), and an accepted one names a result that loads.
-#[tokio::test]
-async fn a_completed_and_its_result_are_one_write_or_neither() {
+pub(crate) async fn a_completed_and_its_result_are_one_write_or_neither() {
     let Some(schema) = TestSchema::new("complete") else {
         return;
     };

@@ -6,7 +6,7 @@
 //! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres_ledger.rs`:
 //! unset, the tests are skipped with a message, except under CI (`CI` set), where they fail.
 
-mod support;
+use crate::support;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -76,8 +76,7 @@ fn runs_by_version(server: &TestServer, tool: &str) -> HashMap<String, usize> {
 /// nothing. It used to fail the call, and the caller's repeat found the execution dispatched by
 /// a live owner that sent nothing, read it as an unknown outcome and held it for review (one
 /// lost answer of a batch held every call of the batch, none ran). Now each call runs once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_commit_answer_on_batched_claims_runs_each_call_once() {
+pub(crate) async fn a_lost_commit_answer_on_batched_claims_runs_each_call_once() {
     let Some(schema) = TestSchema::new("claim_answer") else {
         return;
     };
@@ -181,8 +180,7 @@ async fn the_completed_is_recorded_once_after(cut: Cut) {
 /// The `completed` of an answered call whose COMMIT never reached the server: the caller got
 /// its result and the ledger kept `dispatched`, so a later repeat was told the response was
 /// lost and held for review. The outcome write is retried (same attempt) until it is recorded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_whose_commit_was_cut_is_written_again_before_the_caller_reads_on() {
+pub(crate) async fn a_completed_whose_commit_was_cut_is_written_again_before_the_caller_reads_on() {
     if postgres_url().is_none() {
         return;
     }
@@ -192,8 +190,7 @@ async fn a_completed_whose_commit_was_cut_is_written_again_before_the_caller_rea
 /// The `completed` of an answered call whose COMMIT the server made but whose answer was lost:
 /// the retried write finds it recorded, takes it as recorded (one `completed`, the result
 /// kept) and hands the caller its result.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_whose_commit_answer_was_lost_is_recorded_once() {
+pub(crate) async fn a_completed_whose_commit_answer_was_lost_is_recorded_once() {
     if postgres_url().is_none() {
         return;
     }
@@ -205,8 +202,8 @@ async fn a_completed_whose_commit_answer_was_lost_is_recorded_once() {
 /// once the first caller had read its answer, which by the link rule is a new intent, and the
 /// tool ran twice. The guard now retries the claim under the call's own ask time and attaches
 /// to the first replica's execution.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replicas_call() {
+pub(crate) async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replicas_call()
+{
     let Some(schema) = TestSchema::new("attach") else {
         return;
     };
@@ -289,8 +286,8 @@ async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replic
 /// recorded by that COMMIT, used to read as dispatched by a live owner that never answered:
 /// the caller's repeat was held for review and never ran. Once the ledger answers again, the
 /// attempt is recorded `not_sent`, and the repeat runs the call once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_runs_once() {
+pub(crate) async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_runs_once()
+ {
     let Some(schema) = TestSchema::new("not_sent") else {
         return;
     };
@@ -355,8 +352,7 @@ async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_r
 /// COMMIT answer was lost: the guard had recorded the attempt and not sent it. The call failed
 /// and the attempt read as one whose outcome is unknown. The next try finds its own attempt
 /// recorded and sends it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call() {
+pub(crate) async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call() {
     let Some(schema) = TestSchema::new("resend") else {
         return;
     };

@@ -2,9 +2,8 @@
 //! a chain that starts at a forged checkpoint is refused (this ledger never compacts), and the
 //! ledger logs its head on connect and every `HEAD_LOG_EVERY` lines. Against the server named by
 //! `MCP_REPLAY_GUARD_POSTGRES_URL`, each test in a schema of its own.
-#![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -44,8 +43,7 @@ async fn six_lines(ledger: &PostgresLedger) -> Vec<ExecutionId> {
     ids
 }
 
-#[tokio::test]
-async fn a_stored_line_with_an_extra_field_is_edited() {
+pub(crate) async fn a_stored_line_with_an_extra_field_is_edited() {
     let Some(schema) = TestSchema::new("extra_field") else {
         return;
     };
@@ -72,8 +70,7 @@ async fn a_stored_line_with_an_extra_field_is_edited() {
     schema.drop(&ledger).await;
 }
 
-#[tokio::test]
-async fn a_chain_that_starts_at_a_forged_checkpoint_is_refused() {
+pub(crate) async fn a_chain_that_starts_at_a_forged_checkpoint_is_refused() {
     let Some(schema) = TestSchema::new("forged_checkpoint") else {
         return;
     };
@@ -125,8 +122,7 @@ fn logged_anchors(ledger: &str) -> Vec<ChainHead> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_head_is_logged_on_connect_and_every_thousand_lines() {
+pub(crate) async fn the_head_is_logged_on_connect_and_every_thousand_lines() {
     captured_log();
     let Some(schema) = TestSchema::new("head_log") else {
         return;
