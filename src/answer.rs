@@ -10,7 +10,7 @@
 //!
 //! Every answer is written for the caller's era ([`ClassifiedRequest::era`]): a 2026-07-28
 //! result carries `resultType` (`"complete"` for a `CallToolResult`), an earlier one has no
-//! such field. `tests/mcp_schema.rs` validates every kind against the official schemas.
+//! such field. `tests/server/mcp_schema.rs` validates every kind against the official schemas.
 //!
 //! [`ClassifiedRequest::era`]: crate::protocol::ClassifiedRequest::era
 

@@ -69,7 +69,8 @@
 //! use http::{HeaderMap, Method};
 //! use mcp_replay_guard::{
 //!     ExecutionId,
-//!     contract::{ContractRegistry, RetryClass, ToolContract},
+//!     contract::{ContractRegistry, ToolContract},
+//!     execution::RetryClass,
 //!     fingerprint::{ActionRecord, Channel, FingerprintKey},
 //!     protocol::{self, Message, RequestKind},
 //! };

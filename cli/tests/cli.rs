@@ -1,8 +1,21 @@
-//! The `replay-guard` binary over a real ledger file.
+//! The `replay-guard` command, run as the built binary, in one test binary: its subcommands
+//! over a real ledger file (here), the audit chain and its anchored head (`audit_chain`),
+//! `stdio` in front of a real child server (`cli_stdio`), HTTPS (`cli_tls`) and a ledger on a
+//! full disk (`disk_full`). `call` (`cli_call`), the proxy (`proxy`), the chaos soak and the
+//! file ledger's processes have binaries of their own.
 
 use std::path::Path;
 
 mod support;
+
+#[path = "cli/audit_chain.rs"]
+mod audit_chain;
+#[path = "cli/cli_stdio.rs"]
+mod cli_stdio;
+#[path = "cli/cli_tls.rs"]
+mod cli_tls;
+#[path = "cli/disk_full.rs"]
+mod disk_full;
 
 use mcp_replay_guard::{
     ExecutionId,

@@ -22,8 +22,9 @@
 //!     ExecutionId,
 //!     contract::{ContractRegistry, ToolContract},
 //!     fingerprint::FingerprintKey,
+//!     execution::ExecutionState,
 //!     guard::{GuardLayer, GuardRequestBody},
-//!     ledger::{ExecutionState, Ledger, MemoryLedger},
+//!     ledger::{Ledger, MemoryLedger},
 //! };
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!

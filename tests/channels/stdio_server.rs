@@ -3,9 +3,9 @@
 //! effects file the count of side effects; and `serve_lines` in-process over a server that
 //! goes away.
 
-#[path = "support/stdio_example.rs"]
+#[path = "../support/stdio_example.rs"]
 mod stdio_example;
-#[path = "support/temp.rs"]
+#[path = "../support/temp.rs"]
 #[allow(dead_code)] // only `temp_dir`
 mod temp;
 

@@ -4,10 +4,10 @@
 //! child's pipes, `transport-async-rw`, so that the test keeps the process and its exit code)
 //! or, where the bytes on stdout are the point, by newline JSON-RPC written by the test.
 
-#[path = "../../tests/support/stdio_example.rs"]
+#[path = "../../../tests/support/stdio_example.rs"]
 #[allow(unexpected_cfgs)] // it asks for the library's features; this package has two of them
 mod stdio_example;
-#[path = "../../tests/support/temp.rs"]
+#[path = "../../../tests/support/temp.rs"]
 #[allow(dead_code)] // only `temp_dir`
 mod temp;
 

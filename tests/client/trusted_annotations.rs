@@ -4,7 +4,7 @@
 //! does not trust stays irreversible: held for review, never re-sent. rmcp's own Streamable
 //! HTTP server on 127.0.0.1; its side-effect counter is the ground truth.
 
-mod support;
+use crate::support;
 
 use http::Request;
 use http_body_util::Full;

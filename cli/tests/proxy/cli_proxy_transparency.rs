@@ -4,7 +4,7 @@
 //! protocol revision it does not speak. Against rmcp's own server; its side-effect counters
 //! and request log are the ground truth.
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http::{Request, StatusCode};

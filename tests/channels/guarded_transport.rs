@@ -3,9 +3,9 @@
 //! answer line, then started again; and an in-memory duplex whose server goes away mid-call.
 //! The example's effects file is the count of side effects.
 
-#[path = "support/stdio_example.rs"]
+#[path = "../support/stdio_example.rs"]
 mod stdio_example;
-#[path = "support/temp.rs"]
+#[path = "../support/temp.rs"]
 #[allow(dead_code)] // only `temp_dir`
 mod temp;
 

@@ -2,7 +2,7 @@
 //! against rmcp's own Streamable HTTP server on 127.0.0.1 (tests/support). The server's
 //! side-effect counters and the guard's ledger are the ground truth.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! 127.0.0.1 behind `IdempotencyLayer`, with the fault layer in front of it (so a lost response
 //! is lost after the layer kept it). The server's side-effect counters are the ground truth.
 
-mod support;
+use crate::support;
 
 use std::{path::PathBuf, time::Duration};
 

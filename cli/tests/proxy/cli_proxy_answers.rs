@@ -3,7 +3,7 @@
 //! ledger (never a bare 502), and a 502 comes only when nothing was sent, as a JSON-RPC error
 //! for the request's id. Every answer is validated against the MCP schema of its era.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! rustls on 127.0.0.1 (tests/support/tls.rs makes the certificates). The server's side-effect
 //! counters are the ground truth.
 
-mod support;
+use crate::support;
 
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};

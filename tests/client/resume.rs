@@ -1,7 +1,7 @@
 //! `ResumeLayer` end to end: a broken SSE response stream is recovered with GET +
 //! `Last-Event-ID` against rmcp's own server, never with a second POST.
 
-mod support;
+use crate::support;
 
 use std::{
     convert::Infallible,

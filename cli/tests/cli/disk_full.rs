@@ -4,7 +4,7 @@
 //! blindly. The ledger lives on a small tmpfs that the test fills while the tool runs; the
 //! server's side-effect counter is the ground truth.
 
-mod support;
+use crate::support;
 
 use std::{
     path::PathBuf,

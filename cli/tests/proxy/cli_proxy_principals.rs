@@ -4,7 +4,7 @@
 //! kept, so a repeat of the same actor gets the kept result, and another actor's repeat would
 //! too if the proxy did not tell them apart.
 
-mod support;
+use crate::support;
 
 use std::{path::Path, time::Duration};
 

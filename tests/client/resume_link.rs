@@ -2,7 +2,7 @@
 //! The same event id on another session is another stream: it neither takes nor completes the
 //! execution (keyed by the event id alone, it did, and the right GET then found no link).
 
-mod support;
+use crate::support;
 
 use mcp_replay_guard::{
     Actor, IntentScope,

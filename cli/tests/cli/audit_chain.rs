@@ -4,7 +4,7 @@
 //! tail cut or re-sealed past an anchored head. And the guard's head log, which anchors the
 //! chain from outside.
 
-mod support;
+use crate::support;
 
 use std::{
     path::{Path, PathBuf},

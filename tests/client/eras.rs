@@ -1,7 +1,7 @@
 //! Both protocol eras through the guard: a client that resumes by itself (2025-11-25), and the
 //! re-issue with a new JSON-RPC id that 2026-07-28 demands.
 
-mod support;
+use crate::support;
 
 use std::{future::Future, pin::Pin};
 

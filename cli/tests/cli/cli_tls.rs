@@ -2,7 +2,7 @@
 //! rmcp's own server behind rustls on 127.0.0.1, with certificates made in the test
 //! (tests/support/tls.rs). The server's side-effect counters are the ground truth.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

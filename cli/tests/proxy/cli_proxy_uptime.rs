@@ -2,7 +2,7 @@
 //! real clients and rmcp's own server: idle and slowloris connections, the descriptor limit,
 //! SIGTERM and SIGINT with calls in flight, and `--log-format json`.
 
-mod support;
+use crate::support;
 
 use std::{path::Path, time::Duration};
 

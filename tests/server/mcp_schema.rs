@@ -22,7 +22,7 @@
 //!   it cannot be produced without shutting down the runtime the test runs on.
 //! - the proxy's 502 (nothing sent): tests/cli_proxy_answers.rs.
 
-mod support;
+use crate::support;
 
 use std::{sync::Arc, time::Duration};
 

@@ -1,7 +1,7 @@
 //! `replay-guard proxy`, run as the built binary between rmcp's own client (over
 //! `TowerHttpClient` and a plain hyper client: no guard in the client) and rmcp's own server.
 
-mod support;
+use crate::support;
 
 use std::{process::Stdio, time::Duration};
 

@@ -7,10 +7,10 @@
 //! The ground truth is the file the command appends to on the host (one line per real run) and
 //! the count of tool bodies the server entered.
 
-#[path = "support/sshd.rs"]
+#[path = "../support/sshd.rs"]
 #[allow(dead_code)] // not the forwarder
 mod sshd;
-mod support;
+use crate::support;
 
 use std::{
     path::Path,
