@@ -5,6 +5,14 @@
 
 mod support;
 
+#[cfg(feature = "ssh")]
+#[path = "support/sshd.rs"]
+#[allow(dead_code)] // each test uses a part of it
+mod sshd;
+#[cfg(feature = "server")]
+#[path = "support/stdio_example.rs"]
+mod stdio_example;
+
 #[cfg(all(feature = "rmcp", feature = "server"))]
 #[path = "channels/guarded_transport.rs"]
 mod guarded_transport;

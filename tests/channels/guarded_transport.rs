@@ -3,11 +3,8 @@
 //! answer line, then started again; and an in-memory duplex whose server goes away mid-call.
 //! The example's effects file is the count of side effects.
 
-#[path = "../support/stdio_example.rs"]
-mod stdio_example;
-#[path = "../support/temp.rs"]
-#[allow(dead_code)] // only `temp_dir`
-mod temp;
+use crate::stdio_example;
+use crate::support as temp;
 
 use std::{
     path::{Path, PathBuf},

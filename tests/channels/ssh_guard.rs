@@ -7,9 +7,7 @@
 //! The ground truth is the file the command appends to on the host (one line per real run) and
 //! the count of tool bodies the server entered.
 
-#[path = "../support/sshd.rs"]
-#[allow(dead_code)] // not the forwarder
-mod sshd;
+use crate::sshd;
 use crate::support;
 
 use std::{

@@ -3,8 +3,7 @@
 //! The ground truth of every duplicate test is the file the command appends to: one line per
 //! time the command really ran on the host.
 
-#[path = "../support/sshd.rs"]
-mod sshd;
+use crate::sshd;
 
 use std::{path::Path, time::Duration};
 

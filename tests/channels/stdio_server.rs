@@ -3,11 +3,8 @@
 //! effects file the count of side effects; and `serve_lines` in-process over a server that
 //! goes away.
 
-#[path = "../support/stdio_example.rs"]
-mod stdio_example;
-#[path = "../support/temp.rs"]
-#[allow(dead_code)] // only `temp_dir`
-mod temp;
+use crate::stdio_example;
+use crate::support as temp;
 
 use std::{collections::VecDeque, path::PathBuf, process::Stdio, time::Duration};
 

@@ -7,9 +7,7 @@
 #[path = "../../../tests/support/stdio_example.rs"]
 #[allow(unexpected_cfgs)] // it asks for the library's features; this package has two of them
 mod stdio_example;
-#[path = "../../../tests/support/temp.rs"]
-#[allow(dead_code)] // only `temp_dir`
-mod temp;
+use crate::support as temp;
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
