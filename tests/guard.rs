@@ -687,6 +687,7 @@ async fn an_operator_settles_a_held_execution() {
     let id = only_record(&ledger).await.execution_id;
 
     let record = layer
+        .handle()
         .resolve(
             id,
             false,
@@ -706,7 +707,11 @@ async fn an_operator_settles_a_held_execution() {
     deploy(&mut client, &server, &session, 4).await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert!(
-        layer.resolve(id, true, "bob", "again").await.is_err(),
+        layer
+            .handle()
+            .resolve(id, true, "bob", "again")
+            .await
+            .is_err(),
         "a settled execution cannot be settled twice"
     );
 }
@@ -748,6 +753,7 @@ async fn an_operator_cannot_settle_a_call_still_running() {
         .await
         .execution_id;
     let refused = layer
+        .handle()
         .resolve(id, false, "bob", "looks stuck")
         .await
         .unwrap_err();

@@ -30,7 +30,7 @@ pub(super) struct Inflight {
 
 /// The guard's work that outlives a call: ledger writes started from a `Drop` (a call dropped
 /// between dispatch and outcome) and drains of response bodies a caller dropped. Counted, so
-/// that a process can wait for it before it exits ([`GuardLayer::shut_down`]).
+/// that a process can wait for it before it exits ([`GuardHandle::shut_down`](super::GuardHandle::shut_down)).
 #[derive(Debug)]
 pub(super) struct Background {
     pub(super) running: watch::Sender<usize>,
@@ -85,7 +85,7 @@ impl Inflight {
         })
     }
 
-    /// Resolves once [`GuardLayer::shut_down`] tells background drains to stop.
+    /// Resolves once [`GuardHandle::shut_down`](super::GuardHandle::shut_down) tells background drains to stop.
     pub(super) fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut stop = self.background.stop.subscribe();
         async move {

@@ -4,7 +4,7 @@ use std::{sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{Authorize, inflight::Inflight, service::Guard};
+use super::{Authorize, GuardHandle, inflight::Inflight, service::Guard};
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
@@ -170,47 +170,13 @@ impl GuardLayer {
         &self.config.ledger
     }
 
-    /// Settles a `needs_review` (or unknown) execution as an operator: applied or not applied,
-    /// recorded as a `resolved` event with the note. Refused
-    /// ([`LedgerError::StillRunning`](crate::ledger::LedgerError::StillRunning)) while an
-    /// attempt may still be running under a live owner.
-    pub async fn resolve(
-        &self,
-        execution_id: ExecutionId,
-        applied: bool,
-        operator: &str,
-        note: &str,
-    ) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
-        resolve(
-            &*self.config.ledger,
-            execution_id,
-            applied,
-            &format!("operator:{operator}"),
-            note,
-        )
-        .await
-    }
-}
-
-impl GuardLayer {
-    /// Ends the guard's background work, for a process that is about to exit.
-    ///
-    /// Drains of response bodies that callers dropped before the JSON-RPC response (see
-    /// [`drain_timeout`](Self::drain_timeout)) get up to `grace` to learn their outcome; then
-    /// they stop, and their calls are recorded `unknown`. Returns once every ledger write the
-    /// guard started in the background has finished, among them the `unknown` of a call that
-    /// was dropped between dispatch and outcome. A drain that starts later stops at once.
-    pub async fn shut_down(&self, grace: Duration) {
-        let background = &self.inflight.background;
-        let mut running = background.running.subscribe();
-        if tokio::time::timeout(grace, running.wait_for(|n| *n == 0))
-            .await
-            .is_err()
-        {
-            background.stop.send_replace(true);
+    /// The operator's handle on the guards this layer builds: settle a held execution, end
+    /// the background work before the process exits. The layer itself stays configuration.
+    pub fn handle(&self) -> GuardHandle {
+        GuardHandle {
+            config: self.config.clone(),
+            inflight: self.inflight.clone(),
         }
-        // The sender lives in `self`.
-        let _ = running.wait_for(|n| *n == 0).await;
     }
 }
 

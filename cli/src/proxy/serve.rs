@@ -188,7 +188,7 @@ where
     // records is now the guard's background work.
     while connections.join_next().await.is_some() {}
     let grace = deadline.saturating_duration_since(tokio::time::Instant::now());
-    if tokio::time::timeout(grace + FINAL_WRITES_BOUND, guard.shut_down(grace))
+    if tokio::time::timeout(grace + FINAL_WRITES_BOUND, guard.handle().shut_down(grace))
         .await
         .is_err()
     {

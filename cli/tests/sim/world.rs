@@ -1035,6 +1035,7 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
     };
     let asked = env.shared.lock().unwrap().now_ms;
     let resolved = layer
+        .handle()
         .resolve(
             record.execution_id,
             false,
@@ -1100,6 +1101,7 @@ async fn operator(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
         );
         if held && env.shared.lock().unwrap().applied(&key) {
             let resolved = layer
+                .handle()
                 .resolve(
                     record.execution_id,
                     true,
