@@ -12,9 +12,7 @@ use super::{
 
 use crate::{
     ExecutionId, IdempotencyKey,
-    execution::{
-        Claim, Claimed, EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp,
-    },
+    execution::{self, Claim, Claimed, EventKind, ExecutionRecord, LedgerEvent, Timestamp},
     ledger::retry::Retry,
     observe::{self, Settlement},
 };
@@ -34,17 +32,15 @@ impl Config {
         Ok(record.is_some_and(|record| record.actor != intent.actor))
     }
 
-    /// Whether a live attempt in another process (a guard with another owner whose process is
-    /// still running) owns an execution that has not left.
+    /// Whether an attempt that may still be running ([`execution::is_running`]: the core's
+    /// rule) belongs to another guard; its owner is asked only about an execution in flight.
     pub(super) async fn attempt_elsewhere(&self, claimed: &Claimed) -> bool {
         let Claimed::Existing(record) = claimed else {
             return false;
         };
-        matches!(
-            record.state,
-            ExecutionState::Accepted | ExecutionState::Authorized | ExecutionState::Dispatched
-        ) && record.owner != self.owner
-            && self.ledger.is_owner_alive(&record.owner).await
+        record.owner != self.owner
+            && execution::is_running(record, true)
+            && execution::is_running(record, self.ledger.is_owner_alive(&record.owner).await)
     }
 
     /// Waits until the execution leaves its in-flight state or its owner dies; `None` when
