@@ -3,8 +3,9 @@
 //! reaches the server (nothing recorded) or once the server answered it (recorded, the answer
 //! lost). The ground truth is the test server's side-effect counter.
 //!
-//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as in `tests/postgres_ledger.rs`:
-//! unset, the tests are skipped with a message, except under CI (`CI` set), where they fail.
+//! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL`, as for every test of
+//! `tests/postgres.rs`: unset, they are reported as ignored, except under CI (`CI` set), where
+//! they fail.
 
 use crate::support;
 

@@ -1,14 +1,14 @@
 //! The PostgreSQL ledger against a real server.
 //!
 //! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL` (e.g.
-//! `postgres://postgres@127.0.0.1:5432/mrg_test`). Unset, the tests that need it are skipped
-//! with a message, except under CI (`CI` set), where they fail. Each test works in a schema
+//! `postgres://postgres@127.0.0.1:5432/mrg_test`). Unset, they are reported as ignored, except
+//! under CI (`CI` set), where they fail. Each test works in a schema
 //! of its own (`mrg_t_<test>_<ulid>`, through `PostgresLedger::connect_with_schema`), dropped
 //! when the test passes, so the tests run in parallel in one database; a failed test leaves
 //! its schema behind for inspection.
 //!
 //! `MCP_REPLAY_GUARD_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/mrg_dev \
-//!  cargo test --features postgres --test postgres_ledger`
+//!  cargo test --features postgres --test postgres -- postgres_ledger`
 
 use crate::support;
 

@@ -2,7 +2,7 @@
 //! survives what removes rows in between (a purge), and loads after the `completed`. PostgreSQL
 //! keeps results in `mrg_results`, keyed by the execution and removed only with it (at the end
 //! of its retention), so the file ledger's compaction gap has no counterpart here; this test
-//! holds that line. Needs `MCP_REPLAY_GUARD_POSTGRES_URL` (skips without it, fails under CI).
+//! holds that line. Needs `MCP_REPLAY_GUARD_POSTGRES_URL` (reported as ignored without it, failed under CI).
 
 use crate::support;
 

@@ -10,7 +10,7 @@
 //! - guard, results: held for review, in progress, result not kept, denied (first and
 //!   repeated), task failed (synthesized from `tasks/get`), kept result re-keyed (same era and
 //!   the other era), and the answer after a caller's last attempt (`Guard::unanswered`, the
-//!   proxy's: tests/cli_proxy_answers.rs runs it through the built proxy);
+//!   proxy's: cli/tests/proxy/cli_proxy_answers.rs runs it through the built proxy);
 //! - guard, JSON-RPC errors: 413 (body past the limit, no id known), -32600 (a POST it cannot
 //!   read, a batch carrying tools/call, a malformed caller Idempotency-Key), -32601 (no
 //!   contract in strict mode), -32602 (an integer past 64 bits), -32020 (a 2026-07-28 header
@@ -20,7 +20,7 @@
 //!   422 integer past 64 bits. Its 503 "shutting down" (a keyed call's task cancelled by a
 //!   runtime shutdown) is the same `jsonrpc_error` with the call's id as the 503 tested here;
 //!   it cannot be produced without shutting down the runtime the test runs on.
-//! - the proxy's 502 (nothing sent): tests/cli_proxy_answers.rs.
+//! - the proxy's 502 (nothing sent): cli/tests/proxy/cli_proxy_answers.rs.
 
 use crate::support;
 
