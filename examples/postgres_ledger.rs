@@ -61,10 +61,7 @@ async fn run(url: &str) -> Result<(), BoxError> {
             mcp_http::deploy(1),
         ))
         .await;
-    println!(
-        "replica A: {}",
-        lost.map_or_else(|e| e.to_string(), |r| r.status().to_string())
-    );
+    println!("replica A: {}", mcp_http::outcome(&lost));
     drop(replica_a);
 
     // Replica B: the same call, through its own connection to the ledger.

@@ -93,10 +93,7 @@ async fn main() -> Result<(), BoxError> {
             mcp_http::deploy(1),
         ))
         .await;
-    println!(
-        "the first call: {}",
-        lost.map_or_else(|e| e.to_string(), |r| r.status().to_string())
-    );
+    println!("the first call: {}", mcp_http::outcome(&lost));
 
     // 2. The agent asks again: the guard asks the probe, which finds the deployment.
     let response = (&mut client)

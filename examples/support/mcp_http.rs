@@ -100,3 +100,11 @@ pub fn answer_text(messages: &[Value]) -> String {
         None => message.to_string(),
     }
 }
+
+/// What a call came back with, for the examples' printouts: its HTTP status, or the error.
+pub fn outcome<B, E: std::fmt::Display>(result: &Result<http::Response<B>, E>) -> String {
+    match result {
+        Ok(response) => response.status().to_string(),
+        Err(error) => error.to_string(),
+    }
+}
