@@ -809,6 +809,7 @@ fn secrets_reach_neither_the_ledger_nor_the_logs() {
         .output()
         .expect("the child runs");
     assert!(output.status.success(), "the child failed: {output:?}");
+    assert_child_ran(&output);
 }
 
 async fn check_that_secrets_reach_neither_the_ledger_nor_the_logs() {

@@ -25,3 +25,13 @@ pub fn child_process(task: &str) -> Command {
         .stderr(Stdio::inherit());
     command
 }
+
+/// Asserts that a child run with [`child_process`] ran its entry and that it passed: a child
+/// whose filter matched no test exits 0 too, having checked nothing.
+pub fn assert_child_ran(output: &std::process::Output) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "the child did not run its task to a pass: {output:?}"
+    );
+}

@@ -59,7 +59,7 @@ pub fn repo_root() -> std::path::PathBuf {
 pub use bearer::{
     AUTHORIZATION_SERVER_METADATA_PATH, BearerGate, RESOURCE_METADATA_PATH, UNAUTHORIZED_BODY,
 };
-pub use child::{CHILD_TASK, child_process};
+pub use child::{CHILD_TASK, assert_child_ran, child_process};
 pub use client::*;
 pub use era::{CredentialStatusProbe, Era, TOLD_PROBE_RESULT, TOLD_RESULT, Told, agent_call};
 pub use event_store::InMemoryEventStore;
