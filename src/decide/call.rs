@@ -7,7 +7,7 @@
 //! resume (`Facts::resumable` was never fed and `Decision::Resume` never taken).
 
 use super::class::AfterUnknown;
-use crate::execution::{Claimed, ExecutionRecord, ExecutionState, RetryClass};
+use crate::execution::{self, Claimed, ExecutionRecord, ExecutionState, RetryClass};
 
 /// What the guard does with a `tools/call`, decided from the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +102,24 @@ fn decide_unknown(class: RetryClass, facts: Facts) -> Decision {
             Decision::Uncertain(UncertainReason::NeedsReview)
         }
     }
+}
+
+/// Whether the attempt of `record` is recorded `unknown` before the guard acts on `decision`:
+/// a dispatched execution whose attempt is gone has an unknown outcome (a new execution's
+/// own first dispatch is not such an attempt).
+pub(crate) fn settles_orphan_first(
+    record: &ExecutionRecord,
+    attempt_alive: bool,
+    decision: Decision,
+) -> bool {
+    execution::is_orphaned(record, attempt_alive) && decision != Decision::Start
+}
+
+/// Whether `decision` asks the authorization hook before it sends: an execution that starts or
+/// continues and was never authorized (still `accepted`).
+pub(crate) fn authorizes_first(record: &ExecutionRecord, decision: Decision) -> bool {
+    matches!(decision, Decision::Start | Decision::Continue)
+        && record.state == ExecutionState::Accepted
 }
 
 #[cfg(test)]
@@ -250,6 +268,54 @@ mod tests {
             ];
             for (row, claimed, facts, expected) in rows {
                 assert_eq!(decide(&claimed, facts), expected, "{class}: {row}");
+            }
+        }
+    }
+
+    /// The writes before an action: an orphaned attempt is settled `unknown` first (except by
+    /// a new execution's own dispatch), and only a start or continue of an `accepted`
+    /// execution asks the authorization hook.
+    #[test]
+    fn the_writes_before_an_action() {
+        use Decision as D;
+        use ExecutionState as S;
+        let every = [
+            D::Start,
+            D::Continue,
+            D::Attach,
+            D::Resend,
+            D::Probe,
+            D::ReturnStored,
+            D::RepeatDenial,
+            D::Uncertain(UncertainReason::NeedsReview),
+        ];
+        let dispatched = record(RetryClass::Idempotent, S::Dispatched, false);
+        for decision in every {
+            let first = settles_orphan_first(&dispatched, false, decision);
+            assert_eq!(first, decision != D::Start, "{decision:?}, attempt gone");
+            assert!(
+                !settles_orphan_first(&dispatched, true, decision),
+                "{decision:?}, attempt alive"
+            );
+        }
+        for state in [
+            S::Accepted,
+            S::Authorized,
+            S::NotSent,
+            S::Unknown,
+            S::Completed,
+        ] {
+            let record = record(RetryClass::Idempotent, state, false);
+            for decision in every {
+                let expected = state == S::Accepted && matches!(decision, D::Start | D::Continue);
+                assert_eq!(
+                    authorizes_first(&record, decision),
+                    expected,
+                    "{state:?}, {decision:?}"
+                );
+                if state != S::Dispatched {
+                    assert!(!settles_orphan_first(&record, false, decision), "{state:?}");
+                }
             }
         }
     }

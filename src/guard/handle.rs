@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{inflight::Inflight, layer::Config, resolve};
+use super::{config::Config, inflight::Inflight, resolve};
 use crate::{ExecutionId, execution::ExecutionRecord, ledger::LedgerError};
 
 /// The operator's handle on the guards a [`GuardLayer`](super::GuardLayer) builds, from

@@ -3,18 +3,16 @@
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body::Body;
-use tower_service::Service;
+use http::{Response, StatusCode};
 
-use super::{BoxError, GuardRequestBody, answer, call::Call};
+use super::{answer, config::Config};
 
 use crate::{
     Actor, CredentialRef, IDEMPOTENCY_KEY, IdempotencyKey, IntentScope, Target,
     contract::StatusProbe,
     execution::{ClientInfo, Dispatch, RetryClass, Timestamp},
     fingerprint::{ActionRecord, Fingerprint},
-    protocol::{self, Era, ToolCall},
+    protocol::{Era, ToolCall},
 };
 
 /// What the guard knows of one `tools/call` once it is fingerprinted.
@@ -48,33 +46,16 @@ pub(super) struct Intent {
 }
 
 impl Intent {
-    /// What each attempt's `dispatched` records of this call.
-    pub(super) fn dispatch(&self) -> Dispatch {
-        Dispatch {
-            caller_key: self.caller_key.clone(),
-            jsonrpc_id: Some(self.call.id.clone()),
-            session_id: self.session_id.clone(),
-            client_info: self.client_info.clone(),
-        }
-    }
-}
-
-impl<S, RB> Call<S>
-where
-    S: Service<Request<GuardRequestBody>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    RB: Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<BoxError>,
-{
-    pub(super) fn intent(
-        &self,
+    /// The intent of `call`: its caller and target (a request's extensions over the layer's
+    /// defaults), its contract, and its fingerprint. A key the caller sent that is no key,
+    /// and a tool no contract covers, are answered here, unsent.
+    pub(super) fn of(
+        config: &Config,
         parts: &http::request::Parts,
         call: ToolCall,
         session_id: Option<String>,
         era: Era,
     ) -> Result<Intent, Box<Response<Bytes>>> {
-        let config = &self.config;
         let ext = &parts.extensions;
         let actor = ext.get::<Actor>().unwrap_or(&config.actor).clone();
         let intent_scope = ext
@@ -85,7 +66,7 @@ where
             .get::<CredentialRef>()
             .or(config.credential_ref.as_ref())
             .cloned();
-        let target = request_target(parts, config.target.as_ref());
+        let target = config.target_of(parts);
         let caller_key = match parts
             .headers
             .get(IDEMPOTENCY_KEY)
@@ -157,15 +138,14 @@ where
             waited: std::sync::atomic::AtomicBool::new(false),
         })
     }
-}
 
-/// The target a request is recorded under: the caller's [`Target`] extension, the layer's,
-/// else the request URI's host, port and path.
-pub(super) fn request_target(parts: &http::request::Parts, configured: Option<&Target>) -> Target {
-    parts
-        .extensions
-        .get::<Target>()
-        .or(configured)
-        .cloned()
-        .unwrap_or_else(|| protocol::target_of(&parts.uri))
+    /// What each attempt's `dispatched` records of this call.
+    pub(super) fn dispatch(&self) -> Dispatch {
+        Dispatch {
+            caller_key: self.caller_key.clone(),
+            jsonrpc_id: Some(self.call.id.clone()),
+            session_id: self.session_id.clone(),
+            client_info: self.client_info.clone(),
+        }
+    }
 }

@@ -1,42 +1,17 @@
-//! `GuardLayer`: the guard's configuration and its builder.
+//! `GuardLayer`: the guard's builder; what it builds shares one [`Config`].
 
 use std::{sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{Authorize, GuardHandle, inflight::Inflight, service::Guard};
+use super::{Authorize, GuardHandle, config::Config, inflight::Inflight, service::Guard};
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
     contract::{AnnotationCache, ContractRegistry},
-    execution::{EventKind, ExecutionRecord, ExecutionState, LedgerEvent, Timestamp},
     fingerprint::FingerprintKey,
     ledger::Ledger,
 };
-
-#[derive(Clone)]
-pub(super) struct Config {
-    pub(super) ledger: Arc<dyn Ledger>,
-    pub(super) contracts: Arc<ContractRegistry>,
-    pub(super) key: FingerprintKey,
-    pub(super) actor: Actor,
-    pub(super) intent_scope: IntentScope,
-    pub(super) credential_ref: Option<CredentialRef>,
-    pub(super) target: Option<Target>,
-    pub(super) authorizer: Option<Arc<dyn Authorize>>,
-    /// What trusted targets' `tools/list` answers said of their tools (shared by clones).
-    pub(super) annotations: AnnotationCache,
-    pub(super) max_body_bytes: usize,
-    pub(super) attach_timeout: Duration,
-    pub(super) drain_timeout: Duration,
-    pub(super) key_format: IdempotencyKeyFormat,
-    pub(super) execution_id_in_meta: bool,
-    pub(super) owner: String,
-    /// Claims of this guard whose answer never came and that may have recorded a first
-    /// attempt it never sent (by intent: the claim's time), until that attempt is recorded
-    /// `not_sent`.
-    pub(super) unanswered_claims: Arc<dashmap::DashMap<crate::ledger::IntentKey, Timestamp>>,
-}
 
 /// A [`Layer`] that puts the guard in front of an MCP client transport.
 ///
@@ -178,55 +153,6 @@ impl GuardLayer {
             inflight: self.inflight.clone(),
         }
     }
-}
-
-/// Records an operator's (or any settler's) resolution.
-///
-/// # When it is refused
-///
-/// - The execution is in flight (accepted, authorized, dispatched) and its owner is alive
-///   ([`Ledger::is_owner_alive`]): the call may still be running, and only its own answer
-///   settles it ([`LedgerError::StillRunning`](crate::ledger::LedgerError::StillRunning)).
-/// - The state machine does not allow it (a settled execution is not settled again).
-///
-/// An answer the target gives after a resolution is still recorded: a `completed` follows
-/// the `resolved`, and both stay in the execution's events.
-pub async fn resolve(
-    ledger: &dyn Ledger,
-    execution_id: ExecutionId,
-    applied: bool,
-    by: &str,
-    note: &str,
-) -> Result<ExecutionRecord, crate::ledger::LedgerError> {
-    let record = ledger
-        .get(execution_id)
-        .await?
-        .ok_or(crate::ledger::LedgerError::NotFound(execution_id))?;
-    // The owner is asked only about an execution in flight.
-    let alive =
-        crate::execution::is_running(&record, true) && ledger.is_owner_alive(&record.owner).await;
-    if crate::execution::is_running(&record, alive) {
-        return Err(crate::ledger::LedgerError::StillRunning {
-            execution_id,
-            state: record.state,
-            owner: record.owner,
-        });
-    }
-    ledger
-        .append(LedgerEvent {
-            execution_id,
-            at: Timestamp::now(),
-            kind: EventKind::Resolved {
-                applied,
-                by: by.to_owned(),
-                note: note.to_owned(),
-                result_reference: None,
-                // An attempt dispatched since the record was read refuses the event (it names the
-                // attempt it settles); an orphan's own attempt is the one in flight.
-                attempt: (record.state != ExecutionState::Dispatched).then_some(record.attempts),
-            },
-        })
-        .await
 }
 
 impl<S> Layer<S> for GuardLayer {

@@ -2,42 +2,17 @@
 //! the answer passes to the caller and kept (bounded) for the resolution of that target's tools
 //! without a contract. An untrusted target's list is never read.
 
-use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
-use http_body::Body;
-use tower_service::Service;
-
-use super::{
-    BoxError, GuardError, GuardRequestBody, GuardResponseBody, call::Call, future::Answer,
-    intent::request_target, layer::Config,
-};
+use http::HeaderMap;
 
 use crate::{
     Target,
     contract::AnnotationCache,
     protocol::{
-        RequestId, ToolAnnotations,
+        RequestId,
         response::{Examined, ResponseScanner},
         tools_list::listed_annotations,
     },
 };
-
-impl Config {
-    /// The annotations `target` published for `tool`, if the registry trusts `target` and its
-    /// list passed through this guard.
-    pub(super) fn annotations_of(&self, target: &Target, tool: &str) -> Option<ToolAnnotations> {
-        if !self.contracts.trusts(target) {
-            return None;
-        }
-        self.annotations.get(target, tool)
-    }
-
-    /// Whether a `tools/list` request is worth watching: its target is trusted.
-    pub(super) fn watches_list_of(&self, parts: &http::request::Parts) -> bool {
-        self.contracts
-            .trusts(&request_target(parts, self.target.as_ref()))
-    }
-}
 
 /// Reads a `tools/list` answer as it streams (JSON or SSE) and records the tools' annotations
 /// once the response to the request is seen.
@@ -51,7 +26,7 @@ pub(super) struct ListWatch {
 }
 
 impl ListWatch {
-    fn new(
+    pub(super) fn new(
         headers: &HeaderMap,
         id: RequestId,
         target: Target,
@@ -106,40 +81,5 @@ impl ListWatch {
     /// Whether the annotations were recorded (or the answer ended without them).
     pub(super) fn is_done(&self) -> bool {
         self.done
-    }
-}
-
-impl<S, RB> Call<S>
-where
-    S: Service<Request<GuardRequestBody>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
-    RB: Body<Data = Bytes> + Send + 'static,
-    RB::Error: Into<BoxError>,
-{
-    /// A `tools/list` to a trusted target: passed through, its answer watched on the way back.
-    pub(super) async fn list_tools(
-        mut self,
-        parts: http::request::Parts,
-        bytes: Bytes,
-        id: RequestId,
-    ) -> Answer<RB> {
-        let target = request_target(&parts, self.config.target.as_ref());
-        let (body, _) = GuardRequestBody::new(bytes);
-        let response = self
-            .send(Request::from_parts(parts, body))
-            .await
-            .map_err(GuardError::inner)?;
-        if !response.status().is_success() {
-            return Ok(response.map(GuardResponseBody::passthrough));
-        }
-        let watch = ListWatch::new(
-            response.headers(),
-            id,
-            target,
-            self.config.annotations.clone(),
-            self.config.max_body_bytes,
-        );
-        Ok(response.map(|body| GuardResponseBody::listed(body, watch)))
     }
 }

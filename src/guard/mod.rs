@@ -70,7 +70,7 @@
 //! assert_eq!(keys.len(), 1);
 //! let execution: ExecutionId = keys[0].to_str()?.parse()?;
 //! let record = ledger.get(execution).await?.expect("recorded");
-//! assert_eq!(record.state, ExecutionState::Completed);
+//! assert_eq!(record.state(), ExecutionState::Completed);
 //! # Ok(())
 //! # }
 //! ```
@@ -96,45 +96,55 @@
 //! 400/401/403/404/405/406/415/422/429 are `failed` (refused before running).
 //!
 //! A response the target produced for a guarded call carries the call's
-//! [`ExecutionId`] in its extensions, so a caller can name the execution
+//! [`ExecutionId`](crate::ExecutionId) in its extensions, so a caller can name the execution
 //! even when the answer is not the guard's own.
 
+mod action;
+mod attached;
 mod body;
 mod call;
-mod claim;
+mod config;
 mod deliveries;
-mod dispatch;
+mod dispatched;
+mod error;
 mod future;
 mod handle;
 mod hooks;
 mod inflight;
 mod intent;
 mod layer;
+mod ledger_step;
 mod listing;
+mod local;
+mod lost_answer;
+mod owner;
 mod probe;
-mod redact;
+pub(crate) mod redact;
+mod reply;
+mod resolve;
+mod resume;
+mod resume_link;
+mod route;
 mod service;
-mod steps;
+mod task_probe;
 #[cfg(test)]
 mod tests;
-
-use std::fmt;
+mod turn;
 
 use crate::contract::{ProbeOutcome, ProbeRequest};
 pub(crate) use crate::decide::call::UncertainReason;
 // The answers both halves write live at the crate root; these are public here.
 use crate::answer;
-pub use crate::answer::{STRUCTURED_KEY, jsonrpc_error, refused_request};
+pub use crate::answer::STRUCTURED_KEY;
 pub use body::{Delivery, GuardRequestBody, GuardResponseBody};
 pub use deliveries::Deliveries;
+pub use error::GuardError;
 pub use future::ResponseFuture;
 pub use handle::GuardHandle;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};
-pub use layer::{GuardLayer, resolve};
-pub use redact::redact_url;
+pub use layer::GuardLayer;
+pub use resolve::resolve;
 pub use service::Guard;
-
-use crate::{ExecutionId, ledger::LedgerError, protocol::RequestId};
 
 use crate::BoxError;
 
@@ -155,142 +165,4 @@ use crate::BoxError;
 /// ```
 pub fn jsonrpc_error_may_have_run(code: i64) -> bool {
     crate::decide::classify::error_may_have_run(code)
-}
-
-/// An error of the guarded service.
-#[derive(Debug)]
-pub struct GuardError {
-    kind: ErrorKind,
-    execution_id: Option<ExecutionId>,
-    /// The call a failed resume continued (with `execution_id`, its execution).
-    resumed: Option<RequestId>,
-    source: BoxError,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ErrorKind {
-    NotSent,
-    Unknown,
-    Ledger,
-    RequestBody,
-    Inner,
-}
-
-impl GuardError {
-    pub(crate) fn not_sent(id: ExecutionId, source: BoxError) -> Self {
-        Self {
-            kind: ErrorKind::NotSent,
-            execution_id: Some(id),
-            resumed: None,
-            source,
-        }
-    }
-    pub(crate) fn unknown(id: ExecutionId, source: BoxError) -> Self {
-        Self {
-            kind: ErrorKind::Unknown,
-            execution_id: Some(id),
-            resumed: None,
-            source,
-        }
-    }
-    pub(crate) fn ledger(source: LedgerError) -> Self {
-        Self {
-            kind: ErrorKind::Ledger,
-            execution_id: None,
-            resumed: None,
-            source: source.into(),
-        }
-    }
-    pub(crate) fn request_body(source: BoxError) -> Self {
-        Self {
-            kind: ErrorKind::RequestBody,
-            execution_id: None,
-            resumed: None,
-            source,
-        }
-    }
-    pub(crate) fn inner(source: impl Into<BoxError>) -> Self {
-        Self {
-            kind: ErrorKind::Inner,
-            execution_id: None,
-            resumed: None,
-            source: source.into(),
-        }
-    }
-
-    /// The transport failed before the request was sent: safe to send again (the guard
-    /// continues the same execution).
-    pub fn is_not_sent(&self) -> bool {
-        self.kind == ErrorKind::NotSent
-    }
-
-    /// The transport failed after the request may have been sent: the outcome is unknown.
-    pub fn is_unknown(&self) -> bool {
-        self.kind == ErrorKind::Unknown
-    }
-
-    /// The ledger failed; nothing was sent if the failure was on `dispatched`.
-    pub fn is_ledger(&self) -> bool {
-        self.kind == ErrorKind::Ledger
-    }
-
-    /// Reading the caller's request body failed; nothing was sent.
-    pub fn is_request_body(&self) -> bool {
-        self.kind == ErrorKind::RequestBody
-    }
-
-    /// The inner service failed on a request the guard passed through.
-    pub fn is_inner(&self) -> bool {
-        self.kind == ErrorKind::Inner
-    }
-
-    pub(crate) fn is_ledger_transition(&self) -> bool {
-        self.source
-            .downcast_ref::<LedgerError>()
-            .is_some_and(LedgerError::is_invalid_transition)
-    }
-
-    /// A resume (GET with `Last-Event-ID`) of the broken stream of execution `id`, answering
-    /// the call `request`, failed: the stream stays linked to its execution for a later
-    /// resume.
-    pub(crate) fn resuming(mut self, id: ExecutionId, request: RequestId) -> Self {
-        self.execution_id = Some(id);
-        self.resumed = Some(request);
-        self
-    }
-
-    /// The execution the error belongs to, for `not_sent` and `unknown`, and for a failed
-    /// resume of an execution's stream.
-    pub fn execution_id(&self) -> Option<ExecutionId> {
-        self.execution_id
-    }
-
-    /// For a resume of an execution's broken stream that failed (the target could not be
-    /// reached, say): the JSON-RPC id of the call that stream answers, whose answer is still
-    /// owed to the caller ([`Guard::unanswered`] gives the guard's own for it).
-    pub fn resumed_call(&self) -> Option<&RequestId> {
-        self.resumed.as_ref()
-    }
-}
-
-impl fmt::Display for GuardError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            ErrorKind::NotSent => "not sent",
-            ErrorKind::Unknown => "outcome unknown",
-            ErrorKind::Ledger => "ledger failed",
-            ErrorKind::RequestBody => "could not read the request body",
-            ErrorKind::Inner => "inner service failed",
-        };
-        match self.execution_id {
-            Some(id) => write!(f, "{what} (execution {id})"),
-            None => f.write_str(what),
-        }
-    }
-}
-
-impl std::error::Error for GuardError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.source)
-    }
 }

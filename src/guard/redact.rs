@@ -6,7 +6,7 @@
 /// about a bad URL never repeats its secret.
 ///
 /// ```
-/// use mcp_replay_guard::guard::redact_url;
+/// use mcp_replay_guard::tools::redact_url;
 ///
 /// assert_eq!(
 ///     redact_url("http://agent:s3cr3t@127.0.0.1:8000/mcp?token=t0k"),

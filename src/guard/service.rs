@@ -11,8 +11,8 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{
-    BoxError, GuardError, GuardRequestBody, GuardResponseBody, answer, call::Call,
-    future::ResponseFuture, inflight::Inflight, layer::Config,
+    BoxError, GuardError, GuardRequestBody, GuardResponseBody, answer, call::Call, config::Config,
+    future::ResponseFuture, inflight::Inflight,
 };
 
 use crate::{
