@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion) {
         .block_on(ledger.claim(support::claim(u64::MAX, RETENTION)))
         .unwrap()
         .record()
-        .execution_id;
+        .execution_id();
     group.bench_function("ledger_append_1_caller", |b| {
         b.to_async(&rt).iter(|| {
             let ledger = ledger.clone();

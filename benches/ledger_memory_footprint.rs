@@ -110,7 +110,7 @@ fn main() {
     drop(ledger);
     let floor: DashMap<ExecutionId, ExecutionRecord> = DashMap::new();
     for record in all {
-        floor.insert(record.execution_id, record);
+        floor.insert(record.execution_id(), record);
     }
     let floor_bytes = live() - base;
     assert_eq!(floor.len() as u64, records);

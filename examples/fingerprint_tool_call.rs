@@ -10,8 +10,7 @@
 
 use http::{HeaderMap, HeaderValue, Method};
 use mcp_replay_guard::{
-    ExecutionId, IdempotencyKeyFormat,
-    context::{Actor, CredentialRef, IntentScope, Target},
+    Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
     contract::ContractRegistry,
     fingerprint::{ActionRecord, Channel, FingerprintKey},
     protocol::{self, Message, RequestKind},

@@ -62,7 +62,7 @@ async fn main() -> Result<(), BoxError> {
             .list()
             .await?
             .iter()
-            .any(|r| r.result_reference.is_some())
+            .any(|r| r.result_reference().is_some())
         {
             break;
         }

@@ -117,7 +117,10 @@ async fn main() -> Result<(), BoxError> {
     // The layer reads the abandoned answer on and keeps it.
     for _ in 0..200 {
         let records = ledger.list().await?;
-        if records.iter().any(|r| r.state == ExecutionState::Completed) {
+        if records
+            .iter()
+            .any(|r| r.state() == ExecutionState::Completed)
+        {
             println!("kept:\n{}", serde_json::to_string_pretty(&records[0])?);
             break;
         }

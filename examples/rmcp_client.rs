@@ -67,7 +67,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     // The guard records the delivery once the response stream has been read to its end.
     let mut records = ledger.list().await?;
     for _ in 0..100 {
-        if records.iter().all(|r| r.delivered_at.is_some()) {
+        if records.iter().all(|r| r.delivered_at().is_some()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -80,7 +80,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let runs = server.count();
     let completed = records
         .iter()
-        .filter(|r| r.state == ExecutionState::Completed)
+        .filter(|r| r.state() == ExecutionState::Completed)
         .count();
     println!("deploy_release ran {runs} time(s); {completed} completed execution(s) in the ledger");
     Ok(if runs == 1 && completed == 1 && records.len() == 1 {

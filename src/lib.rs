@@ -161,7 +161,7 @@ macro_rules! define_inner_service_accessors {
 pub(crate) use define_inner_service_accessors;
 
 mod answer;
-pub mod context;
+mod context;
 pub mod contract;
 pub mod credentials;
 mod decide;
@@ -178,6 +178,7 @@ pub mod replay_policy;
 pub mod resume;
 #[cfg(feature = "simulation")]
 pub mod simulation;
+pub mod tools;
 
 pub use context::{Actor, CredentialRef, IntentScope, Target};
 pub use execution_id::{

@@ -177,7 +177,7 @@ async fn run(calls: u64, authorizer: bool) -> Run {
 async fn delivered(ledger: &FileLedger, id: mcp_replay_guard::ExecutionId) {
     for _ in 0..500 {
         let record = ledger.get(id).await.unwrap().unwrap();
-        if record.delivered_at.is_some() {
+        if record.delivered_at().is_some() {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -188,8 +188,8 @@ async fn delivered(ledger: &FileLedger, id: mcp_replay_guard::ExecutionId) {
 /// The execution most recently accepted.
 async fn only_latest(ledger: &FileLedger) -> mcp_replay_guard::ExecutionId {
     let mut records = ledger.list().await.unwrap();
-    records.sort_by_key(|r| r.accepted_at);
-    records.last().unwrap().execution_id
+    records.sort_by_key(|r| r.accepted_at());
+    records.last().unwrap().execution_id()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,7 +185,7 @@ fn short_retention_registry() -> ContractRegistry {
 /// Waits (polling the wall clock, with a deadline) until every recorded execution is past
 /// its link window.
 async fn wait_past_link_windows(ledger: &FileLedger) {
-    wait_past(ledger, |r| r.link_until).await;
+    wait_past(ledger, |r| r.link_until()).await;
 }
 
 /// Waits (polling the wall clock, with a deadline) until every recorded execution is past
@@ -496,16 +496,16 @@ fn render_ledger(records: &[ExecutionRecord]) -> String {
         return NOT_RECORDED.to_owned();
     }
     let mut records = records.to_vec();
-    records.sort_by_key(|r| r.accepted_at);
+    records.sort_by_key(|r| r.accepted_at());
     records
         .iter()
         .map(|r| {
-            let mut text = r.state.as_str().to_owned();
-            if r.delivered_at.is_some() {
+            let mut text = r.state().as_str().to_owned();
+            if r.delivered_at().is_some() {
                 text.push_str(", delivered");
             }
-            if r.attempts > 1 {
-                write!(text, " ({} attempts)", r.attempts).unwrap();
+            if r.attempts() > 1 {
+                write!(text, " ({} attempts)", r.attempts()).unwrap();
             }
             text
         })
@@ -614,7 +614,7 @@ async fn run_cell(point: Point, era: Era, class: Class) -> Row {
         wait_past_link_windows(&ledger).await;
     }
     if point == Point::RetentionPassedWhileRunning {
-        wait_past(&ledger, |r| r.retain_until).await;
+        wait_past(&ledger, |r| r.retain_until()).await;
     }
     let second = if first.is_result() {
         None
@@ -659,9 +659,12 @@ fn check_answers(
         let held = answer["result"]["structuredContent"]["mcp_replay_guard"].clone();
         let record = records
             .iter()
-            .find(|r| r.state == ExecutionState::NeedsReview)
+            .find(|r| r.state() == ExecutionState::NeedsReview)
             .expect("a held execution");
-        assert_eq!(held["execution_id"], json!(record.execution_id.to_string()));
+        assert_eq!(
+            held["execution_id"],
+            json!(record.execution_id().to_string())
+        );
         assert_eq!(answer["result"]["isError"], true);
         assert!(
             first_text(answer).is_some_and(|t| t.contains("NOT sent again")),
@@ -681,15 +684,15 @@ fn check_answers(
             // Whatever reached the server carried the key of one of the cell's executions.
             let ids: Vec<Option<String>> = records
                 .iter()
-                .map(|r| Some(r.execution_id.to_string()))
+                .map(|r| Some(r.execution_id().to_string()))
                 .collect();
             for key in &sent_keys {
                 assert!(ids.contains(key), "{key:?} is no execution's: {ids:?}");
             }
             // Every run of the tool (a re-send included) carried the key of the execution it
             // belongs to: the newest one (after a 404 the refused first one never ran).
-            let last = records.iter().max_by_key(|r| r.accepted_at);
-            let last = last.map(|r| r.execution_id.to_string());
+            let last = records.iter().max_by_key(|r| r.accepted_at());
+            let last = last.map(|r| r.execution_id().to_string());
             let run_keys = server.state.idempotency_keys(tool);
             assert!(
                 run_keys.iter().all(|k| *k == last),

@@ -179,12 +179,12 @@ async fn unknown_outcome_on_irreversible_tool_is_never_resent() {
         "{response}"
     );
     let stored = only_record(&ledger).await;
-    assert_eq!(stored.state, ExecutionState::NeedsReview);
+    assert_eq!(stored.state(), ExecutionState::NeedsReview);
     assert_eq!(
         record["execution_id"],
-        json!(stored.execution_id.to_string())
+        json!(stored.execution_id().to_string())
     );
-    assert_eq!(stored.attempts, 1);
+    assert_eq!(stored.attempts(), 1);
     // Asking again gives the same answer, still without sending.
     let again = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(guard_answer(&again)["execution_id"], record["execution_id"]);
@@ -210,10 +210,7 @@ async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run(
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let stored = wait_for_state(&ledger, ExecutionState::Unknown).await;
     assert!(
-        stored
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.contains("-32603")),
+        stored.reason().is_some_and(|r| r.contains("-32603")),
         "{stored:?}"
     );
 
@@ -222,7 +219,7 @@ async fn a_json_rpc_error_after_the_effect_is_unknown_and_the_repeat_is_not_run(
     assert_eq!(record["state"], "needs_review", "{again}");
     assert_eq!(
         record["execution_id"],
-        json!(stored.execution_id.to_string())
+        json!(stored.execution_id().to_string())
     );
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
@@ -258,9 +255,9 @@ async fn unknown_outcome_on_idempotent_tool_is_resent_under_the_same_key() {
     let record = only_record(&ledger).await;
     assert_eq!(
         keys[0].as_deref(),
-        Some(record.execution_id.to_string().as_str())
+        Some(record.execution_id().to_string().as_str())
     );
-    assert_eq!(record.attempts, 2);
+    assert_eq!(record.attempts(), 2);
 }
 
 #[tokio::test]
@@ -299,8 +296,8 @@ async fn unknown_outcome_on_recoverable_tool_is_settled_by_its_probe() {
         Some("rotated db-password (confirmed by status probe)")
     );
     let record = only_record(&ledger).await;
-    assert_eq!(record.state, ExecutionState::ResolvedApplied);
-    assert!(record.delivered_at.is_some());
+    assert_eq!(record.state(), ExecutionState::ResolvedApplied);
+    assert!(record.delivered_at().is_some());
 }
 
 #[tokio::test]
@@ -354,8 +351,8 @@ async fn recoverable_tool_found_not_applied_is_resent_under_the_same_key() {
     assert!(response["result"]["isError"] != true, "{response}");
     let record = only_record(&ledger).await;
     let keys = server.state.idempotency_keys("rotate_credential");
-    assert_eq!(keys, [Some(record.execution_id.to_string())]);
-    assert_eq!(record.attempts, 2);
+    assert_eq!(keys, [Some(record.execution_id().to_string())]);
+    assert_eq!(record.attempts(), 2);
 }
 
 #[tokio::test]
@@ -383,7 +380,7 @@ async fn a_deliberate_repeat_after_delivery_is_a_new_execution() {
     assert!(
         records
             .iter()
-            .all(|r| r.state == ExecutionState::Completed && r.delivered_at.is_some())
+            .all(|r| r.state() == ExecutionState::Completed && r.delivered_at().is_some())
     );
     let keys = server.state.idempotency_keys("deploy_release");
     assert_ne!(keys[0], keys[1]);
@@ -422,7 +419,7 @@ async fn a_result_the_caller_dropped_is_handed_back_without_running_again() {
     );
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let record = only_record(&ledger).await;
-    assert!(record.delivered_at.is_some());
+    assert!(record.delivered_at().is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,7 +480,7 @@ struct DenyDeploys {
 impl Authorize for DenyDeploys {
     async fn authorize(&self, request: AuthorizationRequest<'_>) -> Authorization {
         self.asked.fetch_add(1, Ordering::SeqCst);
-        assert_eq!(request.execution.state, ExecutionState::Accepted);
+        assert_eq!(request.execution.state(), ExecutionState::Accepted);
         Authorization::Deny {
             reason: "deploys are frozen until Monday".into(),
         }
@@ -629,7 +626,7 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
     .await
     .unwrap();
     assert_eq!(response.status(), 429);
-    assert_eq!(only_record(&ledger).await.state, ExecutionState::Failed);
+    assert_eq!(only_record(&ledger).await.state(), ExecutionState::Failed);
     // A failed execution does not link: the next call is a new one, and it runs.
     deploy(&mut client, &server, &session, 3).await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
@@ -651,9 +648,12 @@ async fn statuses_that_refuse_the_call_are_failed_and_5xx_is_unknown() {
     .unwrap();
     assert_eq!(response.status(), 503);
     let records = ledger.list().await.unwrap();
-    let payment = records.iter().find(|r| r.tool == "create_payment").unwrap();
+    let payment = records
+        .iter()
+        .find(|r| r.tool() == "create_payment")
+        .unwrap();
     assert_eq!(
-        (payment.state, payment.target_status),
+        (payment.state(), payment.target_status()),
         (ExecutionState::Unknown, Some(503))
     );
 }
@@ -684,7 +684,7 @@ async fn an_operator_settles_a_held_execution() {
     .unwrap();
     let held = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(guard_answer(&held)["state"], "needs_review");
-    let id = only_record(&ledger).await.execution_id;
+    let id = only_record(&ledger).await.execution_id();
 
     let record = layer
         .handle()
@@ -696,7 +696,7 @@ async fn an_operator_settles_a_held_execution() {
         )
         .await
         .unwrap();
-    assert_eq!(record.state, ExecutionState::ResolvedNotApplied);
+    assert_eq!(record.state(), ExecutionState::ResolvedNotApplied);
     let events = ledger.events(id).await.unwrap();
     let last = serde_json::to_value(events.last().unwrap()).unwrap();
     assert_eq!(last["event"], "resolved");
@@ -751,7 +751,7 @@ async fn an_operator_cannot_settle_a_call_still_running() {
     );
     let id = wait_for_state(&ledger, ExecutionState::Dispatched)
         .await
-        .execution_id;
+        .execution_id();
     let refused = layer
         .handle()
         .resolve(id, false, "bob", "looks stuck")
@@ -766,7 +766,7 @@ async fn an_operator_cannot_settle_a_call_still_running() {
     let answer = running.await.unwrap().unwrap();
     assert_eq!(answer["result"]["structuredContent"]["deployment"], 1);
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert_eq!(record.execution_id, id);
+    assert_eq!(record.execution_id(), id);
     let events = ledger.events(id).await.unwrap();
     assert!(
         events.iter().all(|e| e.kind.name() != "resolved"),
@@ -852,7 +852,7 @@ async fn check_that_secrets_reach_neither_the_ledger_nor_the_logs() {
     let mut recorded = String::new();
     for record in ledger.list().await.unwrap() {
         recorded.push_str(&serde_json::to_string(&record).unwrap());
-        for event in ledger.events(record.execution_id).await.unwrap() {
+        for event in ledger.events(record.execution_id()).await.unwrap() {
             recorded.push_str(&serde_json::to_string(&event).unwrap());
         }
     }
@@ -898,10 +898,10 @@ async fn a_key_the_caller_set_is_kept_and_recorded() {
     );
     let record = only_record(&ledger).await;
     assert_eq!(
-        record.idempotency_key.as_ref().map(|k| k.as_str()),
+        record.idempotency_key().as_ref().map(|k| k.as_str()),
         Some("order-1234")
     );
-    let events = ledger.events(record.execution_id).await.unwrap();
+    let events = ledger.events(record.execution_id()).await.unwrap();
     let names: Vec<_> = events.iter().map(|e| e.kind.name()).collect();
     // No authorization hook: no `authorized` (three appends per execution).
     assert_eq!(names, ["accepted", "dispatched", "completed", "delivered"]);
@@ -937,7 +937,7 @@ async fn a_result_over_the_size_cap_is_not_kept_and_the_tool_is_not_run_again() 
     );
     drop(send(&mut client, request).await.unwrap());
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert_eq!(record.result_reference, None);
+    assert_eq!(record.result_reference(), None);
 
     let again = deploy(&mut client, &server, &session, 3).await;
     assert_eq!(
@@ -989,7 +989,7 @@ async fn a_multi_round_trip_continuation_is_a_new_intent() {
     );
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 2, "{records:#?}");
-    assert_ne!(records[0].fingerprint, records[1].fingerprint);
+    assert_ne!(records[0].fingerprint(), records[1].fingerprint());
     assert_eq!(
         server.state.tool_call_requests("deploy_release").len(),
         1,
@@ -1020,8 +1020,11 @@ async fn a_refused_connection_is_not_sent_and_the_retry_continues_the_same_execu
         .unwrap();
     assert!(error.is_not_sent(), "{error}");
     let first = only_record(&ledger).await;
-    assert_eq!((first.state, first.attempts), (ExecutionState::NotSent, 1));
-    assert_eq!(error.execution_id(), Some(first.execution_id));
+    assert_eq!(
+        (first.state(), first.attempts()),
+        (ExecutionState::NotSent, 1)
+    );
+    assert_eq!(error.execution_id(), Some(first.execution_id()));
 
     let error = send(&mut client, request()).await.unwrap_err();
     assert!(
@@ -1032,10 +1035,11 @@ async fn a_refused_connection_is_not_sent_and_the_retry_continues_the_same_execu
     );
     let second = only_record(&ledger).await;
     assert_eq!(
-        second.execution_id, first.execution_id,
+        second.execution_id(),
+        first.execution_id(),
         "the same execution continued"
     );
-    assert_eq!(second.attempts, 2);
+    assert_eq!(second.attempts(), 2);
 }
 
 #[tokio::test]
@@ -1209,7 +1213,7 @@ fn dropping_the_runtime_with_an_abandoned_body_does_not_abort() {
         ledger.list().await.unwrap()
     });
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(records[0].state, ExecutionState::Unknown, "{records:#?}");
+    assert_eq!(records[0].state(), ExecutionState::Unknown, "{records:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1346,10 +1350,13 @@ async fn a_body_dropped_outside_a_runtime_records_unknown_in_place() {
         tool_call_body(2, "slow_deploy", json!({"service": "catalog"})),
     );
     let response = send(&mut client, request).await.unwrap();
-    assert_eq!(only_record(&ledger).await.state, ExecutionState::Dispatched);
+    assert_eq!(
+        only_record(&ledger).await.state(),
+        ExecutionState::Dispatched
+    );
     std::thread::spawn(move || drop(response)).join().unwrap();
     let record = only_record(&ledger).await;
-    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+    assert_eq!(record.state(), ExecutionState::Unknown, "{record:#?}");
 }
 
 /// Concurrent identical calls in one process to a tool whose results are not
@@ -1400,7 +1407,7 @@ async fn waiters_on_a_tool_whose_results_are_not_kept_never_dispatch_again() {
     assert_eq!(server.state.started("slow_deploy"), 1, "{answers:#?}");
     assert_eq!(server.state.side_effects("slow_deploy"), 1);
     let record = only_record(&ledger).await;
-    assert_eq!(record.attempts, 1);
+    assert_eq!(record.attempts(), 1);
     // One caller got the tool's answer; every other one was told it finished and that its
     // result was not kept (never a made-up failure, never a second run).
     let is_guard_answer = |a: &&Value| {
@@ -1416,7 +1423,7 @@ async fn waiters_on_a_tool_whose_results_are_not_kept_never_dispatch_again() {
     for answer in answers.iter().filter(is_guard_answer) {
         assert_eq!(
             guard_answer(answer)["execution_id"],
-            json!(record.execution_id.to_string())
+            json!(record.execution_id().to_string())
         );
         assert!(
             first_text(answer).unwrap().contains("was NOT run again"),
@@ -1451,8 +1458,8 @@ async fn a_kept_result_is_never_handed_to_another_actor() {
     // Actor A: the caller drops the body unread; the guard reads on and keeps the result.
     drop(send(&mut client, request(1, "actor:a")).await.unwrap());
     let first = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert!(first.result_reference.is_some());
-    assert_eq!(first.actor.as_str(), "actor:a");
+    assert!(first.result_reference().is_some());
+    assert_eq!(first.actor().as_str(), "actor:a");
 
     // Actor B, the identical call: its own execution, its own effect, its own result.
     let response = send(&mut client, request(2, "actor:b")).await.unwrap();
@@ -1474,7 +1481,7 @@ async fn a_kept_result_is_never_handed_to_another_actor() {
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 2, "{records:#?}");
     let actors: std::collections::BTreeSet<&str> =
-        records.iter().map(|r| r.actor.as_str()).collect();
+        records.iter().map(|r| r.actor().as_str()).collect();
     assert_eq!(actors, ["actor:a", "actor:b"].into_iter().collect());
 }
 
@@ -1514,7 +1521,11 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
         1
     );
     let cut = wait_for_state(&ledger, ExecutionState::Unknown).await;
-    let last_event_id = cut.correlation.last_event_id.clone().expect("an event id");
+    let last_event_id = cut
+        .correlation()
+        .last_event_id
+        .clone()
+        .expect("an event id");
 
     let resume = |actor: &str| {
         let mut request = get_stream(
@@ -1533,7 +1544,7 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
     let _ = body_text(response.into_body()).await;
     assert!(server.state.resume_requests().is_empty());
     let record = only_record(&ledger).await;
-    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+    assert_eq!(record.state(), ExecutionState::Unknown, "{record:#?}");
 
     // Actor A resumes: the answer completes A's execution.
     let response = send(&mut client, resume("actor:a")).await.unwrap();
@@ -1543,7 +1554,7 @@ async fn another_actors_resume_never_takes_over_a_broken_stream() {
         "{answer}"
     );
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert_eq!(record.execution_id, cut.execution_id);
+    assert_eq!(record.execution_id(), cut.execution_id());
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }
 
@@ -1569,7 +1580,7 @@ async fn another_actors_execution_id_as_a_callers_key_is_refused_unsent() {
     };
     let response = send(&mut client, call(1, "actor:a")).await.unwrap();
     let _ = read_response_to_end(response).await;
-    let a = only_record(&ledger).await.execution_id.to_string();
+    let a = only_record(&ledger).await.execution_id().to_string();
 
     let response = send(&mut client, with_idempotency_key(call(2, "actor:b"), &a))
         .await
@@ -1654,7 +1665,7 @@ async fn a_result_with_an_integer_beyond_64_bits_is_never_handed_back_rewritten(
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let records = ledger.list().await.unwrap();
-            if records.len() == 1 && records[0].state == ExecutionState::Completed {
+            if records.len() == 1 && records[0].state() == ExecutionState::Completed {
                 break;
             }
             assert!(tokio::time::Instant::now() < deadline, "{records:#?}");

@@ -18,21 +18,19 @@ use mcp_replay_guard::{
 /// The claim of the `n`th intent (a fingerprint of its own), kept for `retention` (a record
 /// stays at least its link window, so that is capped by `retention` too).
 pub fn claim(n: u64, retention: Duration) -> Claim {
-    Claim {
-        fingerprint: format!("hmac-sha256:{n:064x}").parse().unwrap(),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:bench".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: Some("deploy-service".into()),
-        retry_class: RetryClass::Irreversible,
-        link_window: retention.min(Duration::from_secs(60)),
-        retention,
-        owner: "guard:bench".into(),
-        at: Timestamp::now(),
-        asked_at: None,
-        waited: false,
-    }
+    let mut claim = Claim::new(
+        format!("hmac-sha256:{n:064x}").parse().unwrap(),
+        "deploy_release",
+        "signed-process:com.example.agent".into(),
+        "run:bench".into(),
+        "deploy-api.internal.example/mcp".into(),
+        RetryClass::Irreversible,
+        "guard:bench",
+    );
+    claim.credential_ref = Some("deploy-service".into());
+    claim.link_window = retention.min(Duration::from_secs(60));
+    claim.retention = retention;
+    claim
 }
 
 /// One execution of the `n`th intent as the guard writes it with no authorization hook: the
@@ -51,10 +49,8 @@ pub async fn claim_dispatched<L: Ledger + ?Sized>(
     n: u64,
     retention: Duration,
 ) -> ExecutionId {
-    let dispatch = Dispatch {
-        jsonrpc_id: Some(7.into()),
-        ..Dispatch::default()
-    };
+    let mut dispatch = Dispatch::default();
+    dispatch.jsonrpc_id = Some(7.into());
     let claimed = ledger
         .claim_dispatched(claim(n, retention), dispatch)
         .await
@@ -63,7 +59,7 @@ pub async fn claim_dispatched<L: Ledger + ?Sized>(
         matches!(claimed, mcp_replay_guard::execution::Claimed::New(_)),
         "every intent of a bench is new"
     );
-    claimed.record().execution_id
+    claimed.record().execution_id()
 }
 
 fn event(id: ExecutionId, kind: EventKind) -> LedgerEvent {

@@ -33,11 +33,10 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use mcp_replay_guard::{
     ExecutionId,
     execution::ExecutionState,
-    guard::{
-        Delivery, GuardError, GuardRequestBody, GuardResponseBody, STRUCTURED_KEY, redact_url,
-    },
+    guard::{Delivery, GuardError, GuardRequestBody, GuardResponseBody, STRUCTURED_KEY},
     ledger::Ledger,
     resume::ResumeLayer,
+    tools::redact_url,
 };
 use serde_json::{Value, json};
 use tower::{Service, ServiceBuilder, ServiceExt, timeout::TimeoutLayer, util::MapRequestLayer};
@@ -201,10 +200,10 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         bail!("--args must be a JSON object, e.g. '{{\"service\":\"api\"}}'");
     };
     // Parsed, such a literal becomes the nearest double: the tool would get another number.
-    if mcp_replay_guard::protocol::has_inexact_number(object, args.args.as_bytes()) {
+    if mcp_replay_guard::tools::has_inexact_number(object, args.args.as_bytes()) {
         bail!(
             "--args: {}. Nothing was sent",
-            mcp_replay_guard::protocol::INEXACT_NUMBER
+            mcp_replay_guard::tools::INEXACT_NUMBER
         );
     }
     // The URL may carry a credential (`user:secret@`, `?token=`): only its redacted form is
@@ -495,7 +494,7 @@ async fn settled_record(ledger: &dyn Ledger, id: ExecutionId) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while tokio::time::Instant::now() < deadline {
         match ledger.get(id).await {
-            Ok(Some(record)) if record.state != ExecutionState::Dispatched => return,
+            Ok(Some(record)) if record.state() != ExecutionState::Dispatched => return,
             Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             Err(_) => return,
         }

@@ -158,7 +158,7 @@ pub async fn run(args: DemoArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         .list()
         .await?
         .into_iter()
-        .find(|r| r.tool == "deploy_release")
+        .find(|r| r.tool() == "deploy_release")
         .context("the guard recorded no execution of deploy_release")?;
     let why = guarded_answer["result"]["structuredContent"][STRUCTURED_KEY]["why_not_resent"]
         .as_str()
@@ -209,7 +209,7 @@ pub async fn run(args: DemoArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         println!(
             "  replay-guard resolve {} {} --applied --note \"checked the deploy log\"",
             path.display(),
-            record.execution_id
+            record.execution_id()
         );
         println!();
         println!("Audit: replay-guard audit verify {}", path.display());

@@ -301,7 +301,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .list()
                     .await?
                     .into_iter()
-                    .map(|r| r.execution_id)
+                    .map(|r| r.execution_id())
                     .collect(),
             };
             for id in ids {
@@ -313,7 +313,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         path.display()
                     );
                 }
-                let timeline = audit::timeline(id, events);
+                let timeline = audit::Timeline::of(id, events);
                 if cli.json {
                     println!("{}", serde_json::to_string_pretty(&timeline)?);
                 } else {
@@ -331,7 +331,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .filter(|r| {
                     state
                         .as_deref()
-                        .is_none_or(|s| r.state_label() == s || r.state.as_str() == s)
+                        .is_none_or(|s| r.state_label() == s || r.state().as_str() == s)
                 })
                 .collect();
             if cli.json {
@@ -340,8 +340,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for r in &records {
                     // Read-only: an orphaned dispatch is not marked `unknown` here (the next
                     // process that writes does it); say so rather than hide it.
-                    let label = if r.state == ExecutionState::Dispatched
-                        && !ledger.is_owner_alive(&r.owner).await
+                    let label = if r.state() == ExecutionState::Dispatched
+                        && !ledger.is_owner_alive(r.owner()).await
                     {
                         "dispatched (owner gone)".to_owned()
                     } else {
@@ -349,11 +349,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     };
                     println!(
                         "{}  {:<32} {:<14} {:<20} accepted {}",
-                        r.execution_id,
+                        r.execution_id(),
                         label,
-                        r.retry_class,
-                        audit::printable(&r.tool),
-                        r.accepted_at
+                        r.retry_class(),
+                        audit::printable(r.tool()),
+                        r.accepted_at()
                     );
                 }
             }
@@ -368,7 +368,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&record)?);
             } else {
-                println!("{} is now {}", record.execution_id, record.state_label());
+                println!("{} is now {}", record.execution_id(), record.state_label());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -9,7 +9,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
-use mcp_replay_guard::protocol::{self, Era, ProtocolVersion, sse::SseParser};
+use mcp_replay_guard::{
+    protocol::{self, Era, ProtocolVersion},
+    tools::sse::SseParser,
+};
 use serde_json::{Value, json};
 use tower::{Service, ServiceExt};
 

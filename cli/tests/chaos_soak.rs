@@ -142,7 +142,7 @@ struct ProbeByTarget(Vec<(String, CredentialStatusProbe)>);
 #[async_trait]
 impl StatusProbe for ProbeByTarget {
     async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome {
-        let target = request.execution.target.to_string();
+        let target = request.execution.target().to_string();
         match self.0.iter().find(|(url, _)| url.contains(&target)) {
             Some((_, probe)) => probe.probe(request).await,
             None => ProbeOutcome::Unknown {
@@ -610,7 +610,7 @@ async fn check_compacted_events(
     records: &[ExecutionRecord],
 ) -> usize {
     let live: std::collections::HashSet<ExecutionId> =
-        records.iter().map(|r| r.execution_id).collect();
+        records.iter().map(|r| r.execution_id()).collect();
     for (id, written) in &history.events {
         assert!(
             live.contains(id),
@@ -655,7 +655,7 @@ async fn check_irreversible(
 ) -> Irreversible {
     let by_id: HashMap<String, &ExecutionRecord> = records
         .iter()
-        .map(|r| (r.execution_id.to_string(), r))
+        .map(|r| (r.execution_id().to_string(), r))
         .collect();
     let mut found = Irreversible::default();
     let mut runs_per_key: HashMap<String, usize> = HashMap::new();
@@ -670,7 +670,7 @@ async fn check_irreversible(
             let record = by_id
                 .get(&key)
                 .unwrap_or_else(|| panic!("a run under {key}, which is no execution"));
-            assert_eq!(record.tool, "deploy_release");
+            assert_eq!(record.tool(), "deploy_release");
             *runs_per_key.entry(key).or_default() += 1;
         }
     }
@@ -682,11 +682,11 @@ async fn check_irreversible(
     );
 
     let mut per_intent: BTreeMap<String, Vec<&ExecutionRecord>> = BTreeMap::new();
-    for record in records.iter().filter(|r| r.tool == "deploy_release") {
+    for record in records.iter().filter(|r| r.tool() == "deploy_release") {
         found.executions += 1;
-        found.held += usize::from(record.state == ExecutionState::NeedsReview);
+        found.held += usize::from(record.state() == ExecutionState::NeedsReview);
         per_intent
-            .entry(record.fingerprint.to_string())
+            .entry(record.fingerprint().to_string())
             .or_default()
             .push(record);
     }
@@ -695,7 +695,7 @@ async fn check_irreversible(
     let seq = |record: &ExecutionRecord, event: &str| {
         history
             .positions
-            .get(&(record.execution_id, event.to_owned()))
+            .get(&(record.execution_id(), event.to_owned()))
             .copied()
     };
     for executions in per_intent.values_mut() {
@@ -704,11 +704,11 @@ async fn check_irreversible(
             let (earlier, later) = (pair[0], pair[1]);
             let accepted = seq(later, "accepted").expect("every execution was accepted");
             let delivered = matches!(
-                earlier.state,
+                earlier.state(),
                 ExecutionState::Completed | ExecutionState::ResolvedApplied
             ) && seq(earlier, "delivered").is_some_and(|at| at < accepted);
             let did_not_run = matches!(
-                earlier.state,
+                earlier.state(),
                 ExecutionState::Failed | ExecutionState::ResolvedNotApplied
             );
             assert!(
@@ -726,12 +726,11 @@ async fn check_results(ledger: &FileLedger, records: &[ExecutionRecord]) -> usiz
     let mut completed = 0;
     for record in records
         .iter()
-        .filter(|r| r.state == ExecutionState::Completed)
+        .filter(|r| r.state() == ExecutionState::Completed)
     {
         completed += 1;
         let reference = record
-            .result_reference
-            .as_deref()
+            .result_reference()
             .unwrap_or_else(|| panic!("completed without a kept result: {record:#?}"));
         let bytes = ledger
             .load_result(reference)

@@ -41,7 +41,7 @@ async fn ledger(path: &Path) -> (ExecutionId, ExecutionId) {
             .await
             .unwrap()
             .record()
-            .execution_id;
+            .execution_id();
         let event = |kind| event_now(id, kind);
         ledger.append(event(EventKind::Authorized)).await.unwrap();
         let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
@@ -122,7 +122,7 @@ async fn verify_list_show_and_resolve_a_ledger() {
     assert!(out.contains("resolved_not_applied"), "{out}");
     let reopened = FileLedger::open(&path).unwrap();
     assert_eq!(
-        reopened.get(held).await.unwrap().unwrap().state,
+        reopened.get(held).await.unwrap().unwrap().state(),
         ExecutionState::ResolvedNotApplied
     );
     drop(reopened);
@@ -172,7 +172,7 @@ async fn recorded_text_is_printed_escaped_never_raw() {
         let mut hostile = claim(9);
         hostile.tool = format!("{forged}{red}");
         hostile.owner = format!("guard:one\nguard:two{red}");
-        let id = ledger.claim(hostile).await.unwrap().record().execution_id;
+        let id = ledger.claim(hostile).await.unwrap().record().execution_id();
         let event = |kind| event_now(id, kind);
         ledger.append(event(EventKind::Authorized)).await.unwrap();
         ledger
@@ -242,7 +242,7 @@ async fn an_answer_after_an_operators_resolution_is_kept_and_the_conflict_is_sho
         result_reference: None,
     };
     let record = late.append(event_now(held, completed)).await.unwrap();
-    assert_eq!(record.state, ExecutionState::Completed);
+    assert_eq!(record.state(), ExecutionState::Completed);
     drop(late);
 
     let (code, out, _) = replay_guard(&["audit", "show", p, &held.to_string()]);

@@ -860,24 +860,18 @@ async fn read_only_commands_write_nothing_and_work_on_a_file_they_cannot_write()
         let key = file.fingerprint_key().unwrap();
         drop(key);
         let claimed = file
-            .claim(mcp_replay_guard::execution::Claim {
-                fingerprint: format!("hmac-sha256:{}", "ab".repeat(32)).parse().unwrap(),
-                tool: "deploy_release".into(),
-                actor: "replay-guard".into(),
-                intent_scope: "cli".into(),
-                target: "127.0.0.1/mcp".into(),
-                credential_ref: None,
-                retry_class: mcp_replay_guard::execution::RetryClass::Irreversible,
-                link_window: Duration::from_secs(600),
-                retention: Duration::from_secs(3600),
-                owner: "guard:gone".into(),
-                at: Timestamp::now(),
-                asked_at: None,
-                waited: false,
-            })
+            .claim(mcp_replay_guard::execution::Claim::new(
+                format!("hmac-sha256:{}", "ab".repeat(32)).parse().unwrap(),
+                "deploy_release",
+                "replay-guard".into(),
+                "cli".into(),
+                "127.0.0.1/mcp".into(),
+                mcp_replay_guard::execution::RetryClass::Irreversible,
+                "guard:gone",
+            ))
             .await
             .unwrap();
-        let id = claimed.record().execution_id;
+        let id = claimed.record().execution_id();
         let event = |kind| LedgerEvent {
             execution_id: id,
             at: Timestamp::now(),

@@ -76,7 +76,7 @@ async fn a_child_killed_after_dispatch(name: &str) -> (TestServer, PathBuf, Path
 }
 
 async fn run_to_completion(ledger: &FileLedger, claimed: &Claimed) {
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     authorize_and_dispatch(ledger, id).await;
     let reference = ledger
         .store_result(
@@ -105,7 +105,7 @@ async fn records_and_results_survive_a_reopen() {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(1, "guard:a")).await.unwrap();
         run_to_completion(&ledger, &claimed).await;
-        claimed.record().execution_id
+        claimed.record().execution_id()
     };
     let ledger = FileLedger::open(&path).unwrap();
     let record = ledger.get(id).await.unwrap().unwrap();
@@ -113,14 +113,14 @@ async fn records_and_results_survive_a_reopen() {
         serde_json::to_value(&record).unwrap()["state"],
         "completed_result_not_delivered"
     );
-    let reference = record.result_reference.clone().unwrap();
+    let reference = record.result_reference().unwrap();
     let result: serde_json::Value =
-        serde_json::from_slice(&ledger.load_result(&reference).await.unwrap().unwrap()).unwrap();
+        serde_json::from_slice(&ledger.load_result(reference).await.unwrap().unwrap()).unwrap();
     assert_eq!(result["content"][0]["text"], "ok");
     assert_eq!(ledger.events(id).await.unwrap().len(), 4);
     // Still linkable after the reopen: the same intent finds it.
     assert!(
-        matches!(ledger.claim(claim(1, "guard:b")).await.unwrap(), Claimed::Existing(r) if r.execution_id == id)
+        matches!(ledger.claim(claim(1, "guard:b")).await.unwrap(), Claimed::Existing(r) if r.execution_id() == id)
     );
     let report = ledger.verify().unwrap();
     assert!(report.is_ok(), "{report}");
@@ -137,7 +137,7 @@ async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown()
     let id = {
         let ledger = FileLedger::open(&path).unwrap();
         let claimed = ledger.claim(claim(2, "guard:crashed")).await.unwrap();
-        let id = claimed.record().execution_id;
+        let id = claimed.record().execution_id();
         authorize_and_dispatch(&ledger, id).await;
         id
     };
@@ -150,14 +150,13 @@ async fn a_torn_last_line_is_cut_away_and_an_orphaned_dispatch_becomes_unknown()
     let ledger = FileLedger::open(&path).unwrap();
     let record = ledger.get(id).await.unwrap().unwrap();
     assert_eq!(
-        record.state,
+        record.state(),
         ExecutionState::Unknown,
         "dispatched by a process that is gone"
     );
     assert!(
         record
-            .reason
-            .as_deref()
+            .reason()
             .unwrap()
             .contains("ended before its outcome")
     );
@@ -176,12 +175,12 @@ async fn a_live_owners_dispatch_is_left_alone_on_reopen() {
     let (dir, path) = ledger_dir("live");
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(3, "guard:alive")).await.unwrap();
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     authorize_and_dispatch(&first, id).await;
     // A second opener (another process, say) while the first still runs.
     let second = FileLedger::open(&path).unwrap();
     assert_eq!(
-        second.get(id).await.unwrap().unwrap().state,
+        second.get(id).await.unwrap().unwrap().state(),
         ExecutionState::Dispatched
     );
     assert!(second.is_owner_alive("guard:alive").await);
@@ -271,10 +270,10 @@ async fn compaction_keeps_retained_executions_and_both_files_verify() {
     assert!(verify_file(&report.archived_to).unwrap().is_ok());
     let verified = ledger.verify().unwrap();
     assert!(verified.is_ok(), "{verified}");
-    let kept_id = kept.record().execution_id;
+    let kept_id = kept.record().execution_id();
     assert!(
         ledger
-            .get(gone.record().execution_id)
+            .get(gone.record().execution_id())
             .await
             .unwrap()
             .is_none()
@@ -282,7 +281,7 @@ async fn compaction_keeps_retained_executions_and_both_files_verify() {
     let record = ledger.get(kept_id).await.unwrap().unwrap();
     assert!(
         ledger
-            .load_result(record.result_reference.as_deref().unwrap())
+            .load_result(record.result_reference().unwrap())
             .await
             .unwrap()
             .is_some()
@@ -300,7 +299,7 @@ async fn compaction_keeps_retained_executions_and_both_files_verify() {
             .await
             .unwrap()
             .unwrap()
-            .delivered_at
+            .delivered_at()
             .is_some()
     );
     assert!(reopened.verify().unwrap().is_ok());
@@ -460,7 +459,11 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
     let ledger = FileLedger::open(&path).unwrap();
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1000);
-    assert!(records.iter().all(|r| r.state == ExecutionState::Completed));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.state() == ExecutionState::Completed)
+    );
 
     // 1,000 identical intents spread over 4 processes: one execution.
     let children: Vec<_> = (1..=4)
@@ -502,7 +505,7 @@ async fn a_process_killed_after_dispatch_leaves_unknown_and_the_call_is_not_rese
     let ledger = FileLedger::open(&path).unwrap();
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0].state, ExecutionState::Unknown);
+    assert_eq!(records[0].state(), ExecutionState::Unknown);
 
     // The same call again, from this process: held for review, not re-sent.
     let mut client = guard(&ledger, ledger.fingerprint_key().unwrap())
@@ -569,7 +572,7 @@ async fn an_owner_lock_inherited_by_a_forked_child_dies_with_its_ledger() {
     let (dir, path) = ledger_dir("forked");
     let ledger = FileLedger::open(&path).unwrap();
     let claimed = ledger.claim(claim(61, "guard:gone")).await.unwrap();
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     authorize_and_dispatch(&ledger, id).await;
     // A child forked now, held between fork and exec until the test says so: the window a
     // busy machine gives every child spawned by any thread of a process.
@@ -604,7 +607,7 @@ async fn an_owner_lock_inherited_by_a_forked_child_dies_with_its_ledger() {
     assert!(!forked_children.trim().is_empty(), "the child was forked");
     drop(ledger);
     let reopened = FileLedger::open(&path).unwrap();
-    let state = reopened.get(id).await.unwrap().unwrap().state;
+    let state = reopened.get(id).await.unwrap().unwrap().state();
     let alive = reopened.is_owner_alive("guard:gone").await;
     release.write_all(b"x").unwrap();
     assert!(spawner.join().unwrap().success());
@@ -662,7 +665,7 @@ async fn a_line_with_an_extra_field_makes_open_fail_and_is_kept() {
 async fn ledger_ending_in_dispatched(path: &Path) -> (ExecutionId, Vec<u8>) {
     let ledger = FileLedger::open(path).unwrap();
     let claimed = ledger.claim(claim(60, "guard:gone")).await.unwrap();
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     authorize_and_dispatch(&ledger, id).await;
     drop(ledger);
     (id, std::fs::read(path).unwrap())
@@ -713,7 +716,7 @@ async fn a_garbled_complete_last_line_makes_open_fail_and_nothing_is_cut() {
     std::fs::write(&path, &good).unwrap();
     let ledger = FileLedger::open(&path).unwrap();
     assert_eq!(
-        ledger.get(id).await.unwrap().unwrap().state,
+        ledger.get(id).await.unwrap().unwrap().state(),
         ExecutionState::Unknown
     );
     drop(ledger);
@@ -947,7 +950,7 @@ async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_re
     let (dir, path) = ledger_dir("compact-result");
     let ledger = FileLedger::open(&path).unwrap();
     let claimed = ledger.claim(claim(61, "guard:r")).await.unwrap();
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     authorize_and_dispatch(&ledger, id).await;
     // The guard keeps the result, then records `completed`: a compaction (by any process)
     // may fall between the two.
@@ -973,7 +976,7 @@ async fn a_result_stored_before_a_compaction_loads_after_its_completion_and_a_re
     drop(ledger);
     let reopened = FileLedger::open(&path).unwrap();
     let record = reopened.get(id).await.unwrap().unwrap();
-    assert_eq!(record.result_reference.as_deref(), Some(reference.as_str()));
+    assert_eq!(record.result_reference(), Some(reference.as_str()));
     let result = reopened
         .load_result(&reference)
         .await
@@ -1178,13 +1181,13 @@ async fn every_completed_result_loads_after_appenders_and_a_compactor_are_killed
     let records = ledger.list().await.unwrap();
     let completed: Vec<_> = records
         .iter()
-        .filter(|r| r.state == ExecutionState::Completed)
+        .filter(|r| r.state() == ExecutionState::Completed)
         .collect();
     let mut lost = Vec::new();
     for record in &completed {
-        let reference = record.result_reference.as_deref().unwrap();
+        let reference = record.result_reference().unwrap();
         if ledger.load_result(reference).await.unwrap().is_none() {
-            lost.push(record.execution_id);
+            lost.push(record.execution_id());
         }
     }
     assert!(
@@ -1214,7 +1217,7 @@ async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
     let dispatched = |id, attempt, owner| dispatched(id, attempt, Some(owner));
     let first = FileLedger::open(&path).unwrap();
     let claimed = first.claim(claim(7, "guard:one")).await.unwrap();
-    let id = claimed.record().execution_id;
+    let id = claimed.record().execution_id();
     first
         .append(event(id, EventKind::Authorized))
         .await
@@ -1227,18 +1230,18 @@ async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
 
     let second = FileLedger::open(&path).unwrap();
     let record = second.get(id).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::Unknown, "recovered on open");
+    assert_eq!(record.state(), ExecutionState::Unknown, "recovered on open");
     // The second opener never claimed anything new: the dispatch alone makes it the owner.
     let record = second
         .append(event(id, dispatched(id, 2, "guard:two")))
         .await
         .unwrap();
-    assert_eq!((record.owner.as_str(), record.attempts), ("guard:two", 2));
+    assert_eq!((record.owner(), record.attempts()), ("guard:two", 2));
 
     let third = FileLedger::open(&path).unwrap();
     let record = third.get(id).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::Dispatched, "{record:#?}");
-    assert_eq!(record.owner, "guard:two");
+    assert_eq!(record.state(), ExecutionState::Dispatched, "{record:#?}");
+    assert_eq!(record.owner(), "guard:two");
     assert!(third.is_owner_alive("guard:two").await);
     // A stale continuation (from what was read before attempt 2) is refused, nothing written.
     let stale = third
@@ -1271,8 +1274,8 @@ async fn a_continuation_moves_the_owner_and_its_lock_with_it() {
     drop(third);
     let fourth = FileLedger::open(&path).unwrap();
     let record = fourth.get(id).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::Unknown);
-    assert_eq!(record.attempts, 2);
+    assert_eq!(record.state(), ExecutionState::Unknown);
+    assert_eq!(record.attempts(), 2);
     assert!(fourth.verify().unwrap().is_ok());
     drop(fourth);
     std::fs::remove_dir_all(dir).unwrap();
@@ -1300,7 +1303,7 @@ async fn a_result_too_deep_for_a_ledger_line_is_refused_and_the_ledger_reopens()
             .await
             .unwrap()
             .record()
-            .execution_id;
+            .execution_id();
         for depth in [10, 100, 120, 124, 125] {
             match ledger.store_result(id, nested(depth)).await {
                 Ok(_) => {}

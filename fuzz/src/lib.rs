@@ -23,8 +23,8 @@ use mcp_replay_guard::{
     protocol::{
         self, LAST_EVENT_ID, MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, MCP_SESSION_ID, Message,
         RequestKind,
-        sse::{SseError, SseEvent, SseParser},
     },
+    tools::sse::{SseError, SseEvent, SseParser},
 };
 use serde_json::Value;
 
@@ -304,23 +304,21 @@ pub fn valid_chain() -> Vec<String> {
     let id: ExecutionId = "act_01J4K8J7DX7VQ9ZB3N5M2P6R8T"
         .parse()
         .expect("a valid execution id");
-    let claim = Claim {
-        fingerprint: format!("hmac-sha256:{:064x}", 42)
+    let mut claim = Claim::new(
+        format!("hmac-sha256:{:064x}", 42)
             .parse()
             .expect("a valid fingerprint"),
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: "run:5f8097".into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: Some("deploy-service".into()),
-        retry_class: RetryClass::Irreversible,
-        link_window: std::time::Duration::from_secs(600),
-        retention: std::time::Duration::from_secs(86_400),
-        owner: "guard:fuzz".into(),
-        at: Timestamp::from_millis(1_780_000_000_000),
-        asked_at: None,
-        waited: false,
-    };
+        "deploy_release",
+        "signed-process:com.example.agent".into(),
+        "run:5f8097".into(),
+        "deploy-api.internal.example/mcp".into(),
+        RetryClass::Irreversible,
+        "guard:fuzz",
+    );
+    claim.credential_ref = Some("deploy-service".into());
+    claim.link_window = std::time::Duration::from_secs(600);
+    claim.retention = std::time::Duration::from_secs(86_400);
+    claim.at = Timestamp::from_millis(1_780_000_000_000);
     let event = |millis: u64, kind| LedgerEvent {
         execution_id: id,
         at: Timestamp::from_millis(1_780_000_000_000 + millis),

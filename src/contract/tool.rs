@@ -29,9 +29,9 @@ pub struct ToolContract {
 
 impl ToolContract {
     /// Default link window.
-    pub const DEFAULT_LINK_WINDOW: Duration = Duration::from_secs(10 * 60);
+    pub const DEFAULT_LINK_WINDOW: Duration = crate::execution::DEFAULT_LINK_WINDOW;
     /// Default retention.
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    pub const DEFAULT_RETENTION: Duration = crate::execution::DEFAULT_RETENTION;
     /// Default bound on a kept result.
     pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 

@@ -9,8 +9,18 @@ use crate::{
     fingerprint::Fingerprint, protocol::RequestId,
 };
 
+/// How long a repeat links to a settled execution, unless its contract says otherwise.
+pub(crate) const DEFAULT_LINK_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// How long an execution stays in the index after its last event, unless its contract says
+/// otherwise.
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A request to find or create the execution of an intent.
+///
+/// Built with [`Claim::new`]; its fields are public to read (a [`Ledger`](crate::ledger::Ledger)
+/// implementation stores them) and to adjust after `new`. It may gain fields.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Claim {
     /// The intent fingerprint.
     pub fingerprint: Fingerprint,
@@ -47,6 +57,35 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// `owner`'s claim, made now, for the intent `fingerprint` of `actor`'s call to `tool` at
+    /// `target` in `intent_scope`, under a contract of `retry_class`: no credential reference,
+    /// the default link window (10 minutes) and retention (24 hours).
+    pub fn new(
+        fingerprint: Fingerprint,
+        tool: impl Into<String>,
+        actor: Actor,
+        intent_scope: IntentScope,
+        target: Target,
+        retry_class: RetryClass,
+        owner: impl Into<String>,
+    ) -> Self {
+        Self {
+            fingerprint,
+            tool: tool.into(),
+            actor,
+            intent_scope,
+            target,
+            credential_ref: None,
+            retry_class,
+            link_window: DEFAULT_LINK_WINDOW,
+            retention: DEFAULT_RETENTION,
+            owner: owner.into(),
+            at: Timestamp::now(),
+            asked_at: None,
+            waited: false,
+        }
+    }
+
     /// The `accepted` event of a new execution for this claim.
     pub fn accepted_event(&self, execution_id: ExecutionId) -> LedgerEvent {
         LedgerEvent {
@@ -72,6 +111,7 @@ impl Claim {
 /// request it went in. [`Ledger::claim_dispatched`](crate::ledger::Ledger::claim_dispatched) records the first attempt's with the
 /// execution it creates; the guard records a later attempt's from the same value.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Dispatch {
     /// The caller's `Idempotency-Key`, kept and sent as it is; `None`: the key is the
     /// execution ID.

@@ -13,6 +13,7 @@ pub(crate) mod link;
 mod record;
 
 pub use claim::{Claim, Claimed, Dispatch};
+pub(crate) use claim::{DEFAULT_LINK_WINDOW, DEFAULT_RETENTION};
 pub use class::RetryClass;
 #[cfg(test)]
 pub(crate) use link::ORPHAN_REASON;

@@ -187,6 +187,7 @@ pub struct Correlation {
 /// Never identity (any client can claim any name): only where to look. It can travel in
 /// [`http::Extensions`] next to a request, as the proxy sets it for a session's calls.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ClientInfo {
     /// `clientInfo.name`.
     pub name: String,
@@ -196,6 +197,14 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
+    /// A client that names itself `name`, at `version` when it says.
+    pub fn new(name: impl Into<String>, version: Option<String>) -> Self {
+        Self {
+            name: name.into(),
+            version,
+        }
+    }
+
     /// The longest `name` or `version` kept, in bytes; longer ones are cut at a character
     /// boundary.
     pub const MAX_LEN: usize = 128;
@@ -425,69 +434,215 @@ impl LedgerEvent {
 #[non_exhaustive]
 pub struct ExecutionRecord {
     /// The execution ID.
-    pub execution_id: ExecutionId,
+    pub(crate) execution_id: ExecutionId,
     /// The intent fingerprint.
-    pub fingerprint: Fingerprint,
+    pub(crate) fingerprint: Fingerprint,
     /// The tool.
-    pub tool: String,
+    pub(crate) tool: String,
     /// Who acts.
-    pub actor: Actor,
+    pub(crate) actor: Actor,
     /// The intent scope.
-    pub intent_scope: IntentScope,
+    pub(crate) intent_scope: IntentScope,
     /// The target.
-    pub target: Target,
+    pub(crate) target: Target,
     /// The credential reference.
-    pub credential_ref: Option<CredentialRef>,
+    pub(crate) credential_ref: Option<CredentialRef>,
     /// The retry class of its contract.
-    pub retry_class: RetryClass,
+    pub(crate) retry_class: RetryClass,
     /// Where it stands.
-    pub state: ExecutionState,
+    pub(crate) state: ExecutionState,
     /// Protocol correlation of the latest attempt.
-    pub correlation: Correlation,
+    pub(crate) correlation: Correlation,
     /// The key sent with its dispatches.
-    pub idempotency_key: Option<IdempotencyKey>,
+    pub(crate) idempotency_key: Option<IdempotencyKey>,
     /// The fingerprint of the call its key is bound to (server-side Idempotency-Key layer).
-    pub request_fingerprint: Option<Fingerprint>,
+    pub(crate) request_fingerprint: Option<Fingerprint>,
     /// When it was accepted.
-    pub accepted_at: Timestamp,
+    pub(crate) accepted_at: Timestamp,
     /// When it was authorized.
-    pub authorized_at: Option<Timestamp>,
+    pub(crate) authorized_at: Option<Timestamp>,
     /// When it was first dispatched.
-    pub dispatched_at: Option<Timestamp>,
+    pub(crate) dispatched_at: Option<Timestamp>,
     /// When the target's answer (or a settlement) was recorded.
-    pub completed_at: Option<Timestamp>,
+    pub(crate) completed_at: Option<Timestamp>,
     /// When the result reached the caller.
-    pub delivered_at: Option<Timestamp>,
+    pub(crate) delivered_at: Option<Timestamp>,
     /// HTTP status of the target's answer.
-    pub target_status: Option<u16>,
+    pub(crate) target_status: Option<u16>,
     /// Whether the tool reported an error.
-    pub is_error: bool,
+    pub(crate) is_error: bool,
     /// Where the result is kept.
-    pub result_reference: Option<String>,
+    pub(crate) result_reference: Option<String>,
     /// Number of dispatches.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Why the latest non-success state was entered (denial, failure, unknown, review).
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// Until when a repeat links to it.
-    pub link_until: Timestamp,
+    pub(crate) link_until: Timestamp,
     /// Until when it stays in the index: its retention counted from its last event (every
     /// event moves it), and never while an attempt may still be running (see
     /// [`is_linkable`](Self::is_linkable)).
-    pub retain_until: Timestamp,
+    pub(crate) retain_until: Timestamp,
     /// How long it is retained after its last event, in milliseconds: what `retain_until` was
     /// past acceptance.
     pub(crate) retention_ms: u64,
     /// The guard that owns it: the one that accepted it, then the one that dispatched its
     /// latest attempt (ownership moves with every `dispatched` that names an owner).
-    pub owner: String,
+    pub(crate) owner: String,
     /// The owners of earlier attempts that were still in doubt (`unknown`) when a later one
     /// was sent, each once: such an attempt may still be running at the target, so any of its
     /// owners alive holds the execution in retention as the owner does.
-    pub earlier_owners: Vec<String>,
+    pub(crate) earlier_owners: Vec<String>,
     /// The latest attempt was sent while an earlier one's outcome was unknown. If the latest
     /// then turns out `not_sent` or refused (`failed`), the execution is still `unknown`:
     /// that attempt never ran, the earlier one may have.
-    pub earlier_attempt_unknown: bool,
+    pub(crate) earlier_attempt_unknown: bool,
+}
+
+/// What the record holds: read through these (the record is rebuilt from its events, never
+/// edited by hand).
+impl ExecutionRecord {
+    /// The execution ID.
+    pub fn execution_id(&self) -> ExecutionId {
+        self.execution_id
+    }
+
+    /// The intent fingerprint.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The tool.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    /// Who acts.
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+
+    /// The intent scope.
+    pub fn intent_scope(&self) -> &IntentScope {
+        &self.intent_scope
+    }
+
+    /// The target.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The credential reference.
+    pub fn credential_ref(&self) -> Option<&CredentialRef> {
+        self.credential_ref.as_ref()
+    }
+
+    /// The retry class of its contract.
+    pub fn retry_class(&self) -> RetryClass {
+        self.retry_class
+    }
+
+    /// Where it stands.
+    pub fn state(&self) -> ExecutionState {
+        self.state
+    }
+
+    /// Protocol correlation of the latest attempt.
+    pub fn correlation(&self) -> &Correlation {
+        &self.correlation
+    }
+
+    /// The key sent with its dispatches.
+    pub fn idempotency_key(&self) -> Option<&IdempotencyKey> {
+        self.idempotency_key.as_ref()
+    }
+
+    /// The fingerprint of the call its key is bound to (server-side Idempotency-Key layer).
+    pub fn request_fingerprint(&self) -> Option<&Fingerprint> {
+        self.request_fingerprint.as_ref()
+    }
+
+    /// When it was accepted.
+    pub fn accepted_at(&self) -> Timestamp {
+        self.accepted_at
+    }
+
+    /// When it was authorized.
+    pub fn authorized_at(&self) -> Option<Timestamp> {
+        self.authorized_at
+    }
+
+    /// When it was first dispatched.
+    pub fn dispatched_at(&self) -> Option<Timestamp> {
+        self.dispatched_at
+    }
+
+    /// When the target's answer (or a settlement) was recorded.
+    pub fn completed_at(&self) -> Option<Timestamp> {
+        self.completed_at
+    }
+
+    /// When the result reached the caller.
+    pub fn delivered_at(&self) -> Option<Timestamp> {
+        self.delivered_at
+    }
+
+    /// HTTP status of the target's answer.
+    pub fn target_status(&self) -> Option<u16> {
+        self.target_status
+    }
+
+    /// Whether the tool reported an error.
+    pub fn is_error(&self) -> bool {
+        self.is_error
+    }
+
+    /// Where the result is kept.
+    pub fn result_reference(&self) -> Option<&str> {
+        self.result_reference.as_deref()
+    }
+
+    /// Number of dispatches.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why the latest non-success state was entered (denial, failure, unknown, review).
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    /// Until when a repeat links to it.
+    pub fn link_until(&self) -> Timestamp {
+        self.link_until
+    }
+
+    /// Until when it stays in the index: its retention counted from its last event (every
+    /// event moves it), and never while an attempt may still be running (see
+    /// [`is_linkable`](Self::is_linkable)).
+    pub fn retain_until(&self) -> Timestamp {
+        self.retain_until
+    }
+
+    /// The guard that owns it: the one that accepted it, then the one that dispatched its
+    /// latest attempt (ownership moves with every `dispatched` that names an owner).
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The owners of earlier attempts that were still in doubt (`unknown`) when a later one
+    /// was sent, each once: such an attempt may still be running at the target, so any of its
+    /// owners alive holds the execution in retention as the owner does.
+    pub fn earlier_owners(&self) -> &[String] {
+        &self.earlier_owners
+    }
+
+    /// The latest attempt was sent while an earlier one's outcome was unknown. If the latest
+    /// then turns out `not_sent` or refused (`failed`), the execution is still `unknown`:
+    /// that attempt never ran, the earlier one may have.
+    pub fn earlier_attempt_unknown(&self) -> bool {
+        self.earlier_attempt_unknown
+    }
 }
 
 /// An event that the record's state does not allow.

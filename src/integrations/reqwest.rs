@@ -353,9 +353,10 @@ impl AmbiguousOutcome {
 /// `error` as text with `url` in its redacted form (reqwest prints the URL whole, userinfo and
 /// query included).
 fn without_credentials(error: &reqwest_middleware::Error, url: &Url) -> String {
-    error
-        .to_string()
-        .replace(url.as_str(), &crate::guard::redact_url(url.as_str()))
+    error.to_string().replace(
+        url.as_str(),
+        &crate::guard::redact::redact_url(url.as_str()),
+    )
 }
 
 impl fmt::Display for AmbiguousOutcome {

@@ -1,4 +1,4 @@
-//! The investigation of one execution: [`timeline`] answers, in order, the questions an
+//! The investigation of one execution: [`Timeline::of`] answers, in order, the questions an
 //! incident review asks.
 //!
 //! 1. One agent process or two? (the guards that accepted and dispatched it)
@@ -16,6 +16,7 @@ use crate::{ExecutionId, IdempotencyKey};
 
 /// The answers for one execution.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Timeline {
     /// The execution.
     pub execution_id: ExecutionId,
@@ -49,6 +50,7 @@ pub struct Timeline {
 
 /// One dispatch of the execution.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Dispatch {
     /// When.
     pub at: Timestamp,
@@ -86,108 +88,112 @@ impl Dispatch {
     }
 }
 
-/// Builds the timeline of one execution from its events (oldest first).
-pub fn timeline(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Timeline {
-    let mut t = Timeline {
-        execution_id,
-        processes: Vec::new(),
-        authorized_at: None,
-        denied: None,
-        first_dispatch: None,
-        target_answer: None,
-        conflict: None,
-        delivery_failed_after_completion: false,
-        later_dispatches: Vec::new(),
-        answered_without_sending: 0,
-        events: Vec::new(),
-    };
-    let mut completed = false;
-    let mut deliveries: usize = 0;
-    // The latest resolution, until an answer of the target follows it.
-    let mut settled: Option<String> = None;
-    for event in &events {
-        match &event.kind {
-            EventKind::Accepted { owner, .. } => note_process(&mut t.processes, owner),
-            EventKind::Authorized => t.authorized_at = Some(event.at),
-            EventKind::Denied { reason } => t.denied = Some(reason.clone()),
-            EventKind::Dispatched {
-                attempt,
-                idempotency_key,
-                key_from_caller,
-                owner,
-                session_id,
-                client_info,
-                ..
-            } => {
-                if let Some(owner) = owner {
-                    note_process(&mut t.processes, owner);
+impl Timeline {
+    /// The timeline of one execution, from its events (oldest first).
+    pub fn of(execution_id: ExecutionId, events: Vec<LedgerEvent>) -> Self {
+        let mut t = Timeline {
+            execution_id,
+            processes: Vec::new(),
+            authorized_at: None,
+            denied: None,
+            first_dispatch: None,
+            target_answer: None,
+            conflict: None,
+            delivery_failed_after_completion: false,
+            later_dispatches: Vec::new(),
+            answered_without_sending: 0,
+            events: Vec::new(),
+        };
+        let mut completed = false;
+        let mut deliveries: usize = 0;
+        // The latest resolution, until an answer of the target follows it.
+        let mut settled: Option<String> = None;
+        for event in &events {
+            match &event.kind {
+                EventKind::Accepted { owner, .. } => note_process(&mut t.processes, owner),
+                EventKind::Authorized => t.authorized_at = Some(event.at),
+                EventKind::Denied { reason } => t.denied = Some(reason.clone()),
+                EventKind::Dispatched {
+                    attempt,
+                    idempotency_key,
+                    key_from_caller,
+                    owner,
+                    session_id,
+                    client_info,
+                    ..
+                } => {
+                    if let Some(owner) = owner {
+                        note_process(&mut t.processes, owner);
+                    }
+                    // A new attempt after a resolution (not applied): its answer is its own.
+                    settled = None;
+                    let dispatch = Dispatch {
+                        at: event.at,
+                        attempt: *attempt,
+                        idempotency_key: idempotency_key.clone(),
+                        key_from_caller: *key_from_caller,
+                        process: owner.clone(),
+                        session_id: session_id.clone(),
+                        client_info: client_info.clone(),
+                    };
+                    if t.first_dispatch.is_none() {
+                        t.first_dispatch = Some(dispatch);
+                    } else {
+                        t.later_dispatches.push(dispatch);
+                    }
                 }
-                // A new attempt after a resolution (not applied): its answer is its own.
-                settled = None;
-                let dispatch = Dispatch {
-                    at: event.at,
-                    attempt: *attempt,
-                    idempotency_key: idempotency_key.clone(),
-                    key_from_caller: *key_from_caller,
-                    process: owner.clone(),
-                    session_id: session_id.clone(),
-                    client_info: client_info.clone(),
-                };
-                if t.first_dispatch.is_none() {
-                    t.first_dispatch = Some(dispatch);
-                } else {
-                    t.later_dispatches.push(dispatch);
+                EventKind::Completed {
+                    target_status,
+                    is_error,
+                    ..
+                } => {
+                    completed = true;
+                    let tool_error = if *is_error {
+                        ", the tool reported an error"
+                    } else {
+                        ""
+                    };
+                    let answer = format!("completed (HTTP {target_status}{tool_error})");
+                    if let Some(settled) = settled.take() {
+                        t.conflict = Some(format!(
+                            "{settled}, then the target answered: {answer} at {}",
+                            event.at
+                        ));
+                    }
+                    t.target_answer = Some(answer);
                 }
-            }
-            EventKind::Completed {
-                target_status,
-                is_error,
-                ..
-            } => {
-                completed = true;
-                let tool_error = if *is_error {
-                    ", the tool reported an error"
-                } else {
-                    ""
-                };
-                let answer = format!("completed (HTTP {target_status}{tool_error})");
-                if let Some(settled) = settled.take() {
-                    t.conflict = Some(format!(
-                        "{settled}, then the target answered: {answer} at {}",
-                        event.at
-                    ));
+                EventKind::Failed {
+                    target_status,
+                    reason,
+                } => {
+                    let status = target_status
+                        .map(|s| format!("HTTP {s}: "))
+                        .unwrap_or_default();
+                    t.target_answer = Some(format!("failed ({status}{reason})"));
                 }
-                t.target_answer = Some(answer);
+                EventKind::Unknown { reason, .. } => {
+                    t.target_answer = Some(format!("unknown ({reason})"))
+                }
+                EventKind::NotSent { reason } => {
+                    t.target_answer = Some(format!("not sent ({reason})"))
+                }
+                EventKind::Resolved {
+                    applied, by, note, ..
+                } => {
+                    completed |= *applied;
+                    let what = if *applied { "applied" } else { "not applied" };
+                    t.target_answer = Some(format!("settled as {what} by {by} ({note})"));
+                    settled = Some(format!("settled as {what} by {by} at {}", event.at));
+                }
+                EventKind::Delivered { .. } => deliveries += 1,
+                _ => {}
             }
-            EventKind::Failed {
-                target_status,
-                reason,
-            } => {
-                let status = target_status
-                    .map(|s| format!("HTTP {s}: "))
-                    .unwrap_or_default();
-                t.target_answer = Some(format!("failed ({status}{reason})"));
-            }
-            EventKind::Unknown { reason, .. } => {
-                t.target_answer = Some(format!("unknown ({reason})"))
-            }
-            EventKind::NotSent { reason } => t.target_answer = Some(format!("not sent ({reason})")),
-            EventKind::Resolved {
-                applied, by, note, ..
-            } => {
-                completed |= *applied;
-                let what = if *applied { "applied" } else { "not applied" };
-                t.target_answer = Some(format!("settled as {what} by {by} ({note})"));
-                settled = Some(format!("settled as {what} by {by} at {}", event.at));
-            }
-            EventKind::Delivered { .. } => deliveries += 1,
-            _ => {}
         }
+        t.delivery_failed_after_completion = completed && deliveries == 0;
+        t.answered_without_sending = deliveries.saturating_sub(1);
+        t.events = events;
+        t
     }
-    t.delivery_failed_after_completion = completed && deliveries == 0;
-    t.answered_without_sending = deliveries.saturating_sub(1);
-    t.events = events;
-    t
 }
 
 /// `text` as it may be printed on a terminal: every control character escaped (`\n`,
@@ -341,7 +347,7 @@ mod tests {
                 },
             ),
         ];
-        let t = timeline(id, events);
+        let t = Timeline::of(id, events);
         let conflict = t.conflict.as_deref().expect("a conflict");
         assert!(
             conflict.starts_with("settled as not applied by operator:bob")
@@ -356,7 +362,7 @@ mod tests {
         // A re-send after the resolution answers for itself: no conflict.
         let mut resent = t.events.clone();
         resent.insert(4, at(4, fixtures::dispatched(id, 2, Some("guard:two"))));
-        assert_eq!(timeline(id, resent).conflict, None);
+        assert_eq!(Timeline::of(id, resent).conflict, None);
     }
 
     #[test]
@@ -392,7 +398,7 @@ mod tests {
                 },
             ),
         ];
-        let t = timeline(id, events);
+        let t = Timeline::of(id, events);
         assert_eq!(t.processes, ["guard:one", "guard:two"]);
         assert_eq!(t.authorized_at, Some(Timestamp::from_millis(1_001)));
         assert_eq!(t.first_dispatch.as_ref().unwrap().attempt, 1);

@@ -113,6 +113,7 @@ pub const TOOLS_CALL: &str = "tools/call";
 
 /// A parsed `tools/call` request.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolCall {
     /// The JSON-RPC id (protocol correlation, not identity).
     pub id: RequestId,
@@ -152,7 +153,7 @@ impl ToolCall {
     }
 
     /// Whether the arguments may hold a number literal the parser could not keep (see
-    /// [`has_inexact_number`](crate::protocol::has_inexact_number)): the body is scanned only
+    /// [`has_inexact_number`](crate::tools::has_inexact_number)): the body is scanned only
     /// when the parse saw a double that may stand for one.
     pub fn has_inexact_number(&self) -> bool {
         self.arguments.maybe_inexact && super::json_has_inexact_number(&self.arguments.source)

@@ -31,10 +31,10 @@ pub(crate) mod jcs;
 mod jsonrpc;
 mod media;
 pub(crate) mod meta;
-mod numbers;
+pub(crate) mod numbers;
 pub(crate) mod response;
 pub(crate) mod shape;
-pub mod sse;
+pub(crate) mod sse;
 pub(crate) mod tap;
 pub(crate) mod tools_list;
 pub(crate) mod transport;
@@ -46,9 +46,9 @@ use http::{HeaderMap, HeaderName, Method};
 
 pub use jsonrpc::{CONTINUATION_PARAMS, Message, RequestId, TOOLS_CALL, ToolCall};
 pub use media::{ACCEPT_BOTH, EVENT_STREAM, JSON, is_event_stream, media_type_is};
+pub(crate) use numbers::INEXACT_NUMBER;
 #[cfg(test)]
 pub(crate) use numbers::LEXICAL_SCANS;
-pub use numbers::{INEXACT_NUMBER, has_inexact_number};
 pub(crate) use numbers::{json_has_inexact_number, may_be_inexact};
 pub use response::is_response_to;
 pub use tools_list::ToolAnnotations;

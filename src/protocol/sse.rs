@@ -33,6 +33,7 @@ thread_local! {
 
 /// One dispatched server-sent event.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SseEvent {
     /// The `event` field; `"message"` when the block set none (the WHATWG default type).
     pub event: String,

@@ -604,7 +604,7 @@ fn edge_numbers_and_nesting_agree_with_the_tree_path() {
         );
         assert_eq!(
             call.has_inexact_number(),
-            has_inexact_number(tree, body.as_bytes()),
+            numbers::has_inexact_number(tree, body.as_bytes()),
             "{arguments}"
         );
     }

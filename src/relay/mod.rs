@@ -48,11 +48,12 @@ pub use wire::{Cancelled, Outgoing, PeerGone, Wire, WireQueue};
 
 use crate::{
     ExecutionId,
-    guard::{Deliveries, Delivery, Guard, GuardError, GuardLayer, jsonrpc_error},
+    guard::{Deliveries, Delivery, Guard, GuardError, GuardLayer},
     protocol::{
         self, Era, RequestId,
         shape::{Shape, shape_of},
     },
+    tools::jsonrpc_error,
 };
 
 /// The JSON-RPC error code of the relay's own refusals and failures.

@@ -172,8 +172,8 @@ async fn an_irreversible_call_whose_server_was_killed_is_held_after_the_restart(
     assert_eq!(execution_of(&held), execution, "told the same execution");
     assert_eq!(files.effects().len(), 1, "{:?}", files.effects());
     let record = ledger.get(execution).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::NeedsReview);
-    assert_eq!(record.attempts, 1, "never sent again");
+    assert_eq!(record.state(), ExecutionState::NeedsReview);
+    assert_eq!(record.attempts(), 1, "never sent again");
     second.cancel().await.unwrap();
 }
 
@@ -196,9 +196,9 @@ async fn an_idempotent_call_is_re_sent_under_its_meta_key_and_the_server_runs_it
     assert_eq!(i64::from(error.code.0), KEY_OUTCOME_UNKNOWN, "{error:?}");
     assert_eq!(files.effects().len(), 1, "{:?}", files.effects());
     let record = ledger.get(execution).await.unwrap().unwrap();
-    assert_eq!(record.attempts, 2, "re-sent once, under the same key");
+    assert_eq!(record.attempts(), 2, "re-sent once, under the same key");
     assert_eq!(
-        record.state,
+        record.state(),
         ExecutionState::Unknown,
         "the server's 'may have run' is not a failure that frees the intent"
     );

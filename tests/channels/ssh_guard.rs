@@ -310,7 +310,7 @@ async fn a_lost_answer_is_settled_by_the_marker_probe_over_ssh_and_never_re_sent
     assert_lost(&first);
     assert_eq!(lines(&cell.file), 1, "the command ran on the host");
     let lost = cell.only_execution().await;
-    assert_eq!(lost.state, ExecutionState::Unknown, "{lost:#?}");
+    assert_eq!(lost.state(), ExecutionState::Unknown, "{lost:#?}");
 
     // The same call again: the guard asks the marker over SSH and hands back its result.
     let second = cell
@@ -333,9 +333,13 @@ async fn a_lost_answer_is_settled_by_the_marker_probe_over_ssh_and_never_re_sent
         "one tool body"
     );
     let record = cell.only_execution().await;
-    assert_eq!(record.execution_id, lost.execution_id);
-    assert_eq!(record.state, ExecutionState::ResolvedApplied, "{record:#?}");
-    assert_eq!(record.attempts, 1, "{record:#?}");
+    assert_eq!(record.execution_id(), lost.execution_id());
+    assert_eq!(
+        record.state(),
+        ExecutionState::ResolvedApplied,
+        "{record:#?}"
+    );
+    assert_eq!(record.attempts(), 1, "{record:#?}");
 }
 
 #[tokio::test]
@@ -369,7 +373,7 @@ async fn a_command_killed_on_the_host_is_held_for_review_by_the_guard() {
             .await
             .unwrap()
             .first()
-            .map(|r| r.execution_id)
+            .map(|r| r.execution_id())
             && let Ok(MarkerStatus::Running {
                 pid: Some(pid),
                 child: Some(child),
@@ -390,12 +394,12 @@ async fn a_command_killed_on_the_host_is_held_for_review_by_the_guard() {
     }
     assert_lost(&first.await.unwrap());
     let lost = cell.only_execution().await;
-    assert_eq!(lost.state, ExecutionState::Unknown);
+    assert_eq!(lost.state(), ExecutionState::Unknown);
     // Until the host sees the processes gone the marker says running (the guard would answer
     // "in progress"); wait for that, as an operator asking later would.
     let mut status = None;
     for _ in 0..150 {
-        match probe.status(lost.execution_id).await.unwrap() {
+        match probe.status(lost.execution_id()).await.unwrap() {
             MarkerStatus::Running { .. } => {}
             other => {
                 status = Some(other);
@@ -424,6 +428,6 @@ async fn a_command_killed_on_the_host_is_held_for_review_by_the_guard() {
         "never re-sent"
     );
     let record = cell.only_execution().await;
-    assert_eq!(record.state, ExecutionState::NeedsReview, "{record:#?}");
-    assert_eq!(record.attempts, 1, "{record:#?}");
+    assert_eq!(record.state(), ExecutionState::NeedsReview, "{record:#?}");
+    assert_eq!(record.attempts(), 1, "{record:#?}");
 }

@@ -74,7 +74,7 @@ async fn a_resume_the_client_issues_itself_completes_the_execution() {
     drop(reader);
     let record = wait_for_state(&ledger, ExecutionState::Unknown).await;
     assert_eq!(
-        record.correlation.last_event_id.as_deref(),
+        record.correlation().last_event_id.as_deref(),
         Some(last_event_id.as_str())
     );
 
@@ -89,8 +89,8 @@ async fn a_resume_the_client_issues_itself_completes_the_execution() {
     let text = body_text(response.into_body()).await.unwrap();
     assert!(text.contains("deployed catalog 3"), "{text}");
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert!(record.delivered_at.is_some());
-    assert!(record.result_reference.is_some());
+    assert!(record.delivered_at().is_some());
+    assert!(record.result_reference().is_some());
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let posts = server.state.tool_call_requests("deploy_release");
     assert_eq!(posts.len(), 1);
@@ -254,9 +254,9 @@ async fn a_2026_reissue_of_an_idempotent_tool_carries_the_same_key() {
     let record = ledger.list().await.unwrap().remove(0);
     assert_eq!(
         keys[0].as_deref(),
-        Some(record.execution_id.to_string().as_str())
+        Some(record.execution_id().to_string().as_str())
     );
-    assert_eq!(record.state, ExecutionState::Completed);
+    assert_eq!(record.state(), ExecutionState::Completed);
 }
 
 #[tokio::test]
@@ -281,7 +281,7 @@ async fn an_unknown_outcome_of_a_call_that_became_a_task_is_settled_by_tasks_get
     // outcome was lost, as after a crash between the two writes).
     ledger
         .append(LedgerEvent {
-            execution_id: record.execution_id,
+            execution_id: record.execution_id(),
             at: Timestamp::now(),
             kind: EventKind::TaskCreated {
                 task_id: "t-1".into(),
@@ -299,7 +299,7 @@ async fn an_unknown_outcome_of_a_call_that_became_a_task_is_settled_by_tasks_get
         ["tools/call", "tasks/get"],
         "the call was never re-sent"
     );
-    let record = ledger.get(record.execution_id).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::ResolvedApplied);
-    assert_eq!(record.correlation.task_id.as_deref(), Some("t-1"));
+    let record = ledger.get(record.execution_id()).await.unwrap().unwrap();
+    assert_eq!(record.state(), ExecutionState::ResolvedApplied);
+    assert_eq!(record.correlation().task_id.as_deref(), Some("t-1"));
 }

@@ -323,9 +323,9 @@ async fn above_the_guard_each_class_is_resent_only_as_its_contract_allows() {
         let records = ledger.list().await.unwrap();
         assert_eq!(records.len(), 1, "{what}");
         let record = &records[0];
-        assert_eq!(Some(record.execution_id), error.execution_id(), "{what}");
-        assert_eq!(record.state, state, "{what}");
-        let key = record.execution_id.to_string();
+        assert_eq!(Some(record.execution_id()), error.execution_id(), "{what}");
+        assert_eq!(record.state(), state, "{what}");
+        let key = record.execution_id().to_string();
         assert_eq!(seen.keys.len(), expected as usize);
         assert!(
             seen.keys.iter().all(|k| k.as_deref() == Some(key.as_str())),

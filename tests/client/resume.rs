@@ -96,7 +96,7 @@ async fn a_stream_cut_after_the_first_event_is_resumed_not_reposted() {
     // The guard above saw one unbroken stream.
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0].state, ExecutionState::Completed);
+    assert_eq!(records[0].state(), ExecutionState::Completed);
 }
 
 #[tokio::test]
@@ -150,8 +150,8 @@ async fn a_resume_that_recovers_nothing_ends_unknown_and_is_not_reposted() {
         "one GET per attempt"
     );
     let record = ledger.list().await.unwrap().remove(0);
-    assert_eq!(record.state, ExecutionState::Unknown);
-    assert!(record.correlation.last_event_id.is_some(), "{record:?}");
+    assert_eq!(record.state(), ExecutionState::Unknown);
+    assert!(record.correlation().last_event_id.is_some(), "{record:?}");
 }
 
 /// A mock transport whose POST stream breaks after one event and whose resume GET is refused.

@@ -53,7 +53,11 @@ async fn the_same_event_id_on_another_session_does_not_link() {
     let response = send(&mut client, request).await.unwrap();
     assert!(read_jsonrpc_response(response, &json!(1)).await.is_err());
     let cut = wait_for_state(&ledger, ExecutionState::Unknown).await;
-    let last_event_id = cut.correlation.last_event_id.clone().expect("an event id");
+    let last_event_id = cut
+        .correlation()
+        .last_event_id
+        .clone()
+        .expect("an event id");
 
     // Session B's GET with A's event id: not A's stream; whatever the server answers, A's
     // execution stays as unknown as it was.
@@ -66,7 +70,7 @@ async fn the_same_event_id_on_another_session_does_not_link() {
     let response = send(&mut client, other).await.unwrap();
     let _ = body_text(response.into_body()).await;
     let record = wait_for_state(&ledger, ExecutionState::Unknown).await;
-    assert_eq!(record.state, ExecutionState::Unknown, "{record:#?}");
+    assert_eq!(record.state(), ExecutionState::Unknown, "{record:#?}");
 
     // A's own GET still finds its stream, and the answer completes the execution.
     let own = get_stream(
@@ -82,6 +86,6 @@ async fn the_same_event_id_on_another_session_does_not_link() {
         "{answer}"
     );
     let record = wait_for_state(&ledger, ExecutionState::Completed).await;
-    assert_eq!(record.execution_id, cut.execution_id);
+    assert_eq!(record.execution_id(), cut.execution_id());
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }

@@ -124,7 +124,7 @@ async fn wait_for_record(
 }
 
 fn completed_and_delivered(record: &ExecutionRecord) -> bool {
-    record.state == ExecutionState::Completed && record.delivered_at.is_some()
+    record.state() == ExecutionState::Completed && record.delivered_at().is_some()
 }
 
 #[tokio::test]
@@ -140,9 +140,9 @@ async fn a_call_through_the_guard_runs_once_and_is_delivered() {
 
     let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
     assert_eq!(ledger.list().await.unwrap().len(), 1);
-    assert_eq!(record.tool, "deploy_release");
-    assert_eq!(record.attempts, 1);
-    assert_eq!(record.target_status, Some(200));
+    assert_eq!(record.tool(), "deploy_release");
+    assert_eq!(record.attempts(), 1);
+    assert_eq!(record.target_status(), Some(200));
 
     // What reached the server: the session-era headers rmcp asks for, and the guard's key.
     let [call] = server
@@ -153,11 +153,11 @@ async fn a_call_through_the_guard_runs_once_and_is_delivered() {
     let session = server.state.session_ids().pop().expect("one session");
     assert_eq!(call.session_id.as_deref(), Some(session.as_str()));
     assert_eq!(call.protocol_version.as_deref(), Some(PROTOCOL_VERSION));
-    let key = record.execution_id.to_string();
+    let key = record.execution_id().to_string();
     assert_eq!(call.idempotency_key.as_deref(), Some(key.as_str()));
     assert_eq!(server.state.idempotency_keys("deploy_release"), [Some(key)]);
     assert_eq!(
-        record.correlation.session_id.as_deref(),
+        record.correlation().session_id.as_deref(),
         Some(session.as_str())
     );
 
@@ -223,26 +223,26 @@ async fn an_expired_session_is_reinitialised_and_the_call_sent_once_more() {
     // In the ledger: the refused attempt failed (404, the tool never ran), then a new
     // execution completed under its own key.
     let delivered = wait_for_record(&ledger, "second delivered", |r| {
-        r.execution_id != first.execution_id && completed_and_delivered(r)
+        r.execution_id() != first.execution_id() && completed_and_delivered(r)
     })
     .await;
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 3, "{records:#?}");
     let failed: Vec<_> = records
         .iter()
-        .filter(|r| r.state == ExecutionState::Failed)
+        .filter(|r| r.state() == ExecutionState::Failed)
         .collect();
     assert_eq!(failed.len(), 1, "{records:#?}");
-    assert_eq!(failed[0].target_status, Some(404));
+    assert_eq!(failed[0].target_status(), Some(404));
     assert_eq!(
-        failed[0].correlation.session_id.as_deref(),
+        failed[0].correlation().session_id.as_deref(),
         Some(old_session.as_str())
     );
     assert_eq!(
         calls[0].idempotency_key.as_deref(),
-        Some(failed[0].execution_id.to_string().as_str())
+        Some(failed[0].execution_id().to_string().as_str())
     );
-    let key = delivered.execution_id.to_string();
+    let key = delivered.execution_id().to_string();
     assert_eq!(calls[1].idempotency_key.as_deref(), Some(key.as_str()));
     assert_eq!(
         second_runs[0].idempotency_key.as_deref(),
@@ -289,7 +289,7 @@ async fn the_stateless_era_works_through_the_guard() {
         call.body.as_ref().unwrap()["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
         STATELESS_PROTOCOL_VERSION
     );
-    let key = record.execution_id.to_string();
+    let key = record.execution_id().to_string();
     assert_eq!(call.idempotency_key.as_deref(), Some(key.as_str()));
     client.cancel().await.unwrap();
 }
@@ -321,10 +321,10 @@ async fn an_sse_event_over_the_limit_fails_the_call_and_nothing_is_resent() {
 
     // The guard read the rest of the body itself: completed, but never delivered.
     let record = wait_for_record(&ledger, "completed", |r| {
-        r.state == ExecutionState::Completed
+        r.state() == ExecutionState::Completed
     })
     .await;
-    assert_eq!(record.delivered_at, None);
+    assert_eq!(record.delivered_at(), None);
 
     // The transport is still usable.
     let result = deploy(&client, "catalog", "1.0.0").await.unwrap();
@@ -361,10 +361,10 @@ async fn a_json_body_over_the_limit_fails_the_call() {
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
     let record = wait_for_record(&ledger, "completed", |r| {
-        r.state == ExecutionState::Completed
+        r.state() == ExecutionState::Completed
     })
     .await;
-    assert_eq!(record.delivered_at, None);
+    assert_eq!(record.delivered_at(), None);
 
     let result = deploy(&client, "catalog", "1.0.0").await.unwrap();
     assert_eq!(text(&result), "deployed catalog 1.0.0");
@@ -395,8 +395,8 @@ async fn a_broken_stream_is_resumed_with_last_event_id_and_not_resent() {
     // The guard followed the resume: one execution, completed from the replayed stream.
     let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
     assert_eq!(ledger.list().await.unwrap().len(), 1);
-    assert_eq!(record.attempts, 1);
-    assert_eq!(record.correlation.last_event_id, resumes[0].last_event_id);
+    assert_eq!(record.attempts(), 1);
+    assert_eq!(record.correlation().last_event_id, resumes[0].last_event_id);
     client.cancel().await.unwrap();
 }
 
@@ -427,10 +427,10 @@ async fn the_guarded_transport_works_around_rmcps_streamable_http_transport() {
     // Over a transport of messages, the answer is delivered once rmcp sends its next message
     // (a write into the transport proves nothing): until then it is kept.
     let kept = ledger.list().await.unwrap();
-    assert!(kept.iter().all(|r| r.delivered_at.is_none()), "{kept:#?}");
+    assert!(kept.iter().all(|r| r.delivered_at().is_none()), "{kept:#?}");
     client.list_all_tools().await.unwrap();
     let record = wait_for_record(&ledger, "completed and delivered", completed_and_delivered).await;
-    assert_eq!(record.tool, "deploy_release");
-    assert_eq!(record.attempts, 1);
+    assert_eq!(record.tool(), "deploy_release");
+    assert_eq!(record.attempts(), 1);
     client.cancel().await.unwrap();
 }

@@ -73,7 +73,7 @@ async fn a_lost_response_over_https_runs_the_tool_once() {
     assert_eq!(answer["mcp_replay_guard"]["state"], "needs_review");
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(records[0].state, ExecutionState::NeedsReview);
+    assert_eq!(records[0].state(), ExecutionState::NeedsReview);
 }
 
 /// A certificate the client does not trust (another CA, an expired one, another name): the
@@ -114,7 +114,7 @@ async fn a_refused_server_certificate_is_recorded_not_sent() {
         );
         let records = ledger.list().await.unwrap();
         assert_eq!(records.len(), 1, "{case}: {records:#?}");
-        assert_eq!(records[0].state, ExecutionState::NotSent, "{case}");
+        assert_eq!(records[0].state(), ExecutionState::NotSent, "{case}");
         assert_eq!(server.state.all_requests().len(), 0, "{case}");
         assert_eq!(server.state.side_effects("deploy_release"), 0, "{case}");
     }

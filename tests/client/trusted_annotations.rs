@@ -93,11 +93,11 @@ async fn a_trusted_servers_idempotent_annotation_resends_an_unlisted_tool_under_
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
     let record = &records[0];
-    assert_eq!(record.retry_class, RetryClass::Idempotent);
-    assert_eq!(record.attempts, 2);
+    assert_eq!(record.retry_class(), RetryClass::Idempotent);
+    assert_eq!(record.attempts(), 2);
     assert_eq!(
         keys[0].as_deref(),
-        Some(record.execution_id.to_string().as_str())
+        Some(record.execution_id().to_string().as_str())
     );
 }
 
@@ -110,6 +110,6 @@ async fn the_same_annotation_from_an_untrusted_server_is_held_as_irreversible() 
     assert_eq!(response["result"]["isError"], true, "{response}");
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(records[0].retry_class, RetryClass::Irreversible);
-    assert_eq!(records[0].state, ExecutionState::NeedsReview);
+    assert_eq!(records[0].retry_class(), RetryClass::Irreversible);
+    assert_eq!(records[0].state(), ExecutionState::NeedsReview);
 }

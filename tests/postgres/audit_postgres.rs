@@ -23,17 +23,21 @@ use support::{
 };
 
 fn claim(n: u32) -> Claim {
-    Claim {
-        link_window: Duration::from_secs(60),
-        ..deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-pg")
-    }
+    let mut claim = deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-pg");
+    claim.link_window = Duration::from_secs(60);
+    claim
 }
 
 /// Three executions, claimed and authorised: 6 lines.
 async fn six_lines(ledger: &PostgresLedger) -> Vec<ExecutionId> {
     let mut ids = Vec::new();
     for n in 0..3 {
-        let id = ledger.claim(claim(n)).await.unwrap().record().execution_id;
+        let id = ledger
+            .claim(claim(n))
+            .await
+            .unwrap()
+            .record()
+            .execution_id();
         ledger
             .append(event_now(id, EventKind::Authorized))
             .await

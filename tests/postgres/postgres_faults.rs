@@ -133,8 +133,8 @@ pub(crate) async fn a_lost_commit_answer_on_batched_claims_runs_each_call_once()
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), calls as usize, "{records:#?}");
     for record in &records {
-        assert_eq!(record.state, ExecutionState::Completed, "{record:#?}");
-        assert_eq!(record.attempts, 1, "{record:#?}");
+        assert_eq!(record.state(), ExecutionState::Completed, "{record:#?}");
+        assert_eq!(record.attempts(), 1, "{record:#?}");
     }
     let report = ledger.verify().await.unwrap();
     assert!(report.is_ok(), "{report}");
@@ -164,9 +164,9 @@ async fn the_completed_is_recorded_once_after(cut: Cut) {
     assert_eq!(tool_answer(&answer)["deployment"], 1);
 
     let record = only_record(&ledger).await;
-    assert_eq!(record.state, ExecutionState::Completed, "{record:#?}");
-    assert!(record.result_reference.is_some(), "{record:#?}");
-    let names = event_names(&ledger, record.execution_id).await;
+    assert_eq!(record.state(), ExecutionState::Completed, "{record:#?}");
+    assert!(record.result_reference().is_some(), "{record:#?}");
+    let names = event_names(&ledger, record.execution_id()).await;
     assert_eq!(
         names.iter().filter(|n| **n == "completed").count(),
         1,
@@ -253,7 +253,10 @@ pub(crate) async fn a_claim_that_loses_its_commit_answer_still_attaches_to_the_o
         "the second replica's claim lost its answer"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while first_ledger.list().await.unwrap()[0].delivered_at.is_none() {
+    while first_ledger.list().await.unwrap()[0]
+        .delivered_at()
+        .is_none()
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the first answer was never recorded delivered"
@@ -327,11 +330,11 @@ pub(crate) async fn a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_i
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let record = only_record(&ledger).await;
     assert_eq!(
-        (record.state, record.attempts),
+        (record.state(), record.attempts()),
         (ExecutionState::Completed, 2),
         "{record:#?}"
     );
-    let names = event_names(&ledger, record.execution_id).await;
+    let names = event_names(&ledger, record.execution_id()).await;
     // (`delivered` follows once the caller's read of the body is seen to its end.)
     assert_eq!(
         names[..5],
@@ -377,7 +380,7 @@ pub(crate) async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_th
         let records = ledger.list().await.unwrap();
         if records
             .first()
-            .is_some_and(|r| r.state == ExecutionState::Unknown)
+            .is_some_and(|r| r.state() == ExecutionState::Unknown)
         {
             break;
         }
@@ -402,7 +405,7 @@ pub(crate) async fn a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_th
     assert_eq!(server.state.side_effects("create_payment"), 2);
     let record = only_record(&ledger).await;
     assert_eq!(
-        (record.state, record.attempts),
+        (record.state(), record.attempts()),
         (ExecutionState::Completed, 2),
         "{record:#?}"
     );

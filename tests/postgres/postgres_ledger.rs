@@ -31,12 +31,11 @@ use support::*;
 use tower::{Layer, retry::Retry};
 
 fn claim(n: u32, at: u64) -> Claim {
-    Claim {
-        credential_ref: Some("deploy-service".into()),
-        link_window: Duration::from_secs(60),
-        at: Timestamp::from_millis(at),
-        ..deploy_claim(fingerprint_of(n), "run:5f8097", "test")
-    }
+    let mut claim = deploy_claim(fingerprint_of(n), "run:5f8097", "test");
+    claim.credential_ref = Some("deploy-service".into());
+    claim.link_window = Duration::from_secs(60);
+    claim.at = Timestamp::from_millis(at);
+    claim
 }
 
 fn event(id: ExecutionId, at: u64, kind: EventKind) -> LedgerEvent {
@@ -58,7 +57,7 @@ async fn verified(ledger: &PostgresLedger) -> VerifyReport {
 
 async fn new_execution(ledger: &PostgresLedger, n: u32, at: u64) -> ExecutionId {
     match ledger.claim(claim(n, at)).await.unwrap() {
-        Claimed::New(record) => record.execution_id,
+        Claimed::New(record) => record.execution_id(),
         Claimed::Existing(record) => panic!("expected a new execution, got {record:?}"),
     }
 }
@@ -108,7 +107,7 @@ pub(crate) async fn the_lifecycle_reads_as_the_design_record_and_survives_a_rest
     assert_eq!(ledger.get(id).await.unwrap().as_ref(), Some(&record));
     // Still linkable: a repeat gets this execution back.
     assert!(
-        matches!(ledger.claim(claim(1, 2_000)).await.unwrap(), Claimed::Existing(r) if r.execution_id == id)
+        matches!(ledger.claim(claim(1, 2_000)).await.unwrap(), Claimed::Existing(r) if r.execution_id() == id)
     );
     let record = ledger
         .append(event(id, 7_001, EventKind::Delivered { jsonrpc_id: None }))
@@ -139,7 +138,7 @@ pub(crate) async fn the_lifecycle_reads_as_the_design_record_and_survives_a_rest
         .await
         .unwrap()
         .iter()
-        .map(|r| r.execution_id)
+        .map(|r| r.execution_id())
         .collect();
     assert_eq!(ids, [id, second]);
     let report = verified(&ledger).await;
@@ -171,7 +170,7 @@ pub(crate) async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner
                 let shared = ledger.claim(claim(0, 1_000)).await.unwrap();
                 // And an execution of its own, so that both replicas keep extending the chain.
                 let own = match ledger.claim(claim(i + 1, 1_000)).await.unwrap() {
-                    Claimed::New(record) => record.execution_id,
+                    Claimed::New(record) => record.execution_id(),
                     Claimed::Existing(record) => panic!("a private intent was linked: {record:?}"),
                 };
                 ledger
@@ -187,7 +186,7 @@ pub(crate) async fn two_replicas_racing_500_claims_of_one_intent_have_one_winner
     for task in tasks {
         let claimed = task.await.unwrap();
         new += usize::from(matches!(claimed, Claimed::New(_)));
-        ids.insert(claimed.record().execution_id);
+        ids.insert(claimed.record().execution_id());
     }
     assert_eq!(
         (new, ids.len()),
@@ -238,7 +237,7 @@ pub(crate) async fn transitions_the_state_machine_refuses_write_nothing() {
     let err = ledger.append(completed()).await.unwrap_err();
     assert!(err.is_invalid_transition(), "{err}");
     assert_eq!(
-        ledger.get(id).await.unwrap().unwrap().state,
+        ledger.get(id).await.unwrap().unwrap().state(),
         ExecutionState::Accepted
     );
     assert_eq!(ledger.events(id).await.unwrap().len(), 1);
@@ -250,7 +249,7 @@ pub(crate) async fn transitions_the_state_machine_refuses_write_nothing() {
         ledger.append(event(id, 2, EventKind::Authorized))
     );
     assert!(refused.unwrap_err().is_invalid_transition());
-    assert_eq!(allowed.unwrap().state, ExecutionState::Authorized);
+    assert_eq!(allowed.unwrap().state(), ExecutionState::Authorized);
     // A second `accepted` for the same execution is refused too.
     let accepted = claim(1, 3).accepted_event(id);
     assert!(
@@ -396,7 +395,7 @@ pub(crate) async fn settled_links_end_with_the_window_and_purged_records_leave_t
     // In flight, it holds its intent past the window.
     assert!(matches!(
         ledger.claim(claim(1, 60_001)).await.unwrap(),
-        Claimed::Existing(r) if r.execution_id == first
+        Claimed::Existing(r) if r.execution_id() == first
     ));
     let reference = ledger
         .store_result(first, Bytes::from_static(b"{\"content\":[]}"))
@@ -415,7 +414,7 @@ pub(crate) async fn settled_links_end_with_the_window_and_purged_records_leave_t
     // Completed, not delivered: its result is handed back inside the window only.
     assert!(matches!(
         ledger.claim(claim(1, 60_000)).await.unwrap(),
-        Claimed::Existing(r) if r.execution_id == first
+        Claimed::Existing(r) if r.execution_id() == first
     ));
     let second = new_execution(&ledger, 1, 60_001).await;
     assert_ne!(second, first);
@@ -629,13 +628,13 @@ pub(crate) async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_revi
     let records = other.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
     let stored = &records[0];
-    assert_eq!(stored.state, ExecutionState::NeedsReview);
-    assert_eq!(stored.attempts, 1);
+    assert_eq!(stored.state(), ExecutionState::NeedsReview);
+    assert_eq!(stored.attempts(), 1);
     assert_eq!(
         answer["execution_id"],
-        json!(stored.execution_id.to_string())
+        json!(stored.execution_id().to_string())
     );
-    let names = event_names(&other, stored.execution_id).await;
+    let names = event_names(&other, stored.execution_id()).await;
     assert_eq!(names.first(), Some(&"accepted"), "{names:?}");
     assert_eq!(names.last(), Some(&"needs_review"), "{names:?}");
     assert_eq!(
@@ -676,7 +675,7 @@ pub(crate) async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     let first = schema.replica().await;
     let mut owned = claim(1, 0);
     owned.owner = "guard:pg-one".into();
-    let id = first.claim(owned).await.unwrap().record().execution_id;
+    let id = first.claim(owned).await.unwrap().record().execution_id();
     first
         .append(event(id, 1, dispatched(id, 1, "guard:pg-one")))
         .await
@@ -701,21 +700,18 @@ pub(crate) async fn a_continuation_moves_the_owner_and_its_lease_with_it() {
     // attempt as unknown (as the file ledger does on open), so the continuation starts there.
     let orphan = second.get(id).await.unwrap().unwrap();
     assert_eq!(
-        (orphan.state, orphan.attempts),
+        (orphan.state(), orphan.attempts()),
         (ExecutionState::Unknown, 1)
     );
     let record = second
         .append(event(id, 3, dispatched(id, 2, "guard:pg-two")))
         .await
         .unwrap();
-    assert_eq!(record.owner, "guard:pg-two");
+    assert_eq!(record.owner(), "guard:pg-two");
 
     let record = observer.get(id).await.unwrap().unwrap();
-    assert_eq!(record.state, ExecutionState::Dispatched);
-    assert_eq!(
-        (record.owner.as_str(), record.attempts),
-        ("guard:pg-two", 2)
-    );
+    assert_eq!(record.state(), ExecutionState::Dispatched);
+    assert_eq!((record.owner(), record.attempts()), ("guard:pg-two", 2));
     assert!(observer.is_owner_alive("guard:pg-two").await);
     assert_eq!(
         schema
@@ -755,7 +751,7 @@ pub(crate) async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
     let first = schema.replica().await;
     let mut owned = claim(1, 0);
     owned.owner = "guard:pg-first".into();
-    let id = first.claim(owned).await.unwrap().record().execution_id;
+    let id = first.claim(owned).await.unwrap().record().execution_id();
     first
         .append(event(id, 1, dispatched(id, 1, "guard:pg-first")))
         .await
@@ -783,8 +779,8 @@ pub(crate) async fn the_owner_of_an_earlier_attempt_in_doubt_holds_retention() {
     };
     gone("guard:pg-second").await;
     let record = observer.get(id).await.unwrap().unwrap();
-    assert_eq!(record.owner, "guard:pg-second");
-    assert_eq!(record.earlier_owners, ["guard:pg-first"]);
+    assert_eq!(record.owner(), "guard:pg-second");
+    assert_eq!(record.earlier_owners(), ["guard:pg-first"]);
 
     let day_later = Timestamp::from_millis(86_400_000 * 30);
     assert_eq!(observer.purge_expired(day_later).await.unwrap(), 0);
@@ -808,7 +804,7 @@ pub(crate) async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_fro
     let first = schema.replica().await;
     let mut owned = claim(1, 0);
     owned.owner = "guard:orphan-one".into();
-    let id = first.claim(owned).await.unwrap().record().execution_id;
+    let id = first.claim(owned).await.unwrap().record().execution_id();
     first
         .append(event(id, 1, dispatched(id, 1, Some("guard:orphan-one"))))
         .await
@@ -824,19 +820,18 @@ pub(crate) async fn a_dispatched_execution_whose_owner_is_gone_reads_unknown_fro
     }
     // The observer connected while the owner lived: it reads what was written.
     let before = observer.get(id).await.unwrap().unwrap();
-    assert_eq!(before.state, ExecutionState::Dispatched);
+    assert_eq!(before.state(), ExecutionState::Dispatched);
 
     let second = schema.replica().await;
     for ledger in [&second, &observer] {
         let record = ledger.get(id).await.unwrap().unwrap();
-        assert_eq!(record.state, ExecutionState::Unknown);
+        assert_eq!(record.state(), ExecutionState::Unknown);
         assert!(
             record
-                .reason
-                .as_deref()
+                .reason()
                 .is_some_and(|r| r.contains("ended before its outcome was observed")),
             "{:?}",
-            record.reason
+            record.reason()
         );
     }
     // Settled once: a third replica writes nothing more.
@@ -899,7 +894,7 @@ pub(crate) async fn two_replicas_racing_on_one_intent_create_exactly_one_executi
         let (intent, claimed) = task.await.unwrap();
         let (new, ids) = &mut by_intent[intent as usize];
         *new += usize::from(matches!(claimed, Claimed::New(_)));
-        ids.insert(claimed.record().execution_id);
+        ids.insert(claimed.record().execution_id());
     }
     let mut chains = HashSet::new();
     for (intent, (new, ids)) in by_intent.iter().enumerate() {
@@ -1164,7 +1159,7 @@ pub(crate) async fn a_ledger_made_before_partitions_opens_verifies_and_goes_on()
     // It goes on: the repeat links, the append lands, a new intent starts.
     assert!(matches!(
         ledger.claim(claim(1, 2_000)).await.unwrap(),
-        Claimed::Existing(r) if r.execution_id == open
+        Claimed::Existing(r) if r.execution_id() == open
     ));
     ledger
         .append(event(open, 2_001, first_dispatched(open)))
@@ -1255,15 +1250,11 @@ pub(crate) async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across
             let start = start.clone();
             tokio::spawn(async move {
                 start.wait().await;
-                let dispatch = mcp_replay_guard::execution::Dispatch {
-                    jsonrpc_id: Some(7.into()),
-                    ..Default::default()
-                };
+                let mut dispatch = mcp_replay_guard::execution::Dispatch::default();
+                dispatch.jsonrpc_id = Some(7.into());
                 let owner = format!("guard:{}", i % 2);
-                let claim = Claim {
-                    owner,
-                    ..claim(0, 1_000)
-                };
+                let mut claim = claim(0, 1_000);
+                claim.owner = owner;
                 ledger.claim_dispatched(claim, dispatch).await.unwrap()
             })
         })
@@ -1272,7 +1263,7 @@ pub(crate) async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across
     let mut ids = HashSet::new();
     for task in tasks {
         let claimed = task.await.unwrap();
-        ids.insert(claimed.record().execution_id);
+        ids.insert(claimed.record().execution_id());
         if let Claimed::New(record) = claimed {
             winners.push(record);
         }
@@ -1284,17 +1275,17 @@ pub(crate) async fn a_claim_with_its_dispatch_is_one_write_and_one_winner_across
     );
     let record = &winners[0];
     // The winner's record is already dispatched, by the claim's owner, under its own key.
-    assert_eq!(record.state, ExecutionState::Dispatched);
-    assert_eq!(record.attempts, 1);
+    assert_eq!(record.state(), ExecutionState::Dispatched);
+    assert_eq!(record.attempts(), 1);
     assert_eq!(
         record
-            .idempotency_key
+            .idempotency_key()
             .as_ref()
             .map(|k| k.as_str().to_owned()),
-        Some(record.execution_id.to_string())
+        Some(record.execution_id().to_string())
     );
     // Its two events, and nothing else: the 39 that linked wrote nothing.
-    let names = event_names(&replicas[1], record.execution_id).await;
+    let names = event_names(&replicas[1], record.execution_id()).await;
     assert_eq!(names, ["accepted", "dispatched"]);
     assert_eq!(
         schema

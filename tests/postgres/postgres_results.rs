@@ -19,7 +19,7 @@ pub(crate) async fn a_result_stored_before_a_purge_loads_after_its_completion() 
     };
     let ledger = schema.replica().await;
     let claim = deploy_claim(fingerprint_of_byte(0x5a), "run:results", "guard:pg-results");
-    let id = ledger.claim(claim).await.unwrap().record().execution_id;
+    let id = ledger.claim(claim).await.unwrap().record().execution_id();
     let event = |kind| event_now(id, kind);
     ledger.append(event(EventKind::Authorized)).await.unwrap();
     ledger.append(event(dispatched(id, 1, None))).await.unwrap();
@@ -56,7 +56,7 @@ pub(crate) async fn a_completed_and_its_result_are_one_write_or_neither() {
         "run:complete",
         "guard:pg-complete",
     );
-    let id = ledger.claim(claim).await.unwrap().record().execution_id;
+    let id = ledger.claim(claim).await.unwrap().record().execution_id();
     let event = |kind| event_now(id, kind);
     let completed = || {
         event(EventKind::Completed {
@@ -80,7 +80,7 @@ pub(crate) async fn a_completed_and_its_result_are_one_write_or_neither() {
         .complete(completed(), Some(Bytes::from_static(br#"{"content":[]}"#)))
         .await
         .unwrap();
-    assert_eq!(record.result_reference.as_deref(), Some(reference.as_str()));
+    assert_eq!(record.result_reference(), Some(reference.as_str()));
     drop(ledger);
     let replica = schema.replica().await;
     assert_eq!(
@@ -88,13 +88,7 @@ pub(crate) async fn a_completed_and_its_result_are_one_write_or_neither() {
         Some(&br#"{"content":[]}"#[..])
     );
     assert_eq!(
-        replica
-            .get(id)
-            .await
-            .unwrap()
-            .unwrap()
-            .result_reference
-            .as_deref(),
+        replica.get(id).await.unwrap().unwrap().result_reference(),
         Some(reference.as_str())
     );
     schema.drop(&replica).await;

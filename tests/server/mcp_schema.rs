@@ -251,7 +251,7 @@ async fn a_task_that_failed_is_answered_in_the_callers_era() {
         let record = wait_for_state(&ledger, ExecutionState::Unknown).await;
         ledger
             .append(LedgerEvent {
-                execution_id: record.execution_id,
+                execution_id: record.execution_id(),
                 at: Timestamp::now(),
                 kind: EventKind::TaskCreated {
                     task_id: "t-1".into(),

@@ -156,13 +156,13 @@ async fn a_lost_response_is_replayed_to_the_client_guard_and_the_tool_runs_once(
     // Both halves agree on what happened.
     let kept = wait_for_state(&server_ledger, ExecutionState::Completed).await;
     assert_eq!(
-        kept.idempotency_key.as_ref().map(ToString::to_string),
+        kept.idempotency_key().as_ref().map(ToString::to_string),
         sends[0].idempotency_key
     );
-    assert_eq!(kept.attempts, 1);
+    assert_eq!(kept.attempts(), 1);
     let client_record = wait_for_state(&client_ledger, ExecutionState::Completed).await;
-    assert_eq!(client_record.attempts, 2);
-    assert!(client_record.delivered_at.is_some());
+    assert_eq!(client_record.attempts(), 2);
+    assert!(client_record.delivered_at().is_some());
 }
 
 #[tokio::test]
@@ -195,8 +195,8 @@ async fn a_repeat_in_either_key_spelling_gets_the_kept_response_under_its_own_id
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(records[0].state, ExecutionState::Completed);
-    assert!(records[0].request_fingerprint.is_some());
+    assert_eq!(records[0].state(), ExecutionState::Completed);
+    assert!(records[0].request_fingerprint().is_some());
 }
 
 #[tokio::test]
@@ -405,7 +405,10 @@ async fn one_key_on_every_path_to_the_server_is_one_call() {
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     let records = ledger.list().await.unwrap();
     assert_eq!(records.len(), 1, "{records:#?}");
-    assert_eq!(records[0].target.as_str(), IdempotencyLayer::DEFAULT_TARGET);
+    assert_eq!(
+        records[0].target().as_str(),
+        IdempotencyLayer::DEFAULT_TARGET
+    );
 }
 
 #[tokio::test]
@@ -590,12 +593,12 @@ async fn two_principals_with_the_same_key_run_twice_without_cross_talk() {
 
     // Keyed per principal in the ledger; no token anywhere in it.
     let records = ledger.list().await.unwrap();
-    let mut actors: Vec<_> = records.iter().map(|r| r.actor.to_string()).collect();
+    let mut actors: Vec<_> = records.iter().map(|r| r.actor().to_string()).collect();
     actors.sort();
     assert_eq!(actors, ["user:alice", "user:bob"]);
     let mut everything = serde_json::to_string(&records).unwrap();
     for record in &records {
-        let events = ledger.events(record.execution_id).await.unwrap();
+        let events = ledger.events(record.execution_id()).await.unwrap();
         everything += &serde_json::to_string(&events).unwrap();
     }
     assert!(!everything.contains("s3cr3t"), "{everything}");

@@ -12,7 +12,7 @@ use mcp_replay_guard::{
 pub async fn wait_for_state(ledger: &impl Ledger, state: ExecutionState) -> ExecutionRecord {
     for _ in 0..250 {
         let records = ledger.list().await.expect("the ledger lists");
-        if let Some(record) = records.into_iter().find(|r| r.state == state) {
+        if let Some(record) = records.into_iter().find(|r| r.state() == state) {
             return record;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -57,23 +57,20 @@ pub fn fingerprint_of(n: u32) -> Fingerprint {
 }
 
 /// An irreversible `deploy_release` claim by the example agent, made now, with a 600 s link
-/// window and an hour's retention (override the rest with `Claim { .., ..deploy_claim(..) }`).
+/// window and an hour's retention (set the rest on the claim it returns).
 pub fn deploy_claim(fingerprint: Fingerprint, intent_scope: &str, owner: &str) -> Claim {
-    Claim {
+    let mut claim = Claim::new(
         fingerprint,
-        tool: "deploy_release".into(),
-        actor: "signed-process:com.example.agent".into(),
-        intent_scope: intent_scope.into(),
-        target: "deploy-api.internal.example/mcp".into(),
-        credential_ref: None,
-        retry_class: RetryClass::Irreversible,
-        link_window: Duration::from_secs(600),
-        retention: Duration::from_secs(3600),
-        owner: owner.into(),
-        at: Timestamp::now(),
-        asked_at: None,
-        waited: false,
-    }
+        "deploy_release",
+        "signed-process:com.example.agent".into(),
+        intent_scope.into(),
+        "deploy-api.internal.example/mcp".into(),
+        RetryClass::Irreversible,
+        owner,
+    );
+    claim.link_window = Duration::from_secs(600);
+    claim.retention = Duration::from_secs(3600);
+    claim
 }
 
 /// An event of `id`, now.

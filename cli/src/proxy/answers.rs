@@ -16,8 +16,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use mcp_replay_guard::{
     DEFAULT_MAX_BODY_BYTES, ExecutionId,
-    guard::{Delivery, GuardError, GuardResponseBody, jsonrpc_error},
-    protocol::{self, Era, Message, RequestId, RequestKind, sse::SseParser},
+    guard::{Delivery, GuardError, GuardResponseBody},
+    protocol::{self, Era, Message, RequestId, RequestKind},
+    tools::{jsonrpc_error, sse::SseParser},
 };
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;

@@ -87,10 +87,7 @@ mod tests {
     use super::*;
 
     fn client(name: &str) -> ClientInfo {
-        ClientInfo {
-            name: name.to_owned(),
-            version: None,
-        }
+        ClientInfo::new(name, None)
     }
 
     #[test]

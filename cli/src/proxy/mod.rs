@@ -67,8 +67,9 @@ use hyper_util::{
 };
 use mcp_replay_guard::{
     DEFAULT_MAX_BODY_BYTES, IntentScope,
-    guard::{Guard, GuardLayer, GuardRequestBody, jsonrpc_error, redact_url, refused_request},
+    guard::{Guard, GuardLayer, GuardRequestBody},
     protocol,
+    tools::{jsonrpc_error, redact_url, refused_request},
 };
 use tokio_util::sync::CancellationToken;
 use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use mcp_replay_guard::guard::jsonrpc_error;
+use mcp_replay_guard::tools::jsonrpc_error;
 use tokio::time::{Instant, Sleep};
 
 use super::{ProxyBody, answers};

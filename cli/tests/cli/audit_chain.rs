@@ -24,11 +24,10 @@ use support::{
 };
 
 fn claim(n: u32, retention: Duration) -> Claim {
-    Claim {
-        link_window: retention,
-        retention,
-        ..deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-test")
-    }
+    let mut claim = deploy_claim(fingerprint_of(n), "run:audit", "guard:audit-test");
+    claim.link_window = retention;
+    claim.retention = retention;
+    claim
 }
 
 /// One execution run to delivery: 5 lines.
@@ -38,7 +37,7 @@ async fn execution(ledger: &FileLedger, n: u32, retention: Duration) {
         .await
         .unwrap()
         .record()
-        .execution_id;
+        .execution_id();
     let event = |kind| event_now(id, kind);
     for kind in [
         EventKind::Authorized,

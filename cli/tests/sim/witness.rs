@@ -92,8 +92,8 @@ impl Witness {
         let mut acked = self.acked.lock().unwrap();
         for event in events {
             acked.push(Acked {
-                execution_id: record.execution_id,
-                tool: record.tool.to_string(),
+                execution_id: record.execution_id(),
+                tool: record.tool().to_string(),
                 event,
                 asked_ms,
                 settles,
@@ -124,7 +124,7 @@ impl Ledger for Witness {
         let claimed = self.inner.claim(claim).await?;
         if let Claimed::New(record) = &claimed {
             self.note(record, &["accepted"], asked, false);
-            self.check_synced(record.execution_id, "accepted");
+            self.check_synced(record.execution_id(), "accepted");
         }
         Ok(claimed)
     }
@@ -138,7 +138,7 @@ impl Ledger for Witness {
         let claimed = self.inner.claim_dispatched(claim, dispatch).await?;
         if let Claimed::New(record) = &claimed {
             self.note(record, &["accepted", "dispatched"], asked, false);
-            self.check_synced(record.execution_id, "dispatched");
+            self.check_synced(record.execution_id(), "dispatched");
         }
         Ok(claimed)
     }
@@ -154,7 +154,7 @@ impl Ledger for Witness {
         }
         let record = self.inner.append(event).await?;
         self.note(&record, &[name], asked, settles);
-        self.check_synced(record.execution_id, name);
+        self.check_synced(record.execution_id(), name);
         Ok(record)
     }
 
@@ -171,7 +171,7 @@ impl Ledger for Witness {
         self.asked(event.execution_id, "completed", asked);
         let record = self.inner.complete(event, result).await?;
         self.note(&record, &["completed"], asked, true);
-        self.check_synced(record.execution_id, "completed");
+        self.check_synced(record.execution_id(), "completed");
         Ok(record)
     }
 

@@ -297,7 +297,7 @@ struct TargetProbe(Arc<Mutex<Shared>>);
 impl StatusProbe for TargetProbe {
     async fn probe(&self, request: ProbeRequest<'_>) -> ProbeOutcome {
         let shared = self.0.lock().unwrap();
-        let key = request.execution.execution_id.to_string();
+        let key = request.execution.execution_id().to_string();
         let n = shared.effects.iter().position(|e| e.key == key);
         if let Some(n) = n {
             return ProbeOutcome::Applied {
@@ -553,10 +553,10 @@ async fn process(env: Arc<Env>, p: usize) -> turmoil::Result {
             // Never a `completed` naming a result that is not there: both are one write.
             let mut lost = Vec::new();
             for record in ledger.list().await.unwrap_or_default() {
-                if let Some(reference) = &record.result_reference
+                if let Some(reference) = &record.result_reference()
                     && !matches!(ledger.load_result(reference).await, Ok(Some(_)))
                 {
-                    lost.push(record.execution_id.to_string());
+                    lost.push(record.execution_id().to_string());
                 }
             }
             let mut shared = env.shared.lock().unwrap();
@@ -1000,7 +1000,7 @@ async fn resolver(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
     let mut tried = std::collections::HashSet::new();
     for _ in 0..32 {
         for record in ledger.list().await.unwrap_or_default() {
-            let id = record.execution_id;
+            let id = record.execution_id();
             if !tried.contains(&id) && settle_as_not_applied(&env, &layer, record).await {
                 tried.insert(id);
             }
@@ -1012,7 +1012,7 @@ async fn resolver(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
 /// The resolver's look at one execution: if the target is running it, tries to settle it
 /// (`true`).
 async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionRecord) -> bool {
-    let key = record.execution_id.to_string();
+    let key = record.execution_id().to_string();
     let owner = {
         let shared = env.shared.lock().unwrap();
         if !shared.in_progress(&key) {
@@ -1037,7 +1037,7 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
     let resolved = layer
         .handle()
         .resolve(
-            record.execution_id,
+            record.execution_id(),
             false,
             "sim",
             "the target shows nothing yet",
@@ -1051,7 +1051,7 @@ async fn settle_as_not_applied(env: &Env, layer: &GuardLayer, record: ExecutionR
     let mut shared = env.shared.lock().unwrap();
     shared.note(format!(
         "operator resolves {key}, still running, as not applied: {:?}",
-        resolved.as_ref().map(|r| r.state)
+        resolved.as_ref().map(|r| r.state())
     ));
     // A resolution whose write failed may still have been recorded (a crash after its sync):
     // it counts as the operator's word, as one that succeeded does. Over a live owner, only
@@ -1094,16 +1094,16 @@ async fn operator(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
         return;
     };
     for record in records {
-        let key = record.execution_id.to_string();
+        let key = record.execution_id().to_string();
         let held = matches!(
-            record.state,
+            record.state(),
             ExecutionState::NeedsReview | ExecutionState::Unknown
         );
         if held && env.shared.lock().unwrap().applied(&key) {
             let resolved = layer
                 .handle()
                 .resolve(
-                    record.execution_id,
+                    record.execution_id(),
                     true,
                     "sim",
                     "the target shows the effect",
@@ -1114,7 +1114,7 @@ async fn operator(env: Arc<Env>, layer: GuardLayer, ledger: Arc<dyn Ledger>, at_
             shared.resolved.entry(key.clone()).or_insert(now);
             shared.note(format!(
                 "operator resolves {key} applied: {:?}",
-                resolved.map(|r| r.state)
+                resolved.map(|r| r.state())
             ));
         }
     }
@@ -1431,7 +1431,7 @@ pub fn run(plan: &Plan, dir: &std::path::Path, stack: Stack) -> Outcome {
         // it unknown), while every check of the promise is computed without them.
         let unsettled = records
             .values()
-            .filter(|(record, _)| record.state.is_unsettled())
+            .filter(|(record, _)| record.state().is_unsettled())
             .count();
         // Retention runs on the machine clock: past the furthest it was ever stepped forward.
         let ahead = shared
@@ -1604,8 +1604,11 @@ fn end_records(plan: &Plan, env: &Env) -> HashMap<String, (ExecutionRecord, Vec<
         };
         let mut records = HashMap::new();
         for record in ledger.list().await.unwrap_or_default() {
-            let events = ledger.events(record.execution_id).await.unwrap_or_default();
-            records.insert(record.execution_id.to_string(), (record, events));
+            let events = ledger
+                .events(record.execution_id())
+                .await
+                .unwrap_or_default();
+            records.insert(record.execution_id().to_string(), (record, events));
         }
         records
     })

@@ -85,6 +85,7 @@ crate::serde_display_fromstr!(ChainHash);
 /// genesis hash for an empty chain). Recorded outside the ledger, it is an anchor that a later
 /// [`Verifier::expect`] (`replay-guard audit verify --expect-head`) checks.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ChainHead {
     /// The line's `seq`.
     pub seq: u64,
@@ -397,6 +398,7 @@ impl fmt::Display for ChainProblem {
 
 /// The outcome of [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// Lines that verified before the first problem (all of them when `first_bad` is `None`).
     pub verified: u64,

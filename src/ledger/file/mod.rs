@@ -204,6 +204,7 @@ enum Flush {
 
 /// What [`FileLedger::compact`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompactReport {
     /// Where the previous file went.
     pub archived_to: PathBuf,
