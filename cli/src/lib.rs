@@ -24,6 +24,8 @@ mod call;
 mod demo;
 #[path = "../../examples/support/deploy_server.rs"]
 mod deploy_server;
+#[cfg(test)]
+mod guide_blocks;
 mod mcp_http;
 mod options;
 #[doc(hidden)]
