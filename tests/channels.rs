@@ -3,15 +3,12 @@
 //! (`guarded_transport`, features `rmcp` and `server`), and remote commands over SSH against a
 //! real sshd (`ssh_guard`, `ssh_marker`, feature `ssh`).
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 #[cfg(feature = "ssh")]
-#[path = "support/sshd.rs"]
-#[allow(dead_code)] // each test uses a part of it
-mod sshd;
+use support::sshd;
 #[cfg(feature = "server")]
-#[path = "support/stdio_example.rs"]
-mod stdio_example;
+use support::stdio_example;
 
 #[cfg(all(feature = "rmcp", feature = "server"))]
 #[path = "channels/guarded_transport.rs"]

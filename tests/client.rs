@@ -2,7 +2,7 @@
 //! resumption (`resume`, `resume_link`), trusted annotations, TLS, `ReplayPolicy`, rmcp's
 //! client (feature `rmcp`) and reqwest-middleware (feature `reqwest`).
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 #[path = "client/eras.rs"]
 mod eras;

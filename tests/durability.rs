@@ -3,7 +3,7 @@
 //! through a disk that counts its writes and syncs (feature `simulation`). The count taken as
 //! the request leaves the guard is the proof of "one sync before the request leaves".
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 use std::{
     fs::File,

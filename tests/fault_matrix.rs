@@ -8,7 +8,7 @@
 //! A killed client is a child process (this test binary run again with `MRG_CHILD` set, see
 //! `child_entry`) whose guard dispatched over the same ledger file.
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 /// The stdio column: the example stdio server needs the `server` feature.
 #[cfg(feature = "server")]

@@ -2,7 +2,7 @@
 //! Streamable HTTP server on 127.0.0.1, with faults injected between them. The server's
 //! side-effect counters are the ground truth.
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 use std::sync::{
     Arc,

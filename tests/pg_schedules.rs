@@ -50,7 +50,7 @@
 //! server, so a replay repeats the same calls and faults at the same moments, and a race may
 //! fall the other way.
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 use std::{
     collections::BTreeMap,

@@ -9,7 +9,7 @@
 //!
 //! `MCP_REPLAY_GUARD_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/mrg_dev cargo test --features postgres --test postgres`
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 #[path = "postgres/audit_postgres.rs"]
 mod audit_postgres;

@@ -2,7 +2,7 @@
 //! of rmcp's server (`server_idempotency`), and every kind of answer the crate writes checked
 //! against the official MCP schemas of both eras (`mcp_schema`). Feature `server`.
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 #[path = "server/mcp_schema.rs"]
 mod mcp_schema;

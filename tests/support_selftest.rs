@@ -2,7 +2,7 @@
 //! test server, its side-effect counters and the fault injection, exercised
 //! through a bare hyper client (no guard).
 
-mod support;
+use mcp_replay_guard_test_support as support;
 
 use std::time::Duration;
 

@@ -30,8 +30,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-#[path = "../support/stdio_example.rs"]
-mod stdio_example;
+use crate::support::stdio_example;
 
 use super::Class;
 

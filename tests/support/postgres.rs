@@ -22,13 +22,11 @@ pub fn postgres_url() -> Option<String> {
 }
 
 /// A schema of the test's own in the test database.
-#[cfg(feature = "postgres")]
 pub struct TestSchema {
     pub url: String,
     pub name: String,
 }
 
-#[cfg(feature = "postgres")]
 impl TestSchema {
     /// `mrg_t_<test>_<ulid>` in the database of [`postgres_url`]; `None` when the test skips.
     pub fn new(test: &str) -> Option<Self> {

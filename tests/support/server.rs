@@ -74,7 +74,6 @@ pub struct ServerOptions {
     pub drop_wait_timeout: Duration,
     /// The server-side Idempotency-Key layer, installed between the fault layer and rmcp (so
     /// a fault that loses the response fires after the layer kept it). Default: none.
-    #[cfg(feature = "server")]
     pub idempotency: Option<mcp_replay_guard::integrations::server::IdempotencyLayer>,
     /// Require `Authorization: Bearer <token>` on every request, as an OAuth-protected server
     /// does: 401 with `WWW-Authenticate: Bearer resource_metadata="…"` otherwise, and the
@@ -92,7 +91,6 @@ impl Default for ServerOptions {
             sse_retry: Some(Duration::from_secs(3)),
             sse_keep_alive: Some(Duration::from_secs(15)),
             drop_wait_timeout: Duration::from_secs(10),
-            #[cfg(feature = "server")]
             idempotency: None,
             bearer_token: None,
         }
@@ -453,25 +451,8 @@ impl ServerState {
 pub type RmcpService =
     BoxCloneService<Request<Full<Bytes>>, Response<BoxBody<Bytes, Infallible>>, Infallible>;
 
-/// Boxes rmcp's service as [`RmcpService`].
-#[cfg(not(feature = "server"))]
-fn box_rmcp<S>(service: S, _options: &ServerOptions) -> RmcpService
-where
-    S: tower::Service<
-            Request<Full<Bytes>>,
-            Response = Response<BoxBody<Bytes, Infallible>>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    BoxCloneService::new(service)
-}
-
 /// Boxes rmcp's service as [`RmcpService`], behind the Idempotency-Key layer when the options
 /// ask for it.
-#[cfg(feature = "server")]
 fn box_rmcp<S>(service: S, options: &ServerOptions) -> RmcpService
 where
     S: tower::Service<

@@ -4,10 +4,8 @@
 //! child's pipes, `transport-async-rw`, so that the test keeps the process and its exit code)
 //! or, where the bytes on stdout are the point, by newline JSON-RPC written by the test.
 
-#[path = "../../../tests/support/stdio_example.rs"]
-#[allow(unexpected_cfgs)] // it asks for the library's features; this package has two of them
-mod stdio_example;
 use crate::support as temp;
+use crate::support::stdio_example;
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 

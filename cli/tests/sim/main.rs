@@ -24,8 +24,7 @@
 mod disk;
 mod plan;
 mod proxy;
-#[path = "../../../tests/support/seeds.rs"]
-mod seeds;
+use mcp_replay_guard_test_support::seeds;
 mod stdio;
 mod target;
 mod witness;

@@ -1,10 +1,7 @@
-//! The test support of the library package (`../tests/support`), shared as it is, plus what only
-//! this package has: the built `replay-guard` binary run as a child process (`bin`).
+//! The test support crate of both packages (`tests/support`), as it is, plus what only this
+//! package has: the built `replay-guard` binary run as a child process (`bin`).
 #![allow(dead_code)]
 #![allow(unused_imports)]
-
-#[path = "../../../tests/support/mod.rs"]
-mod shared;
 
 mod bin;
 
@@ -14,4 +11,4 @@ pub use bin::{
     replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command,
     start_proxy_logged,
 };
-pub use shared::*;
+pub use mcp_replay_guard_test_support::*;

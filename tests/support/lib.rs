@@ -2,28 +2,9 @@
 //! 127.0.0.1 whose tools count their side effects, a fault-injection tower
 //! layer in front of it, and small generic client helpers.
 //!
-//! Use it from a test file with `mod support;`. The ground truth of every
-//! duplicate test is [`ServerState::side_effects`]: how many times a tool's
-//! body actually ran on the server.
-//!
-//! ```ignore
-//! mod support;
-//! use support::*;
-//!
-//! #[tokio::test]
-//! async fn lost_response_does_not_run_twice() {
-//!     let server = TestServer::start().await;
-//!     let mut client = hyper_client();
-//!     let session = initialize(&mut client, &server.url).await.unwrap();
-//!     server.state.faults().schedule("deploy_release", Fault::DropResponseAfterTool);
-//!     let err = call_tool(&mut client, &server.url, session.as_deref(), 2, "deploy_release",
-//!         serde_json::json!({"service": "api", "version": "1.2.3"})).await;
-//!     assert!(err.is_err());
-//!     assert_eq!(server.state.side_effects("deploy_release"), 1);
-//! }
-//! ```
-#![allow(dead_code)]
-#![allow(unused_imports)]
+//! A crate of its own, built once for every test binary of both packages; a test file names it
+//! `use mcp_replay_guard_test_support as support;`. The ground truth of every duplicate test is
+//! [`ServerState::side_effects`]: how many times a tool's body actually ran on the server.
 
 mod bearer;
 mod child;
@@ -38,22 +19,19 @@ mod pg_relay;
 mod postgres;
 mod retry;
 mod schema;
-mod seeds;
+pub mod seeds;
 mod server;
 mod sse;
+pub mod sshd;
+pub mod stdio_example;
 mod task_server;
 mod temp;
 mod tls;
 mod tools;
 
-/// The repository's root: the library package's directory, whichever package's tests run (the
-/// command's tests in `cli/` share this support).
+/// The repository's root (the library package's directory), two levels above this crate.
 pub fn repo_root() -> std::path::PathBuf {
-    let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    match package.file_name() {
-        Some(name) if name == "cli" => package.parent().expect("cli/ has a parent").to_path_buf(),
-        _ => package.to_path_buf(),
-    }
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 pub use bearer::{
@@ -73,7 +51,6 @@ pub use ledger::{
 };
 pub use log::{Captured, captured_log, head_log_lines, log_field};
 pub use pg_relay::{Cut, PgRelay};
-#[cfg(feature = "postgres")]
 pub use postgres::TestSchema;
 pub use postgres::{POSTGRES_URL_VAR, postgres_url};
 pub use retry::RetryEveryError;
