@@ -1,3 +1,5 @@
+//! `ArgPath`: a path into a call's arguments, as the fingerprint rules name them.
+
 use std::{fmt, str::FromStr};
 
 use serde_json::{Map, Value};

@@ -1,3 +1,5 @@
+//! The fingerprint rules of a tool: arguments dropped, defaulted, normalised or kept secret.
+
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use serde::{Deserialize, Deserializer};

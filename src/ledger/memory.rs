@@ -1,3 +1,5 @@
+//! `MemoryLedger`: the ledger in this process's memory, with per-contract retention.
+
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;

@@ -1,3 +1,5 @@
+//! `ProtocolVersion` and `Era`: the MCP revisions this crate speaks, and which era each is.
+
 use std::{fmt, str::FromStr};
 
 /// A Streamable HTTP protocol revision of MCP, as named by the `MCP-Protocol-Version` header.
