@@ -11,6 +11,8 @@ mod cli_proxy;
 #[cfg(feature = "server")]
 #[path = "proxy/cli_proxy_answers.rs"]
 mod cli_proxy_answers;
+#[path = "proxy/cli_proxy_auth.rs"]
+mod cli_proxy_auth;
 #[path = "proxy/cli_proxy_principals.rs"]
 mod cli_proxy_principals;
 #[path = "proxy/cli_proxy_transparency.rs"]

@@ -25,6 +25,7 @@ use tower::ServiceExt;
 
 use super::{
     ProxyBody, Upstream,
+    authentication::{CHALLENGE, Unauthenticated},
     client_close::{ClientLeft, until_client_left},
     delivery::{Deliveries, Written},
     serve,
@@ -502,6 +503,22 @@ fn failed(
 }
 
 /// An answer of the proxy's (or the guard's) own, whole.
+/// The 401 of a request that did not authenticate: the challenge names the scheme, the body
+/// says why (never the credential).
+pub(super) fn unauthenticated(why: &Unauthenticated) -> Response<ProxyBody> {
+    let mut response = jsonrpc_error(
+        StatusCode::UNAUTHORIZED,
+        None,
+        PROXY_ERROR,
+        format!("replay-guard proxy: {why}; nothing was sent"),
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static(CHALLENGE),
+    );
+    own(response)
+}
+
 pub(super) fn own(response: Response<Bytes>) -> Response<ProxyBody> {
     response.map(|bytes| {
         Full::new(bytes)

@@ -52,7 +52,8 @@
 //! JSON-RPC error for the request's id.
 
 use std::{
-    convert::Infallible, net::SocketAddr, pin::Pin, process::ExitCode, sync::Arc, time::Duration,
+    convert::Infallible, net::SocketAddr, path::PathBuf, pin::Pin, process::ExitCode, sync::Arc,
+    time::Duration,
 };
 
 use anyhow::{Context, bail};
@@ -75,6 +76,7 @@ use tokio_util::sync::CancellationToken;
 use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};
 
 mod answers;
+mod authentication;
 mod client_close;
 mod clients;
 mod delivery;
@@ -140,6 +142,22 @@ pub struct ProxyArgs {
     /// request with another `Origin` (a web page elsewhere) is refused 403 unsent.
     #[arg(long, value_name = "ORIGIN")]
     allowed_origin: Vec<String>,
+    /// Authenticate clients by API key: a TOML file of `[[client]]` entries, each a
+    /// `principal` and the `key_sha256` of its key (hex). The key comes as
+    /// `Authorization: Bearer KEY` or `X-API-Key: KEY`; the principal is the actor.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["actor", "actor_header", "credential_header"])]
+    clients: Option<PathBuf>,
+    /// Authenticate clients by JWT: the JWK set (a file) whose keys sign their tokens. With
+    /// `--jwt-issuer` and `--jwt-audience`; the principal (the actor) is the token's `iss`
+    /// and `sub`, so a refreshed token is the same actor.
+    #[arg(long, value_name = "FILE", requires_all = ["jwt_issuer", "jwt_audience"], conflicts_with_all = ["actor", "actor_header", "credential_header"])]
+    jwt_jwks: Option<PathBuf>,
+    /// The `iss` a client's JWT must name.
+    #[arg(long, value_name = "ISSUER", requires = "jwt_jwks")]
+    jwt_issuer: Option<String>,
+    /// The `aud` a client's JWT must name.
+    #[arg(long, value_name = "AUDIENCE", requires = "jwt_jwks")]
+    jwt_audience: Option<String>,
     #[command(flatten)]
     upstream_tls: ClientTls,
     #[command(flatten)]
@@ -305,13 +323,30 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .map(|name| header_name("--credential-header", name))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let held = crate::mcp_http::parse_headers(&args.headers)?;
+    let authentication = authentication::Authentication::from_files(
+        args.clients.as_deref(),
+        args.jwt_jwks.as_deref(),
+        args.jwt_issuer.as_deref(),
+        args.jwt_audience.as_deref(),
+    )?;
+    match &authentication {
+        Some(authentication) => tracing::info!(
+            "clients authenticate: {}; a request that does not is answered 401 and never sent",
+            authentication.describe()
+        ),
+        None => tracing::info!(
+            "no client authentication (--clients, --jwt-jwks): the actor of a request comes from \
+             the credential bytes it carries"
+        ),
+    }
     let principals = Principals::new(
         args.guard.actor.as_deref(),
         actor_header,
         credential_headers,
         scope,
         &key,
-    );
+    )
+    .authenticated_by(authentication);
     if let Some(names) = principals.credential_headers() {
         say_who_is_anonymous(names, &held);
     }
@@ -399,6 +434,15 @@ async fn forward(
         )));
     }
     let (mut parts, body) = request.into_parts();
+    // Before anything of the request is read: a client that does not prove who it is gets
+    // nothing sent, nothing recorded. The credential it proved itself with stays here.
+    let authenticated = match front.principals.authenticate(&mut parts.headers) {
+        Ok(authenticated) => authenticated,
+        Err(unauthenticated) => {
+            tracing::warn!("refused: {unauthenticated}");
+            return Ok(answers::unauthenticated(&unauthenticated));
+        }
+    };
     // Read whole (as the guard would): the proxy reads who the client is from it.
     let bytes = match Limited::new(body, DEFAULT_MAX_BODY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -439,7 +483,10 @@ async fn forward(
         return Ok(answers::own(refused_request(&error, id.as_ref())));
     }
     // Before `--header` replaces anything: the actor is who the client says it is.
-    match front.principals.identify(&mut parts.headers, &parts.uri) {
+    match front
+        .principals
+        .identify(&mut parts.headers, &parts.uri, authenticated)
+    {
         Ok((actor, scope)) => {
             parts.extensions.insert(actor);
             parts.extensions.insert(scope);

@@ -16,6 +16,9 @@
 //! The scope: `--scope S` for every client, or `--scope-header NAME` (refused without it; not
 //! forwarded).
 
+use std::sync::Arc;
+
+use super::authentication::{Authentication, Unauthenticated};
 use http::{HeaderMap, HeaderName, Uri, header};
 use mcp_replay_guard::{
     Actor, IntentScope, credentials::CredentialActors, fingerprint::FingerprintKey,
@@ -44,6 +47,8 @@ pub(super) enum ScopeSource {
 pub(super) struct Principals {
     actor: ActorSource,
     scope: ScopeSource,
+    /// `--clients`, `--jwt-*`: the actor is the principal a request proves.
+    authentication: Option<Arc<Authentication>>,
 }
 
 impl std::fmt::Debug for Principals {
@@ -92,11 +97,36 @@ impl Principals {
                     .fold(CredentialActors::new(key), CredentialActors::header),
             ),
         };
-        Self { actor, scope }
+        Self {
+            actor,
+            scope,
+            authentication: None,
+        }
+    }
+
+    /// With client authentication, the actor of every request is the principal it proves.
+    pub(super) fn authenticated_by(mut self, authentication: Option<Authentication>) -> Self {
+        self.authentication = authentication.map(Arc::new);
+        self
+    }
+
+    /// The principal's actor of the request with these `headers`, when clients authenticate
+    /// (the credential is removed); `Ok(None)` when they do not.
+    pub(super) fn authenticate(
+        &self,
+        headers: &mut HeaderMap,
+    ) -> Result<Option<Actor>, Unauthenticated> {
+        match &self.authentication {
+            Some(authentication) => Ok(Some(authentication.authenticate(headers)?.actor())),
+            None => Ok(None),
+        }
     }
 
     /// The credential headers that name the actor, when the actor comes from them.
     pub(super) fn credential_headers(&self) -> Option<&[HeaderName]> {
+        if self.authentication.is_some() {
+            return None;
+        }
         match &self.actor {
             ActorSource::Credentials(actors) => Some(actors.headers()),
             _ => None,
@@ -109,11 +139,13 @@ impl Principals {
         &self,
         headers: &mut HeaderMap,
         uri: &Uri,
+        authenticated: Option<Actor>,
     ) -> Result<(Actor, IntentScope), Unidentified> {
-        let actor = match &self.actor {
-            ActorSource::Fixed(actor) => actor.clone(),
-            ActorSource::Header(name) => Actor::new(gateway_value(headers, name)?),
-            ActorSource::Credentials(actors) => actors.actor(headers, uri),
+        let actor = match (authenticated, &self.actor) {
+            (Some(actor), _) => actor,
+            (None, ActorSource::Fixed(actor)) => actor.clone(),
+            (None, ActorSource::Header(name)) => Actor::new(gateway_value(headers, name)?),
+            (None, ActorSource::Credentials(actors)) => actors.actor(headers, uri),
         };
         let scope = match &self.scope {
             ScopeSource::Fixed(scope) => scope.clone(),
@@ -185,7 +217,7 @@ mod tests {
 
     fn actor(principals: &Principals, headers: &mut HeaderMap, uri: &str) -> Actor {
         principals
-            .identify(headers, &uri.parse().unwrap())
+            .identify(headers, &uri.parse().unwrap(), None)
             .unwrap()
             .0
     }
@@ -232,7 +264,7 @@ mod tests {
         headers.insert("x-user", HeaderValue::from_static("user:alice"));
         headers.insert("x-run", HeaderValue::from_static("run:1"));
         let (actor, scope) = principals
-            .identify(&mut headers, &URI.parse().unwrap())
+            .identify(&mut headers, &URI.parse().unwrap(), None)
             .unwrap();
         assert_eq!((actor.as_str(), scope.as_str()), ("user:alice", "run:1"));
         assert!(headers.get("x-user").is_none() && headers.get("x-run").is_none());
@@ -241,7 +273,7 @@ mod tests {
         let mut missing = with_authorization("Bearer t");
         missing.insert("x-run", HeaderValue::from_static("run:1"));
         assert!(matches!(
-            principals.identify(&mut missing, &URI.parse().unwrap()),
+            principals.identify(&mut missing, &URI.parse().unwrap(), None),
             Err(Unidentified::Missing(_))
         ));
         for bad in [" ", &"a".repeat(MAX_HEADER_VALUE + 1)] {
@@ -249,7 +281,7 @@ mod tests {
             headers.insert("x-user", HeaderValue::from_str(bad).unwrap());
             headers.insert("x-run", HeaderValue::from_static("run:1"));
             assert!(matches!(
-                principals.identify(&mut headers, &URI.parse().unwrap()),
+                principals.identify(&mut headers, &URI.parse().unwrap(), None),
                 Err(Unidentified::Invalid(_))
             ));
         }
@@ -258,7 +290,7 @@ mod tests {
         twice.append("x-user", HeaderValue::from_static("user:bob"));
         twice.insert("x-run", HeaderValue::from_static("run:1"));
         assert!(matches!(
-            principals.identify(&mut twice, &URI.parse().unwrap()),
+            principals.identify(&mut twice, &URI.parse().unwrap(), None),
             Err(Unidentified::Invalid(_))
         ));
     }
