@@ -24,6 +24,7 @@ use rustls::{
     ClientConfig, RootCertStore, ServerConfig,
     crypto::{CryptoProvider, ring},
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    server::WebPkiClientVerifier,
 };
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
@@ -232,6 +233,11 @@ pub struct ListenerTls {
     /// The private key of --tls-cert in PEM (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Ask each client for a certificate and verify it against the CA certificates of this PEM
+    /// file (with --tls-cert): a client that presents one is the principal its certificate's
+    /// subject names. A client without one authenticates otherwise, or gets 401.
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
 }
 
 impl ListenerTls {
@@ -242,10 +248,29 @@ impl ListenerTls {
         };
         let chain = read_certificates(cert_path, "--tls-cert")?;
         let key = read_key(key_path)?;
-        let mut config = ServerConfig::builder_with_provider(provider())
+        let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .context("the TLS provider has no protocol version")?
-            .with_no_client_auth()
+            .context("the TLS provider has no protocol version")?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(path) => {
+                let mut roots = RootCertStore::empty();
+                for ca in read_certificates(path, "--client-ca")? {
+                    roots.add(ca).with_context(|| {
+                        format!("--client-ca {}: not a CA certificate", path.display())
+                    })?;
+                }
+                // A client without a certificate still connects: it may authenticate otherwise,
+                // and gets an HTTP 401 (which a TLS alert could not say) if it does not.
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                        .allow_unauthenticated()
+                        .build()
+                        .with_context(|| format!("--client-ca {}", path.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
             .with_single_cert(chain, key)
             .map_err(|error| {
                 anyhow::anyhow!(
@@ -260,6 +285,22 @@ impl ListenerTls {
             acceptor: Some(TlsAcceptor::from(Arc::new(config))),
         })
     }
+
+    /// Whether clients are asked for a certificate (`--client-ca`).
+    pub fn verifies_clients(&self) -> bool {
+        self.client_ca.is_some()
+    }
+}
+
+/// The subject of the certificate a client presented on `stream`, verified by `--client-ca`
+/// (RFC 4514 form: `CN=alice,O=Example`); `None` for a plain connection or no certificate.
+pub fn client_subject(stream: &ClientStream) -> Option<String> {
+    let Either::Right(tls) = stream else {
+        return None;
+    };
+    let der = tls.get_ref().1.peer_certificates()?.first()?;
+    let (_, certificate) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    Some(certificate.subject().to_string())
 }
 
 /// A private key; an error never shows the file's content.

@@ -34,6 +34,8 @@ pub struct TestCerts {
     ca: CertificateDer<'static>,
     chain: Vec<CertificateDer<'static>>,
     key: Vec<u8>,
+    /// The CA, to issue client certificates (none for a certificate that is its own CA).
+    issuer: Option<Arc<CertifiedIssuer<'static, KeyPair>>>,
 }
 
 /// The names the server certificate is for by default.
@@ -80,6 +82,7 @@ impl TestCerts {
             ca: cert.der().clone(),
             chain: vec![cert.der().clone()],
             key: key.serialize_der(),
+            issuer: None,
         }
     }
 
@@ -120,7 +123,41 @@ impl TestCerts {
             ca: ca.der().clone(),
             chain: vec![cert.der().clone(), ca.der().clone()],
             key: key.serialize_der(),
+            issuer: Some(Arc::new(ca)),
         }
+    }
+
+    /// A client that trusts this CA and presents a client certificate for `common_name` that
+    /// this CA signed (HTTPS only, HTTP/1.1).
+    pub fn https_client_as(
+        &self,
+        common_name: &str,
+    ) -> Client<HttpsConnector<HttpConnector>, Full<bytes::Bytes>> {
+        let issuer = self.issuer.as_ref().expect("a CA that issues");
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, issuer).unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca.clone()).unwrap();
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_only()
+            .enable_http1()
+            .build();
+        Client::builder(TokioExecutor::new()).build(connector)
     }
 
     /// `--ca-cert PATH` as arguments.

@@ -40,6 +40,11 @@ const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// The challenge of a 401.
 pub(super) const CHALLENGE: &str = "Bearer realm=\"replay-guard\"";
 
+/// The subject of the certificate a client presented, verified against `--client-ca`: set on
+/// each request of its connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClientCertificate(pub(super) String);
+
 /// The authenticated caller of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Principal(String);
@@ -98,6 +103,8 @@ pub(super) struct Authentication {
     /// Principal by the SHA-256 of its key.
     keys: HashMap<[u8; 32], String>,
     jwt: Option<Jwt>,
+    /// A verified client certificate names the principal (`--client-ca`).
+    certificates: bool,
 }
 
 impl std::fmt::Debug for Authentication {
@@ -116,6 +123,7 @@ impl Authentication {
         jwks: Option<&Path>,
         issuer: Option<&str>,
         audience: Option<&str>,
+        certificates: bool,
     ) -> anyhow::Result<Option<Self>> {
         let keys = match clients {
             Some(path) => read_clients(path)?,
@@ -130,18 +138,27 @@ impl Authentication {
             }),
             _ => bail!("--jwt-jwks, --jwt-issuer and --jwt-audience go together"),
         };
-        if clients.is_none() && jwt.is_none() {
+        if clients.is_none() && jwt.is_none() && !certificates {
             return Ok(None);
         }
-        Ok(Some(Self { keys, jwt }))
+        Ok(Some(Self {
+            keys,
+            jwt,
+            certificates,
+        }))
     }
 
-    /// The principal of the request with these `headers`; the credential it proved itself with
-    /// is removed.
+    /// The principal of the request with these `headers`, sent on a connection whose client
+    /// presented `certificate`; the credential it proved itself with is removed. A verified
+    /// certificate names the principal; the headers are then left as they are.
     pub(super) fn authenticate(
         &self,
         headers: &mut HeaderMap,
+        certificate: Option<&ClientCertificate>,
     ) -> Result<Principal, Unauthenticated> {
+        if let (true, Some(ClientCertificate(subject))) = (self.certificates, certificate) {
+            return Ok(Principal(format!("cert:{subject}")));
+        }
         let bearer = single(headers, &header::AUTHORIZATION)?;
         let api_key = single(headers, &X_API_KEY)?;
         let principal = match (bearer, api_key) {
@@ -186,6 +203,9 @@ impl Authentication {
         }
         if let Some(jwt) = &self.jwt {
             sources.push(format!("JWTs of {} for {}", jwt.issuer, jwt.audience));
+        }
+        if self.certificates {
+            sources.push("certificates of --client-ca".to_owned());
         }
         sources.join(" and ")
     }
@@ -370,6 +390,7 @@ mod tests {
             ))
             .unwrap(),
             jwt: None,
+            certificates: false,
         };
         for (name, value) in [
             ("authorization", "Bearer k-alice"),
@@ -377,25 +398,25 @@ mod tests {
         ] {
             let mut headers = HeaderMap::new();
             headers.insert(HeaderName::from_static(name), value.parse().unwrap());
-            let principal = auth.authenticate(&mut headers).unwrap();
+            let principal = auth.authenticate(&mut headers, None).unwrap();
             assert_eq!(principal.actor().as_str(), "principal:alice");
             assert!(headers.is_empty(), "{name} was not removed");
         }
         let mut wrong = HeaderMap::new();
         wrong.insert(header::AUTHORIZATION, "Bearer k-mallory".parse().unwrap());
         assert_eq!(
-            auth.authenticate(&mut wrong),
+            auth.authenticate(&mut wrong, None),
             Err(Unauthenticated::UnknownKey)
         );
         assert_eq!(
-            auth.authenticate(&mut HeaderMap::new()),
+            auth.authenticate(&mut HeaderMap::new(), None),
             Err(Unauthenticated::Missing)
         );
         let mut both = HeaderMap::new();
         both.insert(header::AUTHORIZATION, "Bearer k-alice".parse().unwrap());
         both.insert(X_API_KEY, "k-alice".parse().unwrap());
         assert_eq!(
-            auth.authenticate(&mut both),
+            auth.authenticate(&mut both, None),
             Err(Unauthenticated::Ambiguous)
         );
     }

@@ -88,6 +88,7 @@ mod simulated;
 
 pub use simulated::SimulatedProxy;
 
+use authentication::ClientCertificate;
 use clients::Sessions;
 use delivery::Deliveries;
 use origins::Origins;
@@ -328,6 +329,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         args.jwt_jwks.as_deref(),
         args.jwt_issuer.as_deref(),
         args.jwt_audience.as_deref(),
+        args.listener_tls.verifies_clients(),
     )?;
     match &authentication {
         Some(authentication) => tracing::info!(
@@ -436,7 +438,11 @@ async fn forward(
     let (mut parts, body) = request.into_parts();
     // Before anything of the request is read: a client that does not prove who it is gets
     // nothing sent, nothing recorded. The credential it proved itself with stays here.
-    let authenticated = match front.principals.authenticate(&mut parts.headers) {
+    let certificate = parts.extensions.get::<ClientCertificate>().cloned();
+    let authenticated = match front
+        .principals
+        .authenticate(&mut parts.headers, certificate.as_ref())
+    {
         Ok(authenticated) => authenticated,
         Err(unauthenticated) => {
             tracing::warn!("refused: {unauthenticated}");

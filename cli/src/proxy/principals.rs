@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::authentication::{Authentication, Unauthenticated};
+use super::authentication::{Authentication, ClientCertificate, Unauthenticated};
 use http::{HeaderMap, HeaderName, Uri, header};
 use mcp_replay_guard::{
     Actor, IntentScope, credentials::CredentialActors, fingerprint::FingerprintKey,
@@ -115,9 +115,12 @@ impl Principals {
     pub(super) fn authenticate(
         &self,
         headers: &mut HeaderMap,
+        certificate: Option<&ClientCertificate>,
     ) -> Result<Option<Actor>, Unauthenticated> {
         match &self.authentication {
-            Some(authentication) => Ok(Some(authentication.authenticate(headers)?.actor())),
+            Some(authentication) => Ok(Some(
+                authentication.authenticate(headers, certificate)?.actor(),
+            )),
             None => Ok(None),
         }
     }

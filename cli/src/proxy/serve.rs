@@ -46,6 +46,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{
     Connection, ProxyBody,
+    authentication::ClientCertificate,
     client_close::{ClientClose, ClientLeft},
     delivery::{Deliveries, ReceivedAll, Watched},
     request_body::{BodyDeadline, RequestBody},
@@ -145,12 +146,14 @@ where
                 let close = close.clone();
                 Arc::new(move || close.received_all())
             };
+            let certificate = tls::client_subject(&stream).map(ClientCertificate);
             let client = Client {
                 peer,
                 close,
                 header_timeout,
                 body_deadline,
                 received_all,
+                certificate,
             };
             serve_connection(stream, &*handler, watcher, client).await;
         });
@@ -262,6 +265,8 @@ struct Client {
     body_deadline: Arc<BodyDeadline>,
     /// Whether the client's end took every byte written to it.
     received_all: ReceivedAll,
+    /// The certificate the client presented in its TLS handshake (`--client-ca`), verified.
+    certificate: Option<ClientCertificate>,
 }
 
 /// Serves one client connection over HTTP/1.1 until it closes, or the shutdown closes it.
@@ -283,6 +288,9 @@ where
         request
             .extensions_mut()
             .insert(ClientLeft::new(&client.close));
+        if let Some(certificate) = &client.certificate {
+            request.extensions_mut().insert(certificate.clone());
+        }
         let deadline = client.body_deadline.clone();
         hyper::service::Service::call(
             &service,
@@ -319,6 +327,7 @@ pub(super) async fn serve_simulated<IO, F>(
         header_timeout: DEFAULT_TIMEOUT,
         body_deadline: Arc::new(BodyDeadline::new(DEFAULT_TIMEOUT, DEFAULT_MIN_RATE)),
         received_all,
+        certificate: None,
     };
     serve_connection(io, handler, shutdown, client).await;
 }

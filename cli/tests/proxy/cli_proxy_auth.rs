@@ -353,3 +353,67 @@ async fn a_bad_clients_file_or_jwks_stops_the_proxy_at_start_up() {
         assert!(run.stderr.contains(says), "{argv:?}: {}", run.stderr);
     }
 }
+
+/// Over the proxy's TLS listener with `--client-ca`: a client certificate the CA signed is the
+/// principal its subject names (two subjects, two executions; the same subject again, its kept
+/// result); a client without a certificate gets 401, and nothing reaches the upstream or the
+/// ledger.
+#[tokio::test]
+async fn a_client_certificate_is_the_principal_and_a_client_without_one_gets_401() {
+    let server = json_server().await;
+    let certs = TestCerts::generate("proxy-client-ca");
+    let dir = temp_dir("cli-proxy-auth", "mtls");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy_logged(
+        &server.url,
+        &[
+            "--ledger",
+            &ledger.to_string_lossy(),
+            "--tls-cert",
+            &certs.cert_pem.to_string_lossy(),
+            "--tls-key",
+            &certs.key_pem.to_string_lossy(),
+            "--client-ca",
+            &certs.ca_pem.to_string_lossy(),
+        ],
+        "debug",
+    )
+    .await;
+    assert!(proxy.url.starts_with("https://"), "{}", proxy.url);
+    let url = proxy.url.replace("https://127.0.0.1", "https://localhost");
+    let deployment = |m: &Value| m["result"]["structuredContent"]["deployment"].clone();
+    let (mut answers, mut open) = (Vec::new(), Vec::new());
+    for (id, name) in [(1, "alice"), (2, "bob"), (3, "alice")] {
+        let client = certs.https_client_as(name);
+        let response = client
+            .request(deploy_request(&url, id, &[]))
+            .await
+            .expect("the proxy answers over TLS");
+        assert_eq!(response.status(), StatusCode::OK);
+        answers.push(read_jsonrpc_response(response, &json!(id)).await.unwrap());
+        // Held open: the answer stays undelivered, so a repeat gets the kept result.
+        open.push(client);
+    }
+    assert_eq!(server.state.side_effects("deploy_release"), 2);
+    assert_ne!(deployment(&answers[0]), deployment(&answers[1]));
+    assert_eq!(deployment(&answers[2]), deployment(&answers[0]));
+
+    let upstream_before = server.state.all_requests().len();
+    let lines_before = ledger_lines(&ledger);
+    let response = certs
+        .https_client()
+        .request(deploy_request(&url, 4, &[]))
+        .await
+        .expect("a client without a certificate still connects");
+    assert_refused(response, "no-secret-here").await;
+    assert_eq!(server.state.all_requests().len(), upstream_before);
+    assert_eq!(ledger_lines(&ledger), lines_before);
+    let ledger_text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(
+        ledger_text.contains("principal:cert:CN=alice"),
+        "{ledger_text}"
+    );
+    assert!(ledger_text.contains("principal:cert:CN=bob"));
+    drop(open);
+    proxy.stop().await;
+}
