@@ -9,6 +9,8 @@ mod support;
 #[path = "proxy/cli_proxy.rs"]
 mod cli_proxy;
 #[cfg(feature = "server")]
+#[path = "proxy/cli_proxy_admin.rs"]
+mod cli_proxy_admin;
 #[path = "proxy/cli_proxy_answers.rs"]
 mod cli_proxy_answers;
 #[path = "proxy/cli_proxy_auth.rs"]

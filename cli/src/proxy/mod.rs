@@ -52,8 +52,8 @@
 //! JSON-RPC error for the request's id.
 
 use std::{
-    convert::Infallible, net::SocketAddr, path::PathBuf, pin::Pin, process::ExitCode, sync::Arc,
-    time::Duration,
+    convert::Infallible, io::Write as _, net::SocketAddr, path::PathBuf, pin::Pin,
+    process::ExitCode, sync::Arc, time::Duration,
 };
 
 use anyhow::{Context, bail};
@@ -75,6 +75,7 @@ use mcp_replay_guard::{
 use tokio_util::sync::CancellationToken;
 use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};
 
+mod admin;
 mod answers;
 mod authentication;
 mod client_close;
@@ -159,6 +160,10 @@ pub struct ProxyArgs {
     /// The `aud` a client's JWT must name.
     #[arg(long, value_name = "AUDIENCE", requires = "jwt_jwks")]
     jwt_audience: Option<String>,
+    /// Serve `/healthz` and `/readyz` on this address, apart from the clients' listener
+    /// (which forwards nothing under those paths).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
     #[command(flatten)]
     upstream_tls: ClientTls,
     #[command(flatten)]
@@ -182,6 +187,8 @@ struct Front {
     metadata: MetadataClient,
     /// Cancelled at shutdown: listen streams end.
     stopping: CancellationToken,
+    /// When the upstream last answered anything (`/readyz`).
+    last_answer: Arc<admin::LastAnswer>,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -234,20 +241,32 @@ impl Proxy {
         C: Connect + Clone + Send + Sync + 'static,
         E: Executor<Pin<Box<dyn Future<Output = ()> + Send>>> + Clone + Send + Sync + 'static,
     {
+        let last_answer = Arc::new(admin::LastAnswer::default());
+        let answered = |last: Arc<admin::LastAnswer>| {
+            move |response| {
+                last.now();
+                response
+            }
+        };
         let front = Arc::new(Front {
             origins,
             principals,
             held,
             sessions: Sessions::default(),
             metadata: BoxCloneSyncService::new(
-                Client::builder(executor.clone()).build(connector.clone()),
+                Client::builder(executor.clone())
+                    .build(connector.clone())
+                    .map_response(answered(last_answer.clone())),
             ),
             stopping: CancellationToken::new(),
+            last_answer: last_answer.clone(),
         });
         let guard = ServiceBuilder::new()
             .layer(layer.clone())
             .service(BoxCloneSyncService::new(
-                Client::builder(executor).build(connector),
+                Client::builder(executor)
+                    .build(connector)
+                    .map_response(answered(last_answer)),
             ));
         Self {
             guard,
@@ -378,6 +397,25 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         listener_tls.scheme()
     );
     let stopping = proxy.front.stopping.clone();
+    if let Some(address) = args.admin_listen {
+        let admin = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("cannot listen on --admin-listen {address}"))?;
+        // After the line a script waits for, which may have stopped reading: never a panic.
+        let _ = writeln!(
+            std::io::stdout(),
+            "admin listening on http://{}",
+            admin.local_addr()?
+        );
+        let readiness = Arc::new(admin::Readiness {
+            ledger: layer.ledger().clone(),
+            ledger_file: args.guard.ledger.clone(),
+            upstream: proxy.upstream.clone(),
+            client: proxy.front.metadata.clone(),
+            last_answer: proxy.front.last_answer.clone(),
+        });
+        tokio::spawn(admin::serve(admin, readiness, stopping.clone()));
+    }
     Ok(serve::serve(
         listener,
         listener_tls,
@@ -434,6 +472,13 @@ async fn forward(
             answers::PROXY_ERROR,
             format!("replay-guard proxy: {foreign}"),
         )));
+    }
+    // The admin listener's paths are never forwarded (or served) here.
+    if admin::is_admin_path(request.uri().path()) {
+        return Ok(error_response(
+            StatusCode::NOT_FOUND,
+            "replay-guard proxy: an admin path is served on --admin-listen only; nothing was sent",
+        ));
     }
     let (mut parts, body) = request.into_parts();
     // Before anything of the request is read: a client that does not prove who it is gets

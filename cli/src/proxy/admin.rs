@@ -1,0 +1,178 @@
+//! The admin listener (`--admin-listen`), apart from the clients' listener: `/healthz` (the
+//! process serves) and `/readyz` (the ledger answers and takes appends, and the upstream
+//! answered recently). Nothing on it is forwarded upstream; the clients' listener forwards
+//! nothing under these paths either ([`is_admin_path`]).
+
+use std::{
+    convert::Infallible,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::Full;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use mcp_replay_guard::{ExecutionId, ledger::Ledger};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use super::MetadataClient;
+
+/// How long a check of the ledger or the upstream may take before it counts as failed.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How recent an answer of the upstream counts as "answered recently"; past it, `/readyz` asks.
+const RECENT: Duration = Duration::from_secs(30);
+
+/// The paths the admin listener serves, never forwarded from the clients' listener.
+const ADMIN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Whether `path` is one of the admin listener's.
+pub(super) fn is_admin_path(path: &str) -> bool {
+    ADMIN_PATHS.contains(&path.trim_end_matches('/'))
+}
+
+/// When the upstream last answered (any HTTP answer), as milliseconds since the epoch.
+#[derive(Debug, Default)]
+pub(super) struct LastAnswer(AtomicU64);
+
+impl LastAnswer {
+    pub(super) fn now(&self) {
+        self.0.store(millis_now(), Ordering::Relaxed);
+    }
+
+    fn within(&self, window: Duration) -> bool {
+        let last = self.0.load(Ordering::Relaxed);
+        last != 0 && millis_now().saturating_sub(last) <= window.as_millis() as u64
+    }
+}
+
+fn millis_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What `/readyz` checks.
+pub(super) struct Readiness {
+    pub(super) ledger: Arc<dyn Ledger>,
+    /// The file ledger's path: it must still take appends.
+    pub(super) ledger_file: Option<PathBuf>,
+    pub(super) upstream: Uri,
+    pub(super) client: MetadataClient,
+    pub(super) last_answer: Arc<LastAnswer>,
+}
+
+impl Readiness {
+    /// What is not ready, each a sentence; empty when all is.
+    async fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let read = tokio::time::timeout(CHECK_TIMEOUT, self.ledger.get(ExecutionId::new())).await;
+        match read {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => problems.push(format!("the ledger does not answer: {error}")),
+            Err(_) => problems.push("the ledger did not answer within 2 s".to_owned()),
+        }
+        if let Some(path) = &self.ledger_file
+            && let Err(error) = std::fs::OpenOptions::new().append(true).open(path)
+        {
+            problems.push(format!(
+                "the ledger file cannot be opened for appending: {}",
+                error.kind()
+            ));
+        }
+        if !self.last_answer.within(RECENT) && !self.ask_upstream().await {
+            problems.push("the upstream has not answered recently, and did not answer now".into());
+        }
+        problems
+    }
+
+    /// A HEAD request to the upstream endpoint: any HTTP answer counts (a 405 says it is
+    /// there); nothing of a client's goes with it.
+    async fn ask_upstream(&self) -> bool {
+        let Ok(request) = Request::builder()
+            .method(Method::HEAD)
+            .uri(self.upstream.clone())
+            .body(Full::new(Bytes::new()))
+        else {
+            return false;
+        };
+        let answered = tokio::time::timeout(CHECK_TIMEOUT, self.client.clone().oneshot(request))
+            .await
+            .is_ok_and(|response| response.is_ok());
+        if answered {
+            self.last_answer.now();
+        }
+        answered
+    }
+}
+
+/// Serves the admin listener until `stopping` is cancelled.
+pub(super) async fn serve(
+    listener: TcpListener,
+    readiness: Arc<Readiness>,
+    stopping: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::debug!(%error, "an admin connection failed while it was accepted");
+                    continue;
+                }
+            },
+            () = stopping.cancelled() => return,
+        };
+        let readiness = readiness.clone();
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<_>| {
+                let readiness = readiness.clone();
+                async move { Ok::<_, Infallible>(answer(&readiness, request).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                () = stopping.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn answer<B>(readiness: &Readiness, request: Request<B>) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String| {
+        Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid response")
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match request.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => {
+            let problems = readiness.problems().await;
+            if problems.is_empty() {
+                text(StatusCode::OK, "ready\n".into())
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready:\n{}\n", problems.join("\n")),
+                )
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not an admin path\n".into()),
+    }
+}
