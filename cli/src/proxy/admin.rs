@@ -14,7 +14,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use mcp_replay_guard::{ExecutionId, ledger::Ledger};
@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::MetadataClient;
+use super::{Live, routes::Route};
 
 /// How long a check of the ledger or the upstream may take before it counts as failed.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -64,9 +64,8 @@ pub(super) struct Readiness {
     pub(super) ledger: Arc<dyn Ledger>,
     /// The file ledger's path: it must still take appends.
     pub(super) ledger_file: Option<PathBuf>,
-    pub(super) upstream: Uri,
-    pub(super) client: MetadataClient,
-    pub(super) last_answer: Arc<LastAnswer>,
+    /// The routes now: each one's upstream must have answered.
+    pub(super) live: Arc<std::sync::RwLock<Arc<Live>>>,
 }
 
 impl Readiness {
@@ -87,30 +86,37 @@ impl Readiness {
                 error.kind()
             ));
         }
-        if !self.last_answer.within(RECENT) && !self.ask_upstream().await {
-            problems.push("the upstream has not answered recently, and did not answer now".into());
+        let live = self
+            .live
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for route in live.routes.iter() {
+            if !route.last_answer.within(RECENT) && !ask_upstream(route).await {
+                problems.push(format!(
+                    "the upstream of route {} has not answered recently, and did not answer now",
+                    route.prefix()
+                ));
+            }
         }
         problems
     }
+}
 
-    /// A HEAD request to the upstream endpoint: any HTTP answer counts (a 405 says it is
-    /// there); nothing of a client's goes with it.
-    async fn ask_upstream(&self) -> bool {
-        let Ok(request) = Request::builder()
-            .method(Method::HEAD)
-            .uri(self.upstream.clone())
-            .body(Full::new(Bytes::new()))
-        else {
-            return false;
-        };
-        let answered = tokio::time::timeout(CHECK_TIMEOUT, self.client.clone().oneshot(request))
-            .await
-            .is_ok_and(|response| response.is_ok());
-        if answered {
-            self.last_answer.now();
-        }
-        answered
-    }
+/// A HEAD request to the route's upstream endpoint: any HTTP answer counts (a 405 says it is
+/// there); nothing of a client's goes with it.
+async fn ask_upstream(route: &Route) -> bool {
+    let Ok(request) = Request::builder()
+        .method(Method::HEAD)
+        .uri(route.upstream.clone())
+        .body(Full::new(Bytes::new()))
+    else {
+        return false;
+    };
+    // The metadata client records the answer as the route's last.
+    tokio::time::timeout(CHECK_TIMEOUT, route.metadata.clone().oneshot(request))
+        .await
+        .is_ok_and(|response| response.is_ok())
 }
 
 /// Serves the admin listener until `stopping` is cancelled.

@@ -62,10 +62,7 @@ use clap::Args;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::rt::Executor;
-use hyper_util::{
-    client::legacy::{Client, connect::Connect},
-    rt::TokioExecutor,
-};
+use hyper_util::{client::legacy::connect::Connect, rt::TokioExecutor};
 use mcp_replay_guard::{
     DEFAULT_MAX_BODY_BYTES, IntentScope,
     guard::{Guard, GuardLayer, GuardRequestBody},
@@ -73,7 +70,7 @@ use mcp_replay_guard::{
     tools::{jsonrpc_error, redact_url, refused_request},
 };
 use tokio_util::sync::CancellationToken;
-use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};
+use tower::{ServiceExt, util::BoxCloneSyncService};
 
 mod admin;
 mod answers;
@@ -84,6 +81,7 @@ mod delivery;
 mod origins;
 mod principals;
 mod request_body;
+mod routes;
 mod serve;
 mod simulated;
 
@@ -94,6 +92,7 @@ use clients::Sessions;
 use delivery::Deliveries;
 use origins::Origins;
 use principals::{Principals, ScopeSource};
+use routes::{Route, Routes};
 
 use crate::{
     mcp_http::{BoxError, describe},
@@ -174,21 +173,21 @@ pub struct ProxyArgs {
     serve: serve::ServeOptions,
 }
 
-/// What every request shares besides the guard.
+/// What every request shares besides its route, for the life of the process.
 #[derive(Debug)]
 struct Front {
     /// The `Host` and `Origin` served.
     origins: Origins,
-    principals: Principals,
-    /// `--header`: set on every upstream request.
-    held: HeaderMap,
     sessions: Sessions,
-    /// Around the guard: the OAuth metadata requests.
-    metadata: MetadataClient,
     /// Cancelled at shutdown: listen streams end.
     stopping: CancellationToken,
-    /// When the upstream last answered anything (`/readyz`).
-    last_answer: Arc<admin::LastAnswer>,
+}
+
+/// What a reload of the configuration replaces: a request takes it once, when it arrives, and
+/// finishes under it.
+struct Live {
+    routes: Routes,
+    principals: Principals,
 }
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
@@ -216,18 +215,17 @@ type MetadataClient = BoxCloneSyncService<
 type Upstream = Guard<UpstreamClient>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// What every connection of one proxy process is served with: the guard over the upstream's
-/// client, the upstream endpoint, and what every request shares.
+/// What every connection of one proxy process is served with: the routes and principals of
+/// the configuration now (replaced whole by a reload), and what every request shares.
 #[derive(Clone)]
 struct Proxy {
-    guard: Upstream,
-    upstream: Uri,
+    live: Arc<std::sync::RwLock<Arc<Live>>>,
     front: Arc<Front>,
 }
 
 impl Proxy {
-    /// The proxy of `layer` in front of `upstream`, connecting with `connector` (and spawning
-    /// the client's connection tasks on `executor`).
+    /// The proxy of `layer` in front of `upstream` (for every path), connecting with
+    /// `connector` (and spawning the client's connection tasks on `executor`).
     fn new<C, E>(
         layer: &GuardLayer,
         upstream: Uri,
@@ -241,38 +239,30 @@ impl Proxy {
         C: Connect + Clone + Send + Sync + 'static,
         E: Executor<Pin<Box<dyn Future<Output = ()> + Send>>> + Clone + Send + Sync + 'static,
     {
-        let last_answer = Arc::new(admin::LastAnswer::default());
-        let answered = |last: Arc<admin::LastAnswer>| {
-            move |response| {
-                last.now();
-                response
-            }
-        };
+        let route = Route::new("/", upstream, layer, connector, executor, held);
+        Self::of(Routes::new(vec![route]), principals, origins)
+    }
+
+    /// The proxy of `routes`.
+    fn of(routes: Routes, principals: Principals, origins: Origins) -> Self {
         let front = Arc::new(Front {
             origins,
-            principals,
-            held,
             sessions: Sessions::default(),
-            metadata: BoxCloneSyncService::new(
-                Client::builder(executor.clone())
-                    .build(connector.clone())
-                    .map_response(answered(last_answer.clone())),
-            ),
             stopping: CancellationToken::new(),
-            last_answer: last_answer.clone(),
         });
-        let guard = ServiceBuilder::new()
-            .layer(layer.clone())
-            .service(BoxCloneSyncService::new(
-                Client::builder(executor)
-                    .build(connector)
-                    .map_response(answered(last_answer)),
-            ));
+        let live = Arc::new(Live { routes, principals });
         Self {
-            guard,
-            upstream,
+            live: Arc::new(std::sync::RwLock::new(live)),
             front,
         }
+    }
+
+    /// The configuration now.
+    fn live(&self) -> Arc<Live> {
+        self.live
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The service of one client connection, from that connection's deliveries.
@@ -391,16 +381,23 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         principals,
         held,
     );
+    let stopping = proxy.front.stopping.clone();
+    // Bound before the line a script waits for: once it reads it, both listeners take
+    // connections.
+    let admin = match args.admin_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on --admin-listen {address}"))?,
+        ),
+        None => None,
+    };
     // One line on stdout a script (or a test) can wait for.
     println!(
         "listening on {}://{local} -> {shown_upstream}",
         listener_tls.scheme()
     );
-    let stopping = proxy.front.stopping.clone();
-    if let Some(address) = args.admin_listen {
-        let admin = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("cannot listen on --admin-listen {address}"))?;
+    if let Some(admin) = admin {
         // After the line a script waits for, which may have stopped reading: never a panic.
         let _ = writeln!(
             std::io::stdout(),
@@ -410,9 +407,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         let readiness = Arc::new(admin::Readiness {
             ledger: layer.ledger().clone(),
             ledger_file: args.guard.ledger.clone(),
-            upstream: proxy.upstream.clone(),
-            client: proxy.front.metadata.clone(),
-            last_answer: proxy.front.last_answer.clone(),
+            live: proxy.live.clone(),
         });
         tokio::spawn(admin::serve(admin, readiness, stopping.clone()));
     }
@@ -458,11 +453,9 @@ async fn forward(
     deliveries: Arc<Deliveries>,
     request: Request<request_body::RequestBody>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    let Proxy {
-        guard,
-        upstream,
-        front,
-    } = proxy;
+    // The configuration now: this request finishes under it, whatever a reload does meanwhile.
+    let live = proxy.live();
+    let front = proxy.front;
     // Before anything of the request is read: a page elsewhere never acts through the proxy.
     if let Err(foreign) = front.origins.check(request.headers(), request.uri()) {
         tracing::warn!("refused: {foreign}");
@@ -480,11 +473,18 @@ async fn forward(
             "replay-guard proxy: an admin path is served on --admin-listen only; nothing was sent",
         ));
     }
+    // A path no route serves is never forwarded.
+    let Some(route) = live.routes.find(route_path(request.uri().path())) else {
+        return Ok(error_response(
+            StatusCode::NOT_FOUND,
+            "replay-guard proxy: no route serves this path; nothing was sent",
+        ));
+    };
     let (mut parts, body) = request.into_parts();
     // Before anything of the request is read: a client that does not prove who it is gets
     // nothing sent, nothing recorded. The credential it proved itself with stays here.
     let certificate = parts.extensions.get::<ClientCertificate>().cloned();
-    let authenticated = match front
+    let authenticated = match live
         .principals
         .authenticate(&mut parts.headers, certificate.as_ref())
     {
@@ -525,7 +525,7 @@ async fn forward(
                 "replay-guard proxy: a metadata path with a `.` or `..` segment is refused; nothing was sent",
             ));
         }
-        return Ok(metadata(&front, &upstream, parts, bytes).await);
+        return Ok(metadata(&live.principals, route, parts, bytes).await);
     }
     // A relay passes on what its client sent: a 2026-07-28 request without its standard
     // headers is refused as the upstream would refuse it, never repaired.
@@ -534,7 +534,7 @@ async fn forward(
         return Ok(answers::own(refused_request(&error, id.as_ref())));
     }
     // Before `--header` replaces anything: the actor is who the client says it is.
-    match front
+    match live
         .principals
         .identify(&mut parts.headers, &parts.uri, authenticated)
     {
@@ -565,7 +565,7 @@ async fn forward(
     let deleting = (parts.method == http::Method::DELETE)
         .then_some(session)
         .flatten();
-    parts.uri = match upstream_uri(&upstream, parts.uri.query()) {
+    parts.uri = match upstream_uri(&route.upstream, parts.uri.query()) {
         Some(uri) => uri,
         None => {
             return Ok(error_response(
@@ -577,7 +577,8 @@ async fn forward(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    hold_headers(&front.held, &mut parts.headers);
+    hold_headers(&route.held, &mut parts.headers);
+    let guard = route.guard.clone();
     let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping).await;
     if let Some(client) = initializing
         && let Some(session) = response.headers().get("mcp-session-id")
@@ -593,6 +594,26 @@ async fn forward(
     Ok(response)
 }
 
+/// The path a request is routed by: its own, or for an OAuth metadata document named after its
+/// resource (`/.well-known/oauth-protected-resource/deploy/mcp`), the resource's path.
+fn route_path(path: &str) -> &str {
+    for prefix in METADATA_PREFIXES {
+        if let Some(rest) = path.strip_prefix(prefix)
+            && rest.starts_with('/')
+        {
+            return rest;
+        }
+    }
+    path
+}
+
+/// The paths of the OAuth metadata documents.
+const METADATA_PREFIXES: [&str; 3] = [
+    "/.well-known/oauth-protected-resource",
+    "/.well-known/oauth-authorization-server",
+    "/.well-known/openid-configuration",
+];
+
 /// Whether the request asks for OAuth metadata (RFC 9728 protected resource, RFC 8414
 /// authorization server, OpenID discovery), with or without a suffix: a GET (or HEAD), as those
 /// documents are fetched, that is no resume (`Last-Event-ID`). Anything else goes through the
@@ -604,13 +625,7 @@ fn is_oauth_metadata(parts: &http::request::Parts) -> bool {
         return false;
     }
     let path = parts.uri.path();
-    [
-        "/.well-known/oauth-protected-resource",
-        "/.well-known/oauth-authorization-server",
-        "/.well-known/openid-configuration",
-    ]
-    .iter()
-    .any(|prefix| {
+    METADATA_PREFIXES.iter().any(|prefix| {
         path.strip_prefix(prefix)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     })
@@ -633,12 +648,12 @@ fn climbs(path: &str) -> bool {
 /// An OAuth metadata request, sent to the same path on the upstream's origin (not through the
 /// guard: it is no MCP message), its answer passed back as it came.
 async fn metadata(
-    front: &Front,
-    upstream: &Uri,
+    principals: &Principals,
+    route: &Route,
     mut parts: http::request::Parts,
     bytes: Bytes,
 ) -> Response<ProxyBody> {
-    let mut uri = upstream.clone().into_parts();
+    let mut uri = route.upstream.clone().into_parts();
     uri.path_and_query = parts.uri.path_and_query().cloned();
     parts.uri = match Uri::from_parts(uri) {
         Ok(uri) => uri,
@@ -647,9 +662,9 @@ async fn metadata(
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    front.principals.remove_gateway_headers(&mut parts.headers);
-    hold_headers(&front.held, &mut parts.headers);
-    match front
+    principals.remove_gateway_headers(&mut parts.headers);
+    hold_headers(&route.held, &mut parts.headers);
+    match route
         .metadata
         .clone()
         .oneshot(Request::from_parts(parts, Full::new(bytes)))
