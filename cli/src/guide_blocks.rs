@@ -278,7 +278,7 @@ fn every_command_line_of_the_guide_is_one_that_runs() {
 
 #[test]
 fn every_json_and_toml_block_of_the_guide_parses() {
-    let mut checked = 0;
+    let (mut checked, mut configurations) = (0, 0);
     for page in pages() {
         let text = std::fs::read_to_string(&page).expect("a readable page");
         for block in blocks(&text, "json") {
@@ -308,10 +308,26 @@ fn every_json_and_toml_block_of_the_guide_parses() {
             block
                 .parse::<toml::Table>()
                 .unwrap_or_else(|e| panic!("{}: a toml block: {e}\n{block}", page.display()));
+            // A proxy configuration: one the proxy takes.
+            if block.contains("[[route]]") {
+                let path = std::env::temp_dir().join(format!(
+                    "replay-guard-guide-{}.toml",
+                    mcp_replay_guard::ExecutionId::new()
+                ));
+                std::fs::write(&path, &block).unwrap();
+                let taken = crate::proxy::validate_config(&path);
+                let _ = std::fs::remove_file(&path);
+                taken.unwrap_or_else(|e| panic!("{}: {e:#}\n{block}", page.display()));
+                configurations += 1;
+            }
             checked += 1;
         }
     }
     assert!(checked >= 4, "only {checked} blocks found");
+    assert!(
+        configurations >= 1,
+        "no proxy configuration found in the guide"
+    );
 }
 
 #[test]

@@ -63,6 +63,11 @@ pub struct Connector {
 }
 
 impl ClientTls {
+    /// Trusting the CA certificates of `ca_cert`, or the platform's roots without it.
+    pub fn trusting(ca_cert: Option<PathBuf>) -> Self {
+        Self { ca_cert }
+    }
+
     /// The connector for `url` (`http` or `https`; `flag` names the option in errors). The
     /// roots are loaded only for an `https` URL or when `--ca-cert` names a file.
     pub fn connector(&self, url: &Uri, flag: &str) -> anyhow::Result<Connector> {

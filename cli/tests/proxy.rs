@@ -15,6 +15,8 @@ mod cli_proxy_admin;
 mod cli_proxy_answers;
 #[path = "proxy/cli_proxy_auth.rs"]
 mod cli_proxy_auth;
+#[path = "proxy/cli_proxy_config.rs"]
+mod cli_proxy_config;
 #[path = "proxy/cli_proxy_principals.rs"]
 mod cli_proxy_principals;
 #[path = "proxy/cli_proxy_transparency.rs"]

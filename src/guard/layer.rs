@@ -85,6 +85,13 @@ impl GuardLayer {
         self
     }
 
+    /// The tool contracts, in place of those given to [`GuardLayer::new`]: a layer that guards
+    /// another target under another policy, sharing this one's ledger and in-flight table.
+    pub fn contracts(mut self, contracts: ContractRegistry) -> Self {
+        self.config().contracts = Arc::new(contracts);
+        self
+    }
+
     /// The default actor (a request's [`Actor`] extension overrides it).
     pub fn actor(mut self, actor: Actor) -> Self {
         self.config().actor = actor;

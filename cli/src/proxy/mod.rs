@@ -65,6 +65,8 @@ use hyper::rt::Executor;
 use hyper_util::{client::legacy::connect::Connect, rt::TokioExecutor};
 use mcp_replay_guard::{
     DEFAULT_MAX_BODY_BYTES, IntentScope,
+    contract::ContractRegistry,
+    fingerprint::FingerprintKey,
     guard::{Guard, GuardLayer, GuardRequestBody},
     protocol,
     tools::{jsonrpc_error, redact_url, refused_request},
@@ -77,6 +79,9 @@ mod answers;
 mod authentication;
 mod client_close;
 mod clients;
+mod config;
+#[cfg(test)]
+pub(crate) use config::validate as validate_config;
 mod delivery;
 mod origins;
 mod principals;
@@ -103,12 +108,18 @@ use crate::{
 #[derive(Debug, Args)]
 #[command(after_long_help = DELIVERY_HELP)]
 pub struct ProxyArgs {
-    /// Where to listen (`127.0.0.1:8080`; port 0 picks one and prints it).
-    #[arg(long, value_name = "ADDR")]
-    listen: SocketAddr,
-    /// The upstream MCP endpoint (`http://host:port/mcp` or `https://…`).
-    #[arg(long, value_name = "URL")]
-    upstream: String,
+    /// The proxy's options in a TOML file (a key per flag, `[[route]]`s for several
+    /// upstreams), re-read with the policy files on SIGHUP; flags override it.
+    #[arg(long, value_name = "FILE", env = "REPLAY_GUARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where to listen (`127.0.0.1:8080`; port 0 picks one and prints it). Required, here or
+    /// in --config.
+    #[arg(long, value_name = "ADDR", env = "REPLAY_GUARD_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// The upstream MCP endpoint (`http://host:port/mcp` or `https://…`), for every path;
+    /// or `[[route]]`s in --config.
+    #[arg(long, value_name = "URL", env = "REPLAY_GUARD_UPSTREAM")]
+    upstream: Option<String>,
     /// How long a repeated call waits for the in-flight execution it attaches to.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     attach_timeout: Duration,
@@ -161,7 +172,7 @@ pub struct ProxyArgs {
     jwt_audience: Option<String>,
     /// Serve `/healthz` and `/readyz` on this address, apart from the clients' listener
     /// (which forwards nothing under those paths).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "REPLAY_GUARD_ADMIN_LISTEN")]
     admin_listen: Option<SocketAddr>,
     #[command(flatten)]
     upstream_tls: ClientTls,
@@ -296,75 +307,42 @@ impl hyper::service::Service<Request<request_body::RequestBody>> for Connection 
 }
 
 pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    // The upstream URL may carry a credential: only its redacted form is printed.
-    let shown_upstream = redact_url(&args.upstream);
-    let upstream: Uri = args
-        .upstream
-        .parse()
-        .with_context(|| format!("--upstream {shown_upstream:?} is not a URL"))?;
-    let (upstream, had_userinfo) =
-        crate::mcp_http::without_userinfo(upstream).context("--upstream")?;
-    if had_userinfo {
-        tracing::warn!("{}", crate::mcp_http::USERINFO_NOT_SENT);
-    }
-    if upstream.authority().is_none() {
-        bail!("--upstream must be http://host:port/path or https://host:port/path");
-    }
-    let connector = args.upstream_tls.connector(&upstream, "--upstream")?;
+    let config = args.config.clone();
+    let (args, routes) = match &config {
+        Some(path) => config::merged(Some(path))?,
+        None => (args, Vec::new()),
+    };
+    let Some(listen) = args.listen else {
+        bail!("--listen is required (or `listen` in --config)");
+    };
     let listener_tls = args.listener_tls.listener()?;
     let contracts = args.guard.contracts(None)?;
     let (layer, key) = args.guard.layer_and_key(contracts, args.attach_timeout)?;
-    let header_name = |flag: &str, name: &str| {
-        HeaderName::from_bytes(name.trim().as_bytes())
-            .with_context(|| format!("{flag}: {name:?} is not a header name"))
-    };
-    let actor_header = args
-        .actor_header
-        .as_deref()
-        .map(|name| header_name("--actor-header", name))
-        .transpose()?;
-    let scope = match &args.scope_header {
-        Some(name) => ScopeSource::Header(header_name("--scope-header", name)?),
-        None => ScopeSource::Fixed(IntentScope::new(args.guard.scope.as_str())),
-    };
-    let credential_headers = args
-        .credential_header
-        .iter()
-        .map(|name| header_name("--credential-header", name))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let held = crate::mcp_http::parse_headers(&args.headers)?;
-    let authentication = authentication::Authentication::from_files(
-        args.clients.as_deref(),
-        args.jwt_jwks.as_deref(),
-        args.jwt_issuer.as_deref(),
-        args.jwt_audience.as_deref(),
-        args.listener_tls.verifies_clients(),
-    )?;
-    match &authentication {
-        Some(authentication) => tracing::info!(
-            "clients authenticate: {}; a request that does not is answered 401 and never sent",
-            authentication.describe()
-        ),
-        None => tracing::info!(
-            "no client authentication (--clients, --jwt-jwks): the actor of a request comes from \
-             the credential bytes it carries"
-        ),
+    let live = build_live(&args, &routes, &layer, &key)?;
+    if let Some(names) = live.principals.credential_headers() {
+        let held = live.routes.iter().next().map(|route| route.held.clone());
+        say_who_is_anonymous(names, &held.unwrap_or_default());
     }
-    let principals = Principals::new(
-        args.guard.actor.as_deref(),
-        actor_header,
-        credential_headers,
-        scope,
-        &key,
-    )
-    .authenticated_by(authentication);
-    if let Some(names) = principals.credential_headers() {
-        say_who_is_anonymous(names, &held);
-    }
+    // The upstream URLs may carry a credential: only their redacted forms are printed.
+    let shown_upstream = match (&args.upstream, &routes[..]) {
+        (Some(upstream), []) => redact_url(upstream),
+        _ => live
+            .routes
+            .iter()
+            .map(|route| {
+                format!(
+                    "{} {}",
+                    route.prefix(),
+                    redact_url(&route.upstream.to_string())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
     let signals = serve::Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .with_context(|| format!("cannot listen on {}: is the port free?", args.listen))?;
+        .with_context(|| format!("cannot listen on {listen}: is the port free?"))?;
     let local = listener.local_addr()?;
     let origins = Origins::new(
         local,
@@ -372,15 +350,17 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         &args.allowed_host,
         &args.allowed_origin,
     );
-    let proxy = Proxy::new(
-        &layer,
-        upstream,
-        connector,
-        TokioExecutor::new(),
-        origins,
-        principals,
-        held,
-    );
+    let proxy = Proxy::of(live.routes, live.principals, origins);
+    // SIGHUP re-reads the configuration and the policy files (and never ends the process).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot catch SIGHUP")?;
+    tokio::spawn(reload_on_hangup(
+        hangup,
+        proxy.live.clone(),
+        config,
+        layer.clone(),
+        key,
+    ));
     let stopping = proxy.front.stopping.clone();
     // Bound before the line a script waits for: once it reads it, both listeners take
     // connections.
@@ -421,6 +401,159 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         proxy.handler(),
     )
     .await)
+}
+
+/// The routes and principals `args` and the configuration's `routes` describe: one route for
+/// every path with `--upstream`, one per `[[route]]` otherwise; each guarded by `layer` under
+/// its own policy (the ledger, key and in-flight table shared).
+fn build_live(
+    args: &ProxyArgs,
+    routes: &[config::RouteConfig],
+    layer: &GuardLayer,
+    key: &FingerprintKey,
+) -> anyhow::Result<Live> {
+    let routes = match (&args.upstream, routes) {
+        (Some(_), [_, ..]) => bail!("give --upstream or [[route]]s in --config, not both"),
+        (None, []) => bail!("--upstream is required (or [[route]]s in --config)"),
+        (Some(upstream), []) => {
+            let upstream = upstream_of(upstream, "--upstream")?;
+            let connector = args.upstream_tls.connector(&upstream, "--upstream")?;
+            let held = crate::mcp_http::parse_headers(&args.headers)?;
+            let layer = layer.clone().contracts(args.guard.contracts(None)?);
+            vec![Route::new(
+                "/",
+                upstream,
+                &layer,
+                connector,
+                TokioExecutor::new(),
+                held,
+            )]
+        }
+        (None, routes) => routes
+            .iter()
+            .map(|route| {
+                let flag = format!("route {}", route.prefix);
+                let upstream = upstream_of(&route.upstream, &flag)?;
+                let connector =
+                    ClientTls::trusting(route.ca_cert.clone()).connector(&upstream, &flag)?;
+                let held =
+                    crate::mcp_http::parse_headers(&route.header).with_context(|| flag.clone())?;
+                let contracts = match route.policy.as_ref().or(args.guard.policy.as_ref()) {
+                    Some(path) => ContractRegistry::from_path(path)
+                        .with_context(|| format!("{flag}: the policy {}", path.display()))?,
+                    None => ContractRegistry::default(),
+                };
+                let layer = layer.clone().contracts(contracts);
+                Ok(Route::new(
+                    &route.prefix,
+                    upstream,
+                    &layer,
+                    connector,
+                    TokioExecutor::new(),
+                    held,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    };
+    Ok(Live {
+        routes: Routes::new(routes),
+        principals: principals_of(args, key)?,
+    })
+}
+
+/// An upstream endpoint URL, without user info (never sent: a warning says so).
+fn upstream_of(url: &str, flag: &str) -> anyhow::Result<Uri> {
+    // The URL may carry a credential: only its redacted form is shown.
+    let shown = redact_url(url);
+    let upstream: Uri = url
+        .parse()
+        .with_context(|| format!("{flag} {shown:?} is not a URL"))?;
+    let (upstream, had_userinfo) =
+        crate::mcp_http::without_userinfo(upstream).context(flag.to_owned())?;
+    if had_userinfo {
+        tracing::warn!("{}", crate::mcp_http::USERINFO_NOT_SENT);
+    }
+    if upstream.authority().is_none() {
+        bail!("{flag} must be http://host:port/path or https://host:port/path");
+    }
+    Ok(upstream)
+}
+
+/// Who acts, by the flags: a proven principal, a gateway's header, a fixed actor, or a tag of
+/// the credentials a request carries.
+fn principals_of(args: &ProxyArgs, key: &FingerprintKey) -> anyhow::Result<Principals> {
+    let header_name = |flag: &str, name: &str| {
+        HeaderName::from_bytes(name.trim().as_bytes())
+            .with_context(|| format!("{flag}: {name:?} is not a header name"))
+    };
+    let actor_header = args
+        .actor_header
+        .as_deref()
+        .map(|name| header_name("--actor-header", name))
+        .transpose()?;
+    let scope = match &args.scope_header {
+        Some(name) => ScopeSource::Header(header_name("--scope-header", name)?),
+        None => ScopeSource::Fixed(IntentScope::new(args.guard.scope.as_str())),
+    };
+    let credential_headers = args
+        .credential_header
+        .iter()
+        .map(|name| header_name("--credential-header", name))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let authentication = authentication::Authentication::from_files(
+        args.clients.as_deref(),
+        args.jwt_jwks.as_deref(),
+        args.jwt_issuer.as_deref(),
+        args.jwt_audience.as_deref(),
+        args.listener_tls.verifies_clients(),
+    )?;
+    match &authentication {
+        Some(authentication) => tracing::info!(
+            "clients authenticate: {}; a request that does not is answered 401 and never sent",
+            authentication.describe()
+        ),
+        None => tracing::info!(
+            "no client authentication (--clients, --jwt-jwks): the actor of a request comes from \
+             the credential bytes it carries"
+        ),
+    }
+    Ok(Principals::new(
+        args.guard.actor.as_deref(),
+        actor_header,
+        credential_headers,
+        scope,
+        key,
+    )
+    .authenticated_by(authentication))
+}
+
+/// On every SIGHUP: the configuration (and the policy, clients and key files it names) read
+/// again; a valid one replaces the routes and principals for new requests (calls in flight
+/// finish under the old), an invalid one is refused with the reason and the old one stays. The
+/// listeners, TLS, the ledger and the admin address take a change at the next start.
+async fn reload_on_hangup(
+    mut hangup: tokio::signal::unix::Signal,
+    live: Arc<std::sync::RwLock<Arc<Live>>>,
+    config: Option<PathBuf>,
+    layer: GuardLayer,
+    key: FingerprintKey,
+) {
+    while hangup.recv().await.is_some() {
+        let reloaded = config::merged(config.as_deref())
+            .and_then(|(args, routes)| build_live(&args, &routes, &layer, &key));
+        match reloaded {
+            Ok(new) => {
+                let routes = new.routes.iter().count();
+                *live
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+                tracing::warn!(routes, "configuration reloaded on SIGHUP");
+            }
+            Err(error) => tracing::error!(
+                "configuration not reloaded on SIGHUP, the one before stays: {error:#}"
+            ),
+        }
+    }
 }
 
 /// Says once, at start-up, what a client without credentials is when the actor comes from the
