@@ -243,6 +243,30 @@ pub struct ListenerTls {
     /// subject names. A client without one authenticates otherwise, or gets 401.
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     client_ca: Option<PathBuf>,
+    /// With --client-ca: the principal is the certificate's first subject alternative name of
+    /// this kind instead of its subject (a certificate without one is refused, 401).
+    #[arg(long, value_enum, value_name = "KIND", requires = "client_ca")]
+    client_principal_san: Option<SanKind>,
+}
+
+/// A kind of subject alternative name that names a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SanKind {
+    /// A DNS name.
+    Dns,
+    /// A URI (a SPIFFE ID, say).
+    Uri,
+    /// An e-mail address.
+    Email,
+}
+
+/// What a client certificate, verified by `--client-ca`, names: its subject, and its subject
+/// alternative names by kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// RFC 4514 form: `CN=alice,O=Example`.
+    pub subject: String,
+    pub alternative_names: Vec<(SanKind, String)>,
 }
 
 impl ListenerTls {
@@ -291,21 +315,41 @@ impl ListenerTls {
         })
     }
 
-    /// Whether clients are asked for a certificate (`--client-ca`).
-    pub fn verifies_clients(&self) -> bool {
-        self.client_ca.is_some()
+    /// How a client certificate names the principal: `None` when clients are not asked for
+    /// one (no `--client-ca`); `Some(None)` its subject; `Some(Some(kind))` its first subject
+    /// alternative name of that kind.
+    pub fn client_principal(&self) -> Option<Option<SanKind>> {
+        self.client_ca.as_ref().map(|_| self.client_principal_san)
     }
 }
 
-/// The subject of the certificate a client presented on `stream`, verified by `--client-ca`
-/// (RFC 4514 form: `CN=alice,O=Example`); `None` for a plain connection or no certificate.
-pub fn client_subject(stream: &ClientStream) -> Option<String> {
+/// What the certificate a client presented on `stream` names, verified by `--client-ca`;
+/// `None` for a plain connection or no certificate.
+pub fn client_identity(stream: &ClientStream) -> Option<ClientIdentity> {
+    use x509_parser::extensions::GeneralName;
     let Either::Right(tls) = stream else {
         return None;
     };
     let der = tls.get_ref().1.peer_certificates()?.first()?;
     let (_, certificate) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
-    Some(certificate.subject().to_string())
+    let alternative_names = match certificate.subject_alternative_name() {
+        Ok(Some(names)) => names
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::DNSName(dns) => Some((SanKind::Dns, (*dns).to_owned())),
+                GeneralName::URI(uri) => Some((SanKind::Uri, (*uri).to_owned())),
+                GeneralName::RFC822Name(email) => Some((SanKind::Email, (*email).to_owned())),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Some(ClientIdentity {
+        subject: certificate.subject().to_string(),
+        alternative_names,
+    })
 }
 
 /// A private key; an error never shows the file's content.

@@ -133,11 +133,26 @@ impl TestCerts {
         &self,
         common_name: &str,
     ) -> Client<HttpsConnector<HttpConnector>, Full<bytes::Bytes>> {
+        self.https_client_with(common_name, None)
+    }
+
+    /// [`Self::https_client_as`], the certificate naming `uri` as a subject alternative name
+    /// too (a SPIFFE ID, say).
+    pub fn https_client_with(
+        &self,
+        common_name: &str,
+        uri: Option<&str>,
+    ) -> Client<HttpsConnector<HttpConnector>, Full<bytes::Bytes>> {
         let issuer = self.issuer.as_ref().expect("a CA that issues");
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
+        if let Some(uri) = uri {
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI(uri.try_into().unwrap()));
+        }
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, issuer).unwrap();

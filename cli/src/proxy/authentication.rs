@@ -28,6 +28,8 @@ use mcp_replay_guard::Actor;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::tls::{ClientIdentity, SanKind};
+
 /// `X-API-Key`: the other header an API key may come in.
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -40,10 +42,10 @@ const MAX_FILE_BYTES: u64 = 1024 * 1024;
 /// The challenge of a 401.
 pub(super) const CHALLENGE: &str = "Bearer realm=\"replay-guard\"";
 
-/// The subject of the certificate a client presented, verified against `--client-ca`: set on
-/// each request of its connection.
+/// What the certificate a client presented names, verified against `--client-ca`: set on each
+/// request of its connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ClientCertificate(pub(super) String);
+pub(super) struct ClientCertificate(pub(super) ClientIdentity);
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +69,10 @@ pub(super) enum Unauthenticated {
     UnknownKey,
     #[error("the bearer token is not a valid JWT of the configured issuer: {0}")]
     InvalidToken(String),
+    #[error(
+        "the client certificate has no subject alternative name of the kind that names a principal"
+    )]
+    NoAlternativeName,
 }
 
 /// The clients file: `[[client]]` entries.
@@ -103,8 +109,9 @@ pub(super) struct Authentication {
     /// Principal by the SHA-256 of its key.
     keys: HashMap<[u8; 32], String>,
     jwt: Option<Jwt>,
-    /// A verified client certificate names the principal (`--client-ca`).
-    certificates: bool,
+    /// A verified client certificate names the principal (`--client-ca`): its subject, or its
+    /// first subject alternative name of a kind.
+    certificates: Option<Option<SanKind>>,
 }
 
 impl std::fmt::Debug for Authentication {
@@ -123,7 +130,7 @@ impl Authentication {
         jwks: Option<&Path>,
         issuer: Option<&str>,
         audience: Option<&str>,
-        certificates: bool,
+        certificates: Option<Option<SanKind>>,
     ) -> anyhow::Result<Option<Self>> {
         let keys = match clients {
             Some(path) => read_clients(path)?,
@@ -138,7 +145,7 @@ impl Authentication {
             }),
             _ => bail!("--jwt-jwks, --jwt-issuer and --jwt-audience go together"),
         };
-        if clients.is_none() && jwt.is_none() && !certificates {
+        if clients.is_none() && jwt.is_none() && certificates.is_none() {
             return Ok(None);
         }
         Ok(Some(Self {
@@ -156,8 +163,16 @@ impl Authentication {
         headers: &mut HeaderMap,
         certificate: Option<&ClientCertificate>,
     ) -> Result<Principal, Unauthenticated> {
-        if let (true, Some(ClientCertificate(subject))) = (self.certificates, certificate) {
-            return Ok(Principal(format!("cert:{subject}")));
+        if let (Some(names), Some(ClientCertificate(identity))) = (self.certificates, certificate) {
+            return match names {
+                None => Ok(Principal(format!("cert:{}", identity.subject))),
+                Some(kind) => identity
+                    .alternative_names
+                    .iter()
+                    .find(|(of, _)| *of == kind)
+                    .map(|(_, name)| Principal(format!("cert:{name}")))
+                    .ok_or(Unauthenticated::NoAlternativeName),
+            };
         }
         let bearer = single(headers, &header::AUTHORIZATION)?;
         let api_key = single(headers, &X_API_KEY)?;
@@ -204,7 +219,7 @@ impl Authentication {
         if let Some(jwt) = &self.jwt {
             sources.push(format!("JWTs of {} for {}", jwt.issuer, jwt.audience));
         }
-        if self.certificates {
+        if self.certificates.is_some() {
             sources.push("certificates of --client-ca".to_owned());
         }
         sources.join(" and ")
@@ -390,7 +405,7 @@ mod tests {
             ))
             .unwrap(),
             jwt: None,
-            certificates: false,
+            certificates: None,
         };
         for (name, value) in [
             ("authorization", "Bearer k-alice"),

@@ -505,7 +505,7 @@ fn principals_of(args: &ProxyArgs, key: &FingerprintKey) -> anyhow::Result<Princ
         args.jwt_jwks.as_deref(),
         args.jwt_issuer.as_deref(),
         args.jwt_audience.as_deref(),
-        args.listener_tls.verifies_clients(),
+        args.listener_tls.client_principal(),
     )?;
     match &authentication {
         Some(authentication) => tracing::info!(

@@ -146,7 +146,7 @@ where
                 let close = close.clone();
                 Arc::new(move || close.received_all())
             };
-            let certificate = tls::client_subject(&stream).map(ClientCertificate);
+            let certificate = tls::client_identity(&stream).map(ClientCertificate);
             let client = Client {
                 peer,
                 close,

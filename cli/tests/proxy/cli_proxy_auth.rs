@@ -417,3 +417,51 @@ async fn a_client_certificate_is_the_principal_and_a_client_without_one_gets_401
     drop(open);
     proxy.stop().await;
 }
+
+/// `--client-principal-san uri`: the principal is the certificate's URI name (a SPIFFE ID), not
+/// its subject; a certificate without one gets 401.
+#[tokio::test]
+async fn a_client_certificate_can_name_its_principal_by_a_uri() {
+    let server = json_server().await;
+    let certs = TestCerts::generate("proxy-client-san");
+    let dir = temp_dir("cli-proxy-auth", "mtls-san");
+    let ledger = dir.join("ledger.jsonl");
+    let proxy = start_proxy(
+        &server.url,
+        &[
+            "--ledger",
+            &ledger.to_string_lossy(),
+            "--tls-cert",
+            &certs.cert_pem.to_string_lossy(),
+            "--tls-key",
+            &certs.key_pem.to_string_lossy(),
+            "--client-ca",
+            &certs.ca_pem.to_string_lossy(),
+            "--client-principal-san",
+            "uri",
+        ],
+    )
+    .await;
+    let spiffe = "spiffe://example.test/agent/alice";
+    let client = certs.https_client_with("shared-cn", Some(spiffe));
+    let response = client
+        .request(deploy_request(&proxy.url, 1, &[]))
+        .await
+        .expect("the proxy answers over TLS");
+    assert_eq!(response.status(), StatusCode::OK);
+    read_jsonrpc_response(response, &json!(1)).await.unwrap();
+    let response = certs
+        .https_client_as("shared-cn")
+        .request(deploy_request(&proxy.url, 2, &[]))
+        .await
+        .expect("a certificate without the name still connects");
+    assert_refused(response, "no-secret-here").await;
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+    let ledger_text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(
+        ledger_text.contains(&format!("principal:cert:{spiffe}")),
+        "{ledger_text}"
+    );
+    drop(client);
+    proxy.stop().await;
+}
