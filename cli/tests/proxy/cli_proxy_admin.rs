@@ -9,13 +9,6 @@ use http_body_util::{BodyExt, Full};
 use support::*;
 
 /// A stateless server that answers with JSON.
-async fn json_server() -> TestServer {
-    TestServer::start_with(ServerOptions {
-        json_response: true,
-        ..ServerOptions::stateless()
-    })
-    .await
-}
 
 /// A free port on 127.0.0.1 (bound, then let go) for the admin listener.
 fn free_port() -> u16 {

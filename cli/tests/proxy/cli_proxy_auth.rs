@@ -11,9 +11,8 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -24,54 +23,10 @@ const BOB_KEY: &str = "k-bob-4be8913f60";
 const ISSUER: &str = "https://id.example.test";
 const AUDIENCE: &str = "replay-guard-proxy";
 
-fn deploy_args() -> Value {
-    json!({"service": "catalog", "version": "2026.07.22"})
-}
-
 /// A stateless server that answers with JSON.
-async fn json_server() -> TestServer {
-    TestServer::start_with(ServerOptions {
-        json_response: true,
-        ..ServerOptions::stateless()
-    })
-    .await
-}
-
-fn deploy_request(url: &str, id: i64, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut request = post(
-        url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(id, "deploy_release", deploy_args()),
-    );
-    for (name, value) in headers {
-        let name = http::HeaderName::from_bytes(name.as_bytes()).expect("a header name");
-        request
-            .headers_mut()
-            .append(name, value.parse().expect("a header value"));
-    }
-    request
-}
 
 /// Sends the deploy with `headers` on a connection of its own (kept open by the caller so the
 /// answer stays undelivered).
-async fn deploy_as(
-    url: &str,
-    id: i64,
-    headers: &[(&str, &str)],
-) -> (
-    hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        Full<Bytes>,
-    >,
-    Response<hyper::body::Incoming>,
-) {
-    let mut client = hyper_client();
-    let response = send(&mut client, deploy_request(url, id, headers))
-        .await
-        .expect("the proxy answers");
-    (client, response)
-}
 
 fn write_clients(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("clients.toml");
@@ -354,6 +309,22 @@ async fn a_bad_clients_file_or_jwks_stops_the_proxy_at_start_up() {
     }
 }
 
+/// The proxy's arguments for TLS with client certificates the test CA signs, plus `extra`.
+fn mtls_args(certs: &TestCerts, ledger: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--ledger".into(),
+        ledger.to_string_lossy().into_owned(),
+        "--tls-cert".into(),
+        certs.cert_pem.to_string_lossy().into_owned(),
+        "--tls-key".into(),
+        certs.key_pem.to_string_lossy().into_owned(),
+        "--client-ca".into(),
+        certs.ca_pem.to_string_lossy().into_owned(),
+    ];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    args
+}
+
 /// Over the proxy's TLS listener with `--client-ca`: a client certificate the CA signed is the
 /// principal its subject names (two subjects, two executions; the same subject again, its kept
 /// result); a client without a certificate gets 401, and nothing reaches the upstream or the
@@ -364,19 +335,10 @@ async fn a_client_certificate_is_the_principal_and_a_client_without_one_gets_401
     let certs = TestCerts::generate("proxy-client-ca");
     let dir = temp_dir("cli-proxy-auth", "mtls");
     let ledger = dir.join("ledger.jsonl");
-    let proxy = start_proxy_logged(
+    let args = mtls_args(&certs, &ledger, &[]);
+    let proxy = start_proxy(
         &server.url,
-        &[
-            "--ledger",
-            &ledger.to_string_lossy(),
-            "--tls-cert",
-            &certs.cert_pem.to_string_lossy(),
-            "--tls-key",
-            &certs.key_pem.to_string_lossy(),
-            "--client-ca",
-            &certs.ca_pem.to_string_lossy(),
-        ],
-        "debug",
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .await;
     assert!(proxy.url.starts_with("https://"), "{}", proxy.url);
@@ -426,20 +388,10 @@ async fn a_client_certificate_can_name_its_principal_by_a_uri() {
     let certs = TestCerts::generate("proxy-client-san");
     let dir = temp_dir("cli-proxy-auth", "mtls-san");
     let ledger = dir.join("ledger.jsonl");
+    let args = mtls_args(&certs, &ledger, &["--client-principal-san", "uri"]);
     let proxy = start_proxy(
         &server.url,
-        &[
-            "--ledger",
-            &ledger.to_string_lossy(),
-            "--tls-cert",
-            &certs.cert_pem.to_string_lossy(),
-            "--tls-key",
-            &certs.key_pem.to_string_lossy(),
-            "--client-ca",
-            &certs.ca_pem.to_string_lossy(),
-            "--client-principal-san",
-            "uri",
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     )
     .await;
     let spiffe = "spiffe://example.test/agent/alice";

@@ -6,38 +6,18 @@ use crate::support;
 
 use std::{path::Path, time::Duration};
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::*;
-
-async fn json_server() -> TestServer {
-    TestServer::start_with(ServerOptions {
-        json_response: true,
-        ..ServerOptions::stateless()
-    })
-    .await
-}
-
-fn deploy(url: &str, id: i64) -> Request<Full<Bytes>> {
-    post(
-        url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(
-            id,
-            "deploy_release",
-            json!({"service": "catalog", "version": "2026.07.22"}),
-        ),
-    )
-}
 
 /// The deploy sent to `url` on a connection of its own: its status and JSON-RPC answer (or
 /// the body as text for a refusal).
 async fn deploy_at(url: &str, id: i64) -> (StatusCode, Value) {
     let mut client = hyper_client();
-    let response = send(&mut client, deploy(url, id)).await.expect("an answer");
+    let response = send(&mut client, deploy_request(url, id, &[]))
+        .await
+        .expect("an answer");
     let status = response.status();
     if status == StatusCode::OK {
         return (

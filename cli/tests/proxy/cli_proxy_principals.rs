@@ -9,61 +9,20 @@ use crate::support;
 use std::{path::Path, time::Duration};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::Full;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde_json::{Value, json};
 use support::*;
-
-type HyperClient = Client<HttpConnector, Full<Bytes>>;
 
 const ALICE: &str = "Bearer alice-token-s3cr3t";
 const BOB: &str = "Bearer bob-token-s3cr3t";
 
-fn deploy_args() -> Value {
-    json!({"service": "catalog", "version": "2026.07.22"})
-}
-
 /// A stateless server that answers with JSON.
-async fn json_server(bearer_token: Option<&str>) -> TestServer {
-    TestServer::start_with(ServerOptions {
-        json_response: true,
-        bearer_token: bearer_token.map(str::to_owned),
-        ..ServerOptions::stateless()
-    })
-    .await
-}
 
 /// The 2026-07-28 `tools/call` of `deploy_release` with `headers`.
-fn deploy_request(url: &str, id: i64, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut request = post(
-        url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(id, "deploy_release", deploy_args()),
-    );
-    for (name, value) in headers {
-        let name = http::HeaderName::from_bytes(name.as_bytes()).expect("a header name");
-        request
-            .headers_mut()
-            .append(name, value.parse().expect("a header value"));
-    }
-    request
-}
 
 /// A new client (its own connection: hold it to keep the answer undelivered) sends the
 /// deploy with `headers`.
-async fn deploy_as(
-    url: &str,
-    id: i64,
-    headers: &[(&str, &str)],
-) -> (HyperClient, Response<hyper::body::Incoming>) {
-    let mut client = hyper_client();
-    let response = send(&mut client, deploy_request(url, id, headers))
-        .await
-        .expect("the proxy answers");
-    (client, response)
-}
 
 /// [`deploy_as`], read to the JSON-RPC answer.
 async fn deployed_as(url: &str, id: i64, headers: &[(&str, &str)]) -> (HyperClient, Value) {
@@ -103,7 +62,7 @@ fn assert_nowhere(secret: &str, ledger: &str, stderr: &str) {
 /// actor `replay-guard`: the second client was handed the first client's kept result.)
 #[tokio::test]
 async fn clients_with_different_tokens_never_share_a_kept_result() {
-    let server = json_server(None).await;
+    let server = json_server().await;
     let dir = temp_dir("cli-proxy-principals", "tokens");
     let ledger = dir.join("ledger.jsonl");
     let proxy = start_proxy_logged(
@@ -148,7 +107,7 @@ async fn clients_with_different_tokens_never_share_a_kept_result() {
 /// `Idempotency-Key` is refused unsent (a target that honours keys would hand him her result).
 #[tokio::test]
 async fn a_held_answer_for_one_client_is_never_another_clients() {
-    let server = json_server(None).await;
+    let server = json_server().await;
     let proxy = start_proxy(&server.url, &[]).await;
     server.state.lose_next_response("deploy_release");
 
@@ -229,7 +188,7 @@ async fn clients_with_any_credential_are_told_apart() {
         ),
     ];
     for (case, alice, bob, alice_query, bob_query) in cases {
-        let server = json_server(None).await;
+        let server = json_server().await;
         let dir = temp_dir("cli-proxy-principals", &format!("credentials-{case}"));
         let ledger = dir.join("ledger.jsonl");
         let proxy = start_proxy_logged(
@@ -405,7 +364,7 @@ async fn wait_until<T>(done: impl Fn() -> Option<T>) -> T {
 /// request's included.
 #[tokio::test]
 async fn a_gateway_header_names_the_actor_and_is_required() {
-    let server = json_server(None).await;
+    let server = json_server().await;
     let dir = temp_dir("cli-proxy-principals", "gateway");
     let ledger = dir.join("ledger.jsonl");
     let proxy = start_proxy(
@@ -500,7 +459,7 @@ async fn contradictory_principal_flags_are_refused() {
 /// paths. (Before, every path went to the MCP endpoint: the metadata was the endpoint's 401.)
 #[tokio::test]
 async fn an_oauth_upstreams_challenge_and_metadata_pass_through() {
-    let server = json_server(Some("upstream-token")).await;
+    let server = json_server_with_bearer(Some("upstream-token")).await;
     let origin = format!("http://{}", server.addr);
     let dir = temp_dir("cli-proxy-principals", "oauth");
     let ledger = dir.join("ledger.jsonl");
@@ -555,7 +514,7 @@ async fn an_oauth_upstreams_challenge_and_metadata_pass_through() {
 #[tokio::test]
 async fn a_token_the_proxy_holds_reaches_the_upstream_and_nowhere_else() {
     const HELD: &str = "Bearer proxy-held-s3cr3t";
-    let server = json_server(Some("proxy-held-s3cr3t")).await;
+    let server = json_server_with_bearer(Some("proxy-held-s3cr3t")).await;
     let dir = temp_dir("cli-proxy-principals", "held");
     let ledger = dir.join("ledger.jsonl");
     let header = format!("Authorization: {HELD}");
@@ -636,7 +595,7 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
     );
 
     // The stateless era: the request names its client in `_meta`.
-    let server = json_server(None).await;
+    let server = json_server().await;
     let ledger = dir.join("stateless.jsonl");
     let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
     let (_client, answer) = deployed_as(&proxy.url, 1, &[]).await;
@@ -660,7 +619,7 @@ async fn correlation_carries_the_session_and_the_client_in_both_eras() {
 /// token the proxy holds: the call was never recorded, so nothing stopped its repeat.)
 #[tokio::test]
 async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
-    let server = json_server(None).await;
+    let server = json_server().await;
     let dir = temp_dir("cli-proxy-principals", "metadata-bypass");
     let ledger = dir.join("ledger.jsonl");
     let proxy = start_proxy(&server.url, &["--ledger", &ledger.to_string_lossy()]).await;
@@ -700,7 +659,7 @@ async fn only_a_plain_get_of_a_metadata_path_goes_around_the_guard() {
 #[tokio::test]
 async fn a_held_token_without_a_way_to_tell_clients_apart_is_warned_about() {
     const WARNING: &str = "anonymous clients share kept results";
-    let server = json_server(Some("held")).await;
+    let server = json_server_with_bearer(Some("held")).await;
     let held = ["--header", "Authorization: Bearer held"];
     let proxy = start_proxy_logged(&server.url, &held, "warn").await;
     let stderr = proxy.stop().await;

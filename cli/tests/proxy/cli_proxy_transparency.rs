@@ -9,31 +9,12 @@ use crate::support;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::*;
 
-fn deploy_args() -> Value {
-    json!({"service": "catalog", "version": "2026.07.22"})
-}
-
 /// A stateless server that answers with JSON.
-async fn json_server() -> TestServer {
-    TestServer::start_with(ServerOptions {
-        json_response: true,
-        ..ServerOptions::stateless()
-    })
-    .await
-}
 
 /// The 2026-07-28 `tools/call` of `deploy_release` with `id`.
-fn deploy(url: &str, id: i64) -> Request<Full<Bytes>> {
-    post(
-        url,
-        None,
-        STATELESS_PROTOCOL_VERSION,
-        stateless_tool_call_body(id, "deploy_release", deploy_args()),
-    )
-}
 
 fn with_header(mut request: Request<Full<Bytes>>, name: &str, value: &str) -> Request<Full<Bytes>> {
     request.headers_mut().insert(
@@ -69,7 +50,7 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
         ("origin", "http://evil.example.com".to_owned()),
         ("origin", "null".to_owned()),
     ] {
-        let request = with_header(deploy(&proxy.url, 1), name, &value);
+        let request = with_header(deploy_request(&proxy.url, 1, &[]), name, &value);
         let response = send(&mut client, request).await.unwrap();
         assert_eq!(response.status(), StatusCode::FORBIDDEN, "{name}: {value}");
         let refusal = read_response_to_end(response).await;
@@ -85,7 +66,7 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
     let host = format!("localhost:{port}");
     let origin = format!("http://127.0.0.1:{port}");
     let request = with_header(
-        with_header(deploy(&proxy.url, 2), "host", &host),
+        with_header(deploy_request(&proxy.url, 2, &[]), "host", &host),
         "origin",
         &origin,
     );
@@ -107,14 +88,18 @@ async fn a_foreign_host_or_origin_is_refused_before_anything_is_sent() {
     )
     .await;
     let allowed = with_header(
-        with_header(deploy(&named.url, 3), "host", "mcp.example.com"),
+        with_header(
+            deploy_request(&named.url, 3, &[]),
+            "host",
+            "mcp.example.com",
+        ),
         "origin",
         "https://app.example.com",
     );
     let response = send(&mut hyper_client(), allowed).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.state.side_effects("deploy_release"), 2);
-    let loopback_now_foreign = with_header(deploy(&named.url, 4), "host", &host);
+    let loopback_now_foreign = with_header(deploy_request(&named.url, 4, &[]), "host", &host);
     let response = send(&mut hyper_client(), loopback_now_foreign)
         .await
         .unwrap();
@@ -147,7 +132,7 @@ async fn a_request_without_its_standard_headers_is_refused_never_repaired() {
         }),
     ];
     for (id, (case, change)) in (1..).zip(cases) {
-        let response = send(&mut client, change(deploy(&proxy.url, id)))
+        let response = send(&mut client, change(deploy_request(&proxy.url, id, &[])))
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{case}");
@@ -159,7 +144,9 @@ async fn a_request_without_its_standard_headers_is_refused_never_repaired() {
     assert_eq!(server.state.side_effects("deploy_release"), 0);
 
     // A request with its headers goes on as it came.
-    let response = send(&mut client, deploy(&proxy.url, 9)).await.unwrap();
+    let response = send(&mut client, deploy_request(&proxy.url, 9, &[]))
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 }

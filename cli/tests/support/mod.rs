@@ -4,11 +4,15 @@
 #![allow(unused_imports)]
 
 mod bin;
+mod deploys;
 
 pub use bin::{
     BIN, Proxy, Run, call, call_argv, call_text, concurrently, ledger_list, ledger_records,
     proxy_args, replay_guard, replay_guard_blocking, replay_guard_command, replay_guard_parts,
     replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command,
     start_proxy_logged,
+};
+pub use deploys::{
+    HyperClient, deploy_args, deploy_as, deploy_request, json_server, json_server_with_bearer,
 };
 pub use mcp_replay_guard_test_support::*;
