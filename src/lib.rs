@@ -171,6 +171,7 @@ pub mod fingerprint;
 pub mod guard;
 pub mod integrations;
 pub mod ledger;
+pub mod metrics;
 mod observe;
 pub mod protocol;
 pub mod relay;

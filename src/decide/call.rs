@@ -32,6 +32,33 @@ pub(crate) enum Decision {
     Uncertain(UncertainReason),
 }
 
+impl Decision {
+    /// The decision's name in metrics and logs.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Continue => "continue",
+            Self::Attach => "attach",
+            Self::Resend => "resend",
+            Self::Probe => "probe",
+            Self::ReturnStored => "return_stored",
+            Self::RepeatDenial => "repeat_denial",
+            Self::Uncertain(_) => "uncertain",
+        }
+    }
+
+    /// What a repeat answered from the ledger was answered with, when it was one.
+    pub(crate) fn repeat_answer(self) -> Option<&'static str> {
+        match self {
+            Self::Attach | Self::Uncertain(UncertainReason::InProgress) => Some("attached"),
+            Self::ReturnStored => Some("kept_result"),
+            Self::Uncertain(UncertainReason::ResultNotKept) => Some("result_not_kept"),
+            Self::Uncertain(UncertainReason::NeedsReview) => Some("held"),
+            _ => None,
+        }
+    }
+}
+
 /// Why the guard answers with an uncertain result instead of the target's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UncertainReason {

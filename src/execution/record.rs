@@ -121,6 +121,12 @@ pub enum ExecutionState {
 }
 
 impl ExecutionState {
+    /// Held: the outcome is unknown, and nothing settles it but a status probe or a person
+    /// (`unknown` or `needs_review`). The number of held executions is the one to alert on.
+    pub fn is_held(self) -> bool {
+        matches!(self, Self::Unknown | Self::NeedsReview)
+    }
+
     /// The state's name in records and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,8 +26,22 @@ pub(super) enum Attached {
 }
 
 impl Attached {
-    /// Owns the intent, or waits for its owner and answers from what the owner settled.
+    /// Owns the intent, or waits for its owner and answers from what the owner settled (a
+    /// repeat attached, counted).
     pub(super) async fn of(
+        step: LedgerStep<'_>,
+        inflight: &Arc<Inflight>,
+    ) -> Result<Self, GuardError> {
+        let attached = Self::acquire_or_wait(step, inflight).await;
+        if let Ok(Attached::Reply(_)) = &attached {
+            let tool = &step.intent.call.name;
+            crate::metrics::decided(tool, "attach");
+            crate::metrics::repeat(tool, "attached");
+        }
+        attached
+    }
+
+    async fn acquire_or_wait(
         step: LedgerStep<'_>,
         inflight: &Arc<Inflight>,
     ) -> Result<Self, GuardError> {

@@ -56,6 +56,7 @@ where
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
+        let started = std::time::Instant::now();
         let (mut parts, body) = request.into_parts();
         let max = self.config.max_body_bytes;
         let bytes = match observe::collect(body, max).await {
@@ -81,36 +82,52 @@ where
             } => self.resume(parts, bytes, &last_event_id, session_id).await,
             Route::ListTools(id) => self.list_tools(parts, bytes, id).await,
             Route::ToolCall(intent) => {
+                // Its own target: an application logs one line per call by enabling it.
                 let span = tracing::info_span!(
+                    target: "mcp_replay_guard::call",
                     "tools_call",
                     tool = %intent.call.name,
                     fingerprint = %intent.fingerprint.short(),
                     execution_id = tracing::field::Empty,
                     decision = tracing::field::Empty,
+                    outcome = tracing::field::Empty,
+                    status = tracing::field::Empty,
                 );
-                self.tool_call(parts, bytes, *intent).instrument(span).await
+                self.tool_call(parts, bytes, *intent, started)
+                    .instrument(span)
+                    .await
             }
         }
     }
 
-    /// A guarded `tools/call`: single flight, then the turn's actions until one answers.
+    /// A guarded `tools/call`: single flight, then the turn's actions until one answers. The
+    /// guard's own time, from `started` until the call is sent or answered without the
+    /// target, is measured.
     async fn tool_call(
         mut self,
         parts: http::request::Parts,
         bytes: Bytes,
         intent: Intent,
+        started: std::time::Instant,
     ) -> Answer<RB> {
         let config = self.config.clone();
         let step = LedgerStep::new(&config, &intent);
+        let tool = &intent.call.name;
         let owner = match Attached::of(step, &self.inflight).await? {
             Attached::Owner(owner) => owner,
-            Attached::Reply(reply) => return reply.into_answer(),
+            Attached::Reply(reply) => {
+                crate::metrics::added(tool, started);
+                return reply.into_answer();
+            }
         };
         let mut turn = Turn::new(step, owner);
         let mut action = turn.next().await?;
         loop {
             action = match action {
-                Action::Reply(reply) => return reply.into_answer(),
+                Action::Reply(reply) => {
+                    crate::metrics::added(tool, started);
+                    return reply.into_answer();
+                }
                 Action::AskTask { record, probe } => {
                     let outcome = self.ask_task(&parts, &intent, &probe).await;
                     turn.probed(record, outcome).await?
@@ -118,6 +135,7 @@ where
                 Action::Send { record, key } => {
                     let mut dispatched = turn.into_dispatched(record, key);
                     let (request, polled) = dispatched.request(&config, &intent, parts, bytes);
+                    crate::metrics::added(tool, started);
                     return match self.send(request).await {
                         Ok(response) => dispatched.answered(step, &self.inflight, response).await,
                         Err(error) => dispatched.failed(step, &polled, error).await,

@@ -46,6 +46,20 @@ impl GuardHandle {
         .await
     }
 
+    /// Sets the gauge of executions held now, by tool, from the ledger (every process's
+    /// executions, and those another process resolved): call it before each scrape of the
+    /// metrics. Returns how many are held.
+    pub async fn record_held(&self) -> Result<usize, LedgerError> {
+        let records = self.config.ledger.list().await?;
+        let held: Vec<&str> = records
+            .iter()
+            .filter(|record| record.state.is_held())
+            .map(|record| record.tool.as_str())
+            .collect();
+        crate::metrics::set_held(held.iter().copied());
+        Ok(held.len())
+    }
+
     /// Ends the guards' background work, for a process that is about to exit.
     ///
     /// Drains of response bodies that callers dropped before the JSON-RPC response (see

@@ -4,7 +4,9 @@ use std::{sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{Authorize, GuardHandle, config::Config, inflight::Inflight, service::Guard};
+use super::{
+    Authorize, GuardHandle, config::Config, inflight::Inflight, metered::Metered, service::Guard,
+};
 
 use crate::{
     Actor, CredentialRef, ExecutionId, IdempotencyKeyFormat, IntentScope, Target,
@@ -47,10 +49,11 @@ impl GuardLayer {
     /// guard's life only), target from each request's URI, no authorization hook, 4 MiB body
     /// limit, 30 s attach wait, raw `Idempotency-Key`.
     pub fn new(ledger: impl Ledger, contracts: ContractRegistry, key: FingerprintKey) -> Self {
+        crate::metrics::name_tools(contracts.tools().map(|(tool, _)| tool));
         let owner = format!("guard:{}", ExecutionId::new().ulid());
         Self {
             config: Arc::new(Config {
-                ledger: Arc::new(ledger),
+                ledger: Arc::new(Metered::new(Arc::new(ledger))),
                 contracts: Arc::new(contracts),
                 key,
                 actor: Actor::new("anonymous"),
@@ -88,6 +91,7 @@ impl GuardLayer {
     /// The tool contracts, in place of those given to [`GuardLayer::new`]: a layer that guards
     /// another target under another policy, sharing this one's ledger and in-flight table.
     pub fn contracts(mut self, contracts: ContractRegistry) -> Self {
+        crate::metrics::name_tools(contracts.tools().map(|(tool, _)| tool));
         self.config().contracts = Arc::new(contracts);
         self
     }

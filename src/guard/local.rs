@@ -26,6 +26,8 @@ impl Local {
         recorder.status = status;
         recorder.drain_timeout = config.drain_timeout;
         recorder.deliver_at_end = true;
+        recorder.span = tracing::Span::current();
+        recorder.span.record("status", status);
         recorder.watchers = Some(Arc::new(Local {
             actor,
             inflight: inflight.clone(),

@@ -117,6 +117,7 @@ mod ledger_step;
 mod listing;
 mod local;
 mod lost_answer;
+mod metered;
 mod owner;
 mod probe;
 pub(crate) mod redact;

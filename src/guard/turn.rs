@@ -23,6 +23,11 @@ use crate::{
     observe::Settlement,
 };
 
+/// A call answered from `record` without the target: its outcome is the execution's state.
+fn answered_from(record: &ExecutionRecord) {
+    tracing::Span::current().record("outcome", record.state.as_str());
+}
+
 /// How many times one call decides again because another attempt moved its execution on
 /// between its decision and its write, before it answers "in progress".
 const MAX_DECISIONS: usize = 8;
@@ -42,6 +47,8 @@ pub(super) struct Turn<'a> {
     step: LedgerStep<'a>,
     owner: Owner,
     decisions_left: usize,
+    /// The last decision, counted once when the call acts on it.
+    decided: Option<Decision>,
 }
 
 /// What [`Turn::decide_or_wait`] acts on: a decision, or the end of a wait for another
@@ -74,6 +81,7 @@ impl<'a> Turn<'a> {
             step,
             owner,
             decisions_left: MAX_DECISIONS,
+            decided: None,
         }
     }
 
@@ -91,8 +99,20 @@ impl<'a> Turn<'a> {
     }
 
     /// Decides (again while another attempt moves the execution under it) and writes what the
-    /// decision needs before its action.
+    /// decision needs before its action; the decision it acts on is counted.
     pub(super) async fn next(&mut self) -> Result<Action, GuardError> {
+        let action = self.decide_and_write().await;
+        if let Some(decision) = self.decided.take() {
+            let tool = &self.step.intent.call.name;
+            crate::metrics::decided(tool, decision.label());
+            if let Some(answer) = decision.repeat_answer() {
+                crate::metrics::repeat(tool, answer);
+            }
+        }
+        action
+    }
+
+    async fn decide_and_write(&mut self) -> Result<Action, GuardError> {
         let step = self.step;
         while self.decisions_left > 0 {
             self.decisions_left -= 1;
@@ -103,14 +123,19 @@ impl<'a> Turn<'a> {
                     attempt_alive,
                 } => (decision, record, attempt_alive),
                 Decided::Completed(current) => {
+                    self.decided = Some(Decision::Attach);
                     let stored = step.kept_result(&current).await?;
                     return self.hand_back(&current, stored);
                 }
-                Decided::InProgress(record) => return Ok(self.in_progress(&record)),
+                Decided::InProgress(record) => {
+                    self.decided = Some(Decision::Attach);
+                    return Ok(self.in_progress(&record));
+                }
             };
+            self.decided = Some(decision);
             let span = tracing::Span::current();
             span.record("execution_id", tracing::field::display(record.execution_id));
-            span.record("decision", tracing::field::debug(decision));
+            span.record("decision", decision.label());
             tracing::info!(state = record.state.as_str(), "decided");
             let id = record.execution_id;
             if settles_orphan_first(&record, attempt_alive, decision) {
@@ -168,6 +193,7 @@ impl<'a> Turn<'a> {
                     return self.hand_back(&record, stored);
                 }
                 Decision::RepeatDenial => {
+                    answered_from(&record);
                     return Ok(self.reply(answer::denied(
                         &step.intent.call.id,
                         step.intent.era,
@@ -272,6 +298,7 @@ impl<'a> Turn<'a> {
         record: &ExecutionRecord,
         result: Option<bytes::Bytes>,
     ) -> Result<Action, GuardError> {
+        answered_from(record);
         self.step
             .hand_back(record, result, Some(&mut self.owner))
             .map(Action::Reply)
@@ -283,6 +310,7 @@ impl<'a> Turn<'a> {
     }
 
     fn in_progress(&self, record: &ExecutionRecord) -> Action {
+        answered_from(record);
         let intent = self.step.intent;
         self.reply(answer::uncertain(
             &intent.call.id,
@@ -309,10 +337,11 @@ impl<'a> Turn<'a> {
                 .append_or_current(record.execution_id, EventKind::NeedsReview { reason: why })
                 .await?;
         }
-        tracing::warn!(
+        tracing::info!(
             state = record.state_label(),
             "answered with an uncertain result"
         );
+        answered_from(&record);
         let intent = self.step.intent;
         Ok(self.reply(answer::uncertain(
             &intent.call.id,

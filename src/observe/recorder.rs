@@ -87,6 +87,9 @@ pub(crate) struct Recorder {
     pub(crate) oversize: bool,
     pub(crate) settle: Option<Settle>,
     pub(crate) watchers: Option<Arc<dyn Watchers>>,
+    /// The call's span: held open until the outcome is recorded, and the writes run in it
+    /// (the ledger names the outcome in it).
+    pub(crate) span: tracing::Span,
     recorded: bool,
     /// The recorded answer carried the call's result: only such an answer is delivered. A
     /// JSON-RPC error (an unknown outcome, a refusal) hands the caller no outcome; recording
@@ -127,6 +130,7 @@ impl Recorder {
             oversize: false,
             settle: None,
             watchers: None,
+            span: tracing::Span::none(),
             recorded: false,
             carries_result: false,
         }
@@ -165,7 +169,7 @@ impl Recorder {
         let (keep, max) = (self.keep_results, self.max_result_bytes);
         let attempt = self.attempt;
         let settle = self.settle.take();
-        Box::pin(async move {
+        self.in_span(async move {
             let settlement = record_outcome(&ledger, id, status, attempt, keep, max, answer).await;
             if let Some(settle) = settle {
                 settle(settlement);
@@ -180,7 +184,7 @@ impl Recorder {
         let ledger = self.ledger.clone();
         let id = self.execution_id;
         let settle = self.settle.take();
-        Box::pin(async move {
+        self.in_span(async move {
             append_logged(&ledger, id, kind).await;
             if let Some(settle) = settle {
                 settle(Settlement::Other);
@@ -204,7 +208,7 @@ impl Recorder {
             reason,
         });
         let settle = self.settle.take();
-        Box::pin(async move {
+        self.in_span(async move {
             if let Some(last_event_id) = last_event_id {
                 append_logged(&ledger, id, EventKind::EventSeen { last_event_id }).await;
             }
@@ -227,7 +231,7 @@ impl Recorder {
             let ledger = self.ledger.clone();
             let id = self.execution_id;
             let jsonrpc_id = Some(self.request_id.clone());
-            return Box::pin(async move {
+            return self.in_span(async move {
                 let delivered = LedgerEvent {
                     execution_id: id,
                     at: Timestamp::now(),
@@ -256,6 +260,12 @@ impl Recorder {
         self.unknown(format!(
             "the response stream broke before the JSON-RPC response: {error}"
         ))
+    }
+
+    /// A write run in the call's span.
+    fn in_span(&self, write: impl Future<Output = ()> + Send + 'static) -> Write {
+        use tracing::Instrument;
+        Box::pin(write.instrument(self.span.clone()))
     }
 
     /// `write`, counted as background work when the recorder's watchers count it.

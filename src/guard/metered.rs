@@ -1,0 +1,122 @@
+//! `Metered`: the guard's ledger, counting each outcome it records and timing each write.
+//!
+//! Every event the guard records passes here, whichever step recorded it (the answer, a
+//! dropped body, an orphan marked unknown, a refusal), so an outcome is counted in one place.
+
+use std::{sync::Arc, time::Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{
+    ExecutionId,
+    execution::{Claim, Claimed, Dispatch, ExecutionRecord, LedgerEvent},
+    ledger::{Ledger, LedgerError},
+    metrics,
+};
+
+/// A ledger whose writes are counted and timed.
+#[derive(Debug)]
+pub(super) struct Metered {
+    inner: Arc<dyn Ledger>,
+}
+
+impl Metered {
+    pub(super) fn new(inner: Arc<dyn Ledger>) -> Self {
+        Self { inner }
+    }
+
+    fn counted(
+        written: Result<ExecutionRecord, LedgerError>,
+        kind: &crate::execution::EventKind,
+        synced: bool,
+        started: Instant,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        metrics::ledger_write(synced, started);
+        if let Ok(record) = &written
+            && let Some(outcome) = metrics::recorded(&record.tool, kind)
+        {
+            // The call whose write this is (its span, when it has one) names its outcome.
+            tracing::Span::current().record("outcome", outcome);
+        }
+        written
+    }
+}
+
+#[async_trait]
+impl Ledger for Metered {
+    async fn claim(&self, claim: Claim) -> Result<Claimed, LedgerError> {
+        let started = Instant::now();
+        let claimed = self.inner.claim(claim).await;
+        metrics::ledger_write(true, started);
+        claimed
+    }
+
+    async fn claim_dispatched(
+        &self,
+        claim: Claim,
+        dispatch: Dispatch,
+    ) -> Result<Claimed, LedgerError> {
+        let started = Instant::now();
+        let claimed = self.inner.claim_dispatched(claim, dispatch).await;
+        metrics::ledger_write(true, started);
+        claimed
+    }
+
+    async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        let (started, kind) = (Instant::now(), event.kind.clone());
+        Self::counted(self.inner.append(event).await, &kind, true, started)
+    }
+
+    async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
+        let (started, kind) = (Instant::now(), event.kind.clone());
+        Self::counted(
+            self.inner.append_unsynced(event).await,
+            &kind,
+            false,
+            started,
+        )
+    }
+
+    async fn complete(
+        &self,
+        event: LedgerEvent,
+        result: Option<Bytes>,
+    ) -> Result<ExecutionRecord, LedgerError> {
+        let (started, kind) = (Instant::now(), event.kind.clone());
+        Self::counted(
+            self.inner.complete(event, result).await,
+            &kind,
+            true,
+            started,
+        )
+    }
+
+    async fn get(&self, execution_id: ExecutionId) -> Result<Option<ExecutionRecord>, LedgerError> {
+        self.inner.get(execution_id).await
+    }
+
+    async fn events(&self, execution_id: ExecutionId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        self.inner.events(execution_id).await
+    }
+
+    async fn list(&self) -> Result<Vec<ExecutionRecord>, LedgerError> {
+        self.inner.list().await
+    }
+
+    async fn store_result(
+        &self,
+        execution_id: ExecutionId,
+        result: Bytes,
+    ) -> Result<String, LedgerError> {
+        self.inner.store_result(execution_id, result).await
+    }
+
+    async fn load_result(&self, reference: &str) -> Result<Option<Bytes>, LedgerError> {
+        self.inner.load_result(reference).await
+    }
+
+    async fn is_owner_alive(&self, owner: &str) -> bool {
+        self.inner.is_owner_alive(owner).await
+    }
+}
