@@ -31,8 +31,10 @@ use tower::{ServiceBuilder, ServiceExt};
 use mcp_http::BoxError;
 
 /// The guard of one replica: every replica of the agent uses the same key, actor and intent
-/// scope, so the same call is the same intent whichever replica makes it.
-fn guard(ledger: PostgresLedger, key: &FingerprintKey) -> Result<GuardLayer, BoxError> {
+/// scope, so the same call is the same intent whichever replica makes it. The ledger is bound
+/// to the key: a replica started with another key is refused.
+async fn guard(ledger: PostgresLedger, key: &FingerprintKey) -> Result<GuardLayer, BoxError> {
+    ledger.bind_fingerprint_key(key).await?;
     let contracts = ContractRegistry::builder()
         .tool("deploy_release", ToolContract::irreversible())
         .build()?;
@@ -50,7 +52,7 @@ async fn run(url: &str) -> Result<(), BoxError> {
     // Replica A: the deployment runs, its answer is lost.
     let ledger_a = PostgresLedger::connect_with_schema(url, &schema).await?;
     let mut replica_a = ServiceBuilder::new()
-        .layer(guard(ledger_a, &key)?)
+        .layer(guard(ledger_a, &key).await?)
         .service(Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>());
     let session = mcp_http::open_session(&mut replica_a, &server.url, "replica-a").await?;
     server.lose_next_responses(1);
@@ -67,7 +69,7 @@ async fn run(url: &str) -> Result<(), BoxError> {
     // Replica B: the same call, through its own connection to the ledger.
     let ledger_b = PostgresLedger::connect_with_schema(url, &schema).await?;
     let mut replica_b = ServiceBuilder::new()
-        .layer(guard(ledger_b.clone(), &key)?)
+        .layer(guard(ledger_b.clone(), &key).await?)
         .service(Client::builder(TokioExecutor::new()).build_http::<GuardRequestBody>());
     let session = mcp_http::open_session(&mut replica_b, &server.url, "replica-b").await?;
     let response = (&mut replica_b)

@@ -1,5 +1,5 @@
 //! Every test against a real PostgreSQL server, in one binary: the ledger, its faults (a
-//! COMMIT cut or its answer lost), kept results and tamper evidence.
+//! COMMIT cut or its answer lost), its fingerprint key, kept results and tamper evidence.
 //!
 //! The server comes from `MCP_REPLAY_GUARD_POSTGRES_URL` (for example
 //! `postgres://postgres@127.0.0.1:5432/mrg_dev` after `CREATE DATABASE mrg_dev`). Unset, every
@@ -15,6 +15,8 @@ use mcp_replay_guard_test_support as support;
 mod audit_postgres;
 #[path = "postgres/postgres_faults.rs"]
 mod postgres_faults;
+#[path = "postgres/postgres_key.rs"]
+mod postgres_key;
 #[path = "postgres/postgres_ledger.rs"]
 mod postgres_ledger;
 #[path = "postgres/postgres_results.rs"]
@@ -79,6 +81,8 @@ fn main() -> ExitCode {
         trial("postgres_faults::a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replicas_call", Runtime::MultiThread(2), postgres_faults::a_claim_that_loses_its_commit_answer_still_attaches_to_the_other_replicas_call),
         trial("postgres_faults::a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_runs_once", Runtime::MultiThread(2), postgres_faults::a_claim_given_up_after_its_answer_was_lost_is_not_sent_and_its_repeat_runs_once),
         trial("postgres_faults::a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call", Runtime::MultiThread(2), postgres_faults::a_resend_whose_dispatch_lost_its_commit_answer_is_sent_by_the_same_call),
+        trial("postgres_key::the_first_key_bound_is_the_ledgers_on_every_replica_and_after_a_restart", Runtime::CurrentThread, postgres_key::the_first_key_bound_is_the_ledgers_on_every_replica_and_after_a_restart),
+        trial("postgres_key::binders_racing_with_different_keys_bind_exactly_one", Runtime::MultiThread(4), postgres_key::binders_racing_with_different_keys_bind_exactly_one),
         trial("postgres_results::a_result_stored_before_a_purge_loads_after_its_completion", Runtime::CurrentThread, postgres_results::a_result_stored_before_a_purge_loads_after_its_completion),
         trial("postgres_results::a_completed_and_its_result_are_one_write_or_neither", Runtime::CurrentThread, postgres_results::a_completed_and_its_result_are_one_write_or_neither),
         trial("audit_postgres::a_stored_line_with_an_extra_field_is_edited", Runtime::CurrentThread, audit_postgres::a_stored_line_with_an_extra_field_is_edited),

@@ -87,6 +87,9 @@ pub enum InvalidFingerprintKey {
     /// The operating system's random source failed.
     #[error("could not draw a random fingerprint key: {0}")]
     Random(String),
+    /// Text that is not hex digits (the error never repeats it).
+    #[error("a fingerprint key in text is hex digits (64 for a key of 32 bytes), and this is not")]
+    NotHex,
 }
 
 impl FingerprintKey {
@@ -108,6 +111,25 @@ impl FingerprintKey {
             record_mac,
             secret_mac,
         })
+    }
+
+    /// A key from its hex form, the form a key file holds: 64 hex digits for a key of 32
+    /// bytes (up to 256 for 128), surrounding whitespace ignored. The file ledger keeps its
+    /// key beside it in this form ([`FileLedger::fingerprint_key`](crate::ledger::FileLedger::fingerprint_key)),
+    /// and reads it back with this function; a key shared by the replicas of a PostgreSQL
+    /// ledger is given the same way. No error repeats the text.
+    ///
+    /// ```
+    /// use mcp_replay_guard::fingerprint::FingerprintKey;
+    ///
+    /// let key = FingerprintKey::from_hex(&format!("{}\n", "07".repeat(32)))?;
+    /// assert_eq!(key.expose_bytes(), [7; 32]);
+    /// assert!(FingerprintKey::from_hex("s3cret").is_err());
+    /// # Ok::<(), mcp_replay_guard::fingerprint::InvalidFingerprintKey>(())
+    /// ```
+    pub fn from_hex(text: &str) -> Result<Self, InvalidFingerprintKey> {
+        let bytes = hex::decode(text.trim()).map_err(|_| InvalidFingerprintKey::NotHex)?;
+        Self::from_bytes(&bytes)
     }
 
     /// A new random key from the operating system.

@@ -17,6 +17,7 @@ pub mod audit;
 pub mod chain;
 mod file;
 mod index;
+mod key_id;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -148,7 +148,7 @@ pub(crate) async fn the_lifecycle_reads_as_the_design_record_and_survives_a_rest
         schema
             .query_i64s(&ledger, "SELECT count(*) FROM {s}.mrg_schema_version")
             .await,
-        [1]
+        [2]
     );
     schema.drop(&ledger).await;
 }
@@ -525,7 +525,7 @@ pub(crate) async fn replicas_connecting_together_migrate_once() {
                 "SELECT count(*), max(version)::int8 FROM {s}.mrg_schema_version"
             )
             .await,
-        [1, 1]
+        [2, 2]
     );
     assert_eq!(ledgers[3].schema(), schema.name);
     schema.drop(&ledgers[0]).await;

@@ -2,34 +2,11 @@
 
 use super::*;
 
-/// The id a ledger records for its fingerprint key: HMAC-SHA256 under the key of a fixed
-/// label. It names the key without revealing it.
-pub(super) fn key_id(key: &FingerprintKey) -> String {
-    use hmac::{KeyInit, Mac};
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.expose_bytes())
-        .expect("HMAC takes keys of any length");
-    mac.update(b"mcp-replay-guard key id");
-    format!("hmac-sha256:{}", hex::encode(mac.finalize().into_bytes()))
-}
-
-/// The first 16 hex digits of a key id, enough to tell two keys apart in a message.
-pub(super) fn short_id(id: &str) -> &str {
-    let end = id.len().min("hmac-sha256:".len() + 16);
-    &id[..end]
-}
+pub(super) use crate::ledger::key_id::{key_id, short_id};
 
 /// Whether a ledger that names `bound` (if any) may be used with the key of id `id`.
 pub(super) fn check_key(bound: Option<&str>, id: &str) -> Result<(), LedgerError> {
-    match bound {
-        Some(bound) if bound != id => Err(LedgerError::storage(format!(
-            "the fingerprint key is not the key this ledger was written with (the ledger names \
-             key {}, this one is {}): restore the ledger's own key file; another key would \
-             recognise none of its intents",
-            short_id(bound),
-            short_id(id)
-        ))),
-        _ => Ok(()),
-    }
+    crate::ledger::key_id::check_key(bound, id, "restore the ledger's own key file")
 }
 
 /// Reads the key file, `None` when there is none.
@@ -40,9 +17,7 @@ pub(super) fn read_key(p: &Path) -> Result<Option<FingerprintKey>, LedgerError> 
         Err(e) => return Err(failed(&format!("cannot read the key {}", p.display()), e)),
     };
     // The errors never carry the file's content.
-    let bytes = hex::decode(text.trim())
-        .map_err(|_| LedgerError::storage(format!("the key file {} is not hex", p.display())))?;
-    FingerprintKey::from_bytes(&bytes)
+    FingerprintKey::from_hex(&text)
         .map(Some)
         .map_err(|e| failed(&format!("the key file {}", p.display()), e))
 }
@@ -84,25 +59,5 @@ pub(super) fn create_key(
             })
         }
         Err(e) => Err(failed(&format!("cannot create {}", key_path.display()), e)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_key_id_names_the_key_without_revealing_it() {
-        let key = FingerprintKey::from_bytes(&[7; 32]).unwrap();
-        let id = key_id(&key);
-        assert!(
-            id.starts_with("hmac-sha256:") && id.len() == 12 + 64,
-            "{id}"
-        );
-        assert!(!id.contains(&hex::encode(key.expose_bytes())));
-        assert_ne!(id, key_id(&FingerprintKey::from_bytes(&[8; 32]).unwrap()));
-        assert_eq!(short_id(&id).len(), 12 + 16);
-        assert!(check_key(None, &id).is_ok() && check_key(Some(&id), &id).is_ok());
-        assert!(check_key(Some("hmac-sha256:00"), &id).is_err());
     }
 }

@@ -34,8 +34,9 @@ use super::{
 };
 use crate::execution::Correlation;
 use crate::{
-    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target, execution::RetryClass,
-    fingerprint::Fingerprint,
+    Actor, CredentialRef, ExecutionId, IdempotencyKey, IntentScope, Target,
+    execution::RetryClass,
+    fingerprint::{Fingerprint, FingerprintKey},
 };
 
 mod batch;
@@ -85,7 +86,11 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// let contracts = ContractRegistry::builder()
 ///     .tool("deploy_release", ToolContract::irreversible())
 ///     .build()?;
-/// let layer = GuardLayer::new(ledger.clone(), contracts, FingerprintKey::generate()?);
+/// // Every replica is given the same fingerprint key (a secret, 64 hex digits) and binds the
+/// // ledger to it: a replica started with another key is refused.
+/// let key = FingerprintKey::from_hex(&std::env::var("GUARD_FINGERPRINT_KEY")?)?;
+/// ledger.bind_fingerprint_key(&key).await?;
+/// let layer = GuardLayer::new(ledger.clone(), contracts, key);
 /// # let _ = layer;
 ///
 /// // An audit, at any time, from any replica.
@@ -107,6 +112,7 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// | `mrg_executions` | the index: `execution_id` (primary key), `actor`, `intent_scope`, `fingerprint`, `tool`, `state` (as the JSON form spells it), `owner`, `accepted_seq`, `last_seq`, `link_until_ms`, `retain_until_ms`, `record` (JSON text with every field of the record; cast it to `jsonb` to query it), `chain` (the chain its `accepted` line is in) |
 /// | `mrg_results` | kept results: `reference` (primary key), `execution_id`, `bytes` |
 /// | `mrg_owners` | owner leases: `owner` (primary key), `lease_until` |
+/// | `mrg_fingerprint_key` | at most one row: the id of the fingerprint key the ledger is bound to (`key_id`, `bound_at`; see [Its fingerprint key](#its-fingerprint-key)) |
 ///
 /// The tables are created, or migrated, when a ledger connects, under a transaction-scoped
 /// advisory lock, so replicas that start together do not race each other.
@@ -167,7 +173,14 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// done. An append finds its execution's partition from the claims made through this ledger,
 /// or reads it from the execution's row.
 ///
-/// # Owner liveness
+/// # Its fingerprint key
+///
+/// Every replica must fingerprint with the same [`FingerprintKey`]: under another key no
+/// intent matches, and a call held for review would be sent again. The ledger cannot keep the
+/// key beside itself as the file ledger does (each replica is given it), so it keeps the key's
+/// id instead: [`bind_fingerprint_key`](Self::bind_fingerprint_key) records it the first time
+/// and refuses any other key from then on, on every replica.
+///
 ///
 /// An execution's `owner` is the guard that claimed it, then the guard that dispatched its
 /// latest attempt (ownership moves with every `dispatched`, so a continuation in another
@@ -356,6 +369,44 @@ impl PostgresLedger {
     /// writer).
     pub fn pool(&self) -> &Pool {
         &self.core.pool
+    }
+
+    /// Binds the ledger to `key`, the fingerprint key of the guards that write it: records the
+    /// key's id (a keyed digest that names the key without revealing it) if the ledger names
+    /// none yet, and fails if it names another key, as
+    /// [`FileLedger::bind_fingerprint_key`](crate::ledger::FileLedger::bind_fingerprint_key)
+    /// does. Call it on every replica after connecting, before its guard takes a call (see
+    /// [Its fingerprint key](PostgresLedger#its-fingerprint-key)).
+    ///
+    /// # Which key
+    ///
+    /// The id is one row of `mrg_fingerprint_key`, recorded and read back in one transaction:
+    /// replicas that bind at the same moment wait on that row for each other, so exactly one
+    /// id is recorded and every other key is refused. A ledger that names no key yet (a new
+    /// one, or one written before its replicas bound a key) is bound to the first key given:
+    /// bind before the first claim. The row is not part of the hash chain: it stops a replica
+    /// started with the wrong key, not someone who can write the tables.
+    pub async fn bind_fingerprint_key(&self, key: &FingerprintKey) -> Result<(), LedgerError> {
+        let id = super::key_id::key_id(key);
+        let failed = |e| read_failed("binding the fingerprint key", e);
+        let mut client = self.core.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        tx.execute(self.core.sql.bind_key.as_str(), &[&id])
+            .await
+            .map_err(failed)?;
+        // A new statement, so a new snapshot: it sees the id of a binder that won the race.
+        let bound: String = tx
+            .query_one(self.core.sql.bound_key.as_str(), &[])
+            .await
+            .map_err(failed)?
+            .get(0);
+        tx.commit().await.map_err(failed)?;
+        super::key_id::check_key(
+            Some(&bound),
+            &id,
+            "give every replica the key the ledger was first bound with (the same key file or \
+             variable)",
+        )
     }
 
     /// Verifies every chain: reads `mrg_events` in `seq` order and checks every stored line

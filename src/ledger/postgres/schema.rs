@@ -7,10 +7,11 @@ use super::*;
 pub(super) const DEFAULT_SCHEMA: &str = "public";
 
 /// The schema version this build writes.
-pub(super) const SCHEMA_VERSION: i32 = 1;
+pub(super) const SCHEMA_VERSION: i32 = 2;
 
 /// The migrations, in order; `{s}` is the quoted schema.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE IF NOT EXISTS {s}.mrg_events (
     seq BIGINT PRIMARY KEY CHECK (seq > 0),
     prev TEXT NOT NULL,
@@ -52,7 +53,15 @@ CREATE TABLE IF NOT EXISTS {s}.mrg_owners (
     heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     lease_until TIMESTAMPTZ NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS {s}.mrg_fingerprint_key (
+    one_row BOOLEAN PRIMARY KEY DEFAULT true CHECK (one_row),
+    key_id TEXT NOT NULL,
+    bound_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+"#,
+];
 
 /// Partitions the ledger (see [Partitions](PostgresLedger#partitions)), once, in the
 /// transaction of the migrations: one `seq` sequence for every chain, starting after the
@@ -111,6 +120,10 @@ pub(super) struct Sql {
     pub(super) lock_all_chains: String,
     pub(super) purge_executions: String,
     pub(super) purge_owners: String,
+    /// Records a key id unless one is recorded (waiting for a binder that is recording one).
+    pub(super) bind_key: String,
+    /// The key id recorded.
+    pub(super) bound_key: String,
 }
 
 impl Sql {
@@ -211,6 +224,11 @@ impl Sql {
                  (SELECT 1 FROM {s}.mrg_owners o WHERE o.lease_until > now() AND (o.owner = e.owner \
                      OR o.owner IN (SELECT json_array_elements_text(e.record->'earlier_owners')))))"
             ),
+            bind_key: format!(
+                "INSERT INTO {s}.mrg_fingerprint_key (key_id) VALUES ($1::text) \
+                 ON CONFLICT (one_row) DO NOTHING"
+            ),
+            bound_key: format!("SELECT key_id FROM {s}.mrg_fingerprint_key"),
             purge_owners: format!(
                 "DELETE FROM {s}.mrg_owners o WHERE o.lease_until < now() \
                  AND NOT EXISTS (SELECT 1 FROM {s}.mrg_executions e WHERE e.owner = o.owner)"
