@@ -412,6 +412,19 @@ fn child_entry() {
                     println!("DONE {i}");
                 }
             }
+            ["compact_above", path, bytes] => {
+                let ledger = FileLedger::open(path).unwrap();
+                // Opened (the whole file read) by every child before any of them compacts.
+                println!("READY");
+                let mut go = String::new();
+                std::io::stdin().read_line(&mut go).unwrap();
+                let bytes = bytes.parse().unwrap();
+                match ledger.compact_if_larger(Timestamp::now(), bytes).await {
+                    Ok(Some(_)) => println!("COMPACTED"),
+                    Ok(None) => println!("ALREADY SHORT"),
+                    Err(error) => panic!("compaction failed: {error}"),
+                }
+            }
             ["compact", path] => {
                 let ledger = FileLedger::open(path).unwrap();
                 loop {
@@ -486,6 +499,85 @@ async fn four_processes_append_to_one_chain_without_forking_it() {
     }
     assert_eq!(new, 1);
     drop(ledger);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Four processes find the file too long at once and ask to compact it if it still is: they
+/// take its lock one at a time, the first compacts, and the others find it short.
+#[test]
+fn of_processes_that_find_the_file_too_long_at_once_one_compacts() {
+    use std::io::{BufRead, Write};
+    let (dir, path) = ledger_dir("compact-once");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let ledger = FileLedger::open(&path).unwrap();
+        for byte in 0..20 {
+            let mut short = claim(byte, "guard:compact-once");
+            short.retention = Duration::from_millis(1);
+            short.link_window = short.retention;
+            let claimed = ledger.claim(short).await.unwrap();
+            run_to_completion(&ledger, &claimed).await;
+        }
+    });
+    let bound = std::fs::metadata(&path).unwrap().len() - 1;
+    let mut children: Vec<_> = (0..4)
+        .map(|_| {
+            child_process(&format!("compact_above|{}|{bound}", path.display()))
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for child in &mut children {
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("READY") {
+            line.clear();
+            assert_ne!(
+                out.read_line(&mut line).unwrap(),
+                0,
+                "the child ended early"
+            );
+        }
+        outputs.push(out);
+    }
+    for child in &mut children {
+        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    let mut said = Vec::new();
+    for (child, mut out) in children.into_iter().zip(outputs) {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        assert!(child.wait_with_output().unwrap().status.success(), "{rest}");
+        said.extend(
+            rest.lines()
+                .filter(|l| l.starts_with("COMPACTED") || l.starts_with("ALREADY"))
+                .map(str::to_owned),
+        );
+    }
+    said.sort();
+    assert_eq!(
+        said,
+        ["ALREADY SHORT"; 3]
+            .iter()
+            .chain(&["COMPACTED"])
+            .copied()
+            .collect::<Vec<_>>()
+    );
+    let archives = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".archive")
+        })
+        .count();
+    assert_eq!(archives, 1);
+    assert!(std::fs::metadata(&path).unwrap().len() <= bound);
+    assert!(verify_file(&path).unwrap().is_ok());
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -162,7 +162,9 @@ enum Op {
     Events(ExecutionId, Reply<Vec<LedgerEvent>>),
     List(Reply<Vec<ExecutionRecord>>),
     LoadResult(String, Reply<Option<Bytes>>),
-    Compact(Timestamp, Reply<CompactReport>),
+    /// A compaction at a time, if the file (read to its end under the lock) is larger than
+    /// the bytes given.
+    Compact(Timestamp, Option<u64>, Reply<Option<CompactReport>>),
     /// The key id the ledger names, and whether the chain holds any line.
     KeyState(SyncReply<(Option<String>, bool)>),
     /// Binds the ledger to a key id (records it if it names none), or refuses another one.
@@ -212,6 +214,10 @@ pub struct CompactReport {
     pub kept_executions: usize,
     /// Executions dropped.
     pub dropped_executions: usize,
+    /// The file's length before (what the archive holds).
+    pub bytes_before: u64,
+    /// The new file's length as compaction wrote it (before any later append).
+    pub bytes_after: u64,
 }
 
 /// A storage failure described by `context` and `error`, with no error under it (a
@@ -478,7 +484,22 @@ impl FileLedger {
     /// their retention at `now` (see the [`FileLedger`] docs).
     pub async fn compact(&self, now: Timestamp) -> Result<CompactReport, LedgerError> {
         self.writable()?;
-        self.ask(|reply| Op::Compact(now, reply)).await
+        self.ask(|reply| Op::Compact(now, None, reply))
+            .await?
+            .ok_or_else(|| storage("internal", "an unconditional compaction did not run"))
+    }
+
+    /// [`compact`](Self::compact), if the file is longer than `bytes` once this process holds
+    /// its lock and has read it to its end; `None` when it is not. Processes that share the
+    /// file take its lock one at a time, so of several that find it too long at once, the
+    /// first compacts and the others find it short again and do nothing.
+    pub async fn compact_if_larger(
+        &self,
+        now: Timestamp,
+        bytes: u64,
+    ) -> Result<Option<CompactReport>, LedgerError> {
+        self.writable()?;
+        self.ask(|reply| Op::Compact(now, Some(bytes), reply)).await
     }
 
     async fn ask<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, LedgerError> {

@@ -552,7 +552,7 @@ impl Writer {
                             });
                         replies.push(Box::new(move |failed| send(reply, stored, failed)));
                     }
-                    Op::Compact(now, reply) => {
+                    Op::Compact(now, above, reply) => {
                         // Whatever this batch appended goes first, into the archived file. A
                         // write that fails fails the batch: every write of it is told it was
                         // not recorded (its compaction too), and the index is rebuilt from the
@@ -564,7 +564,12 @@ impl Writer {
                             }));
                             return Err(error);
                         }
-                        let report = w.compact(now);
+                        // Another process may have compacted it while this one waited.
+                        if above.is_some_and(|bytes| w.offset <= bytes) {
+                            replies.push(Box::new(move |failed| send(reply, Ok(None), failed)));
+                            continue;
+                        }
+                        let report = w.compact(now).map(Some);
                         if report.is_err() {
                             // Its file may have been swapped in under the name before it
                             // failed: what comes next is written to the file the name holds.
@@ -668,7 +673,7 @@ impl Writer {
                 Err(storage("internal", "a result was answered as a read")),
                 None,
             ),
-            Op::Compact(_, reply) => send(
+            Op::Compact(_, _, reply) => send(
                 reply,
                 Err(storage("internal", "a compaction was answered as a read")),
                 None,
@@ -679,6 +684,7 @@ impl Writer {
     /// Archives the file; the new one starts with a checkpoint carrying the archived head.
     fn compact(&mut self, now: Timestamp) -> Result<CompactReport, LedgerError> {
         let before = self.index.executions.len();
+        let bytes_before = self.offset;
         let owners = &self.owners;
         self.index
             .purge_expired(now, |owner| owners.is_alive(owner));
@@ -734,6 +740,7 @@ impl Writer {
         let next = sibling(&self.path, "compacting");
         // The compacted file's head is read back when it is reopened below.
         let (text, _) = seal_lines(self.head, bodies)?;
+        let bytes_after = text.len() as u64;
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -759,6 +766,8 @@ impl Writer {
             archived_to,
             kept_executions: kept,
             dropped_executions: before - kept,
+            bytes_before,
+            bytes_after,
         })
     }
 }
