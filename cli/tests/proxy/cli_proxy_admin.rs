@@ -8,8 +8,6 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use support::*;
 
-/// A stateless server that answers with JSON.
-
 /// A free port on 127.0.0.1 (bound, then let go) for the admin listener.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -23,11 +23,6 @@ const BOB_KEY: &str = "k-bob-4be8913f60";
 const ISSUER: &str = "https://id.example.test";
 const AUDIENCE: &str = "replay-guard-proxy";
 
-/// A stateless server that answers with JSON.
-
-/// Sends the deploy with `headers` on a connection of its own (kept open by the caller so the
-/// answer stays undelivered).
-
 fn write_clients(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("clients.toml");
     let sha = |key: &str| hex::encode(Sha256::digest(key.as_bytes()));

@@ -17,13 +17,6 @@ use support::*;
 const ALICE: &str = "Bearer alice-token-s3cr3t";
 const BOB: &str = "Bearer bob-token-s3cr3t";
 
-/// A stateless server that answers with JSON.
-
-/// The 2026-07-28 `tools/call` of `deploy_release` with `headers`.
-
-/// A new client (its own connection: hold it to keep the answer undelivered) sends the
-/// deploy with `headers`.
-
 /// [`deploy_as`], read to the JSON-RPC answer.
 async fn deployed_as(url: &str, id: i64, headers: &[(&str, &str)]) -> (HyperClient, Value) {
     let (client, response) = deploy_as(url, id, headers).await;

@@ -12,10 +12,6 @@ use http_body_util::Full;
 use serde_json::json;
 use support::*;
 
-/// A stateless server that answers with JSON.
-
-/// The 2026-07-28 `tools/call` of `deploy_release` with `id`.
-
 fn with_header(mut request: Request<Full<Bytes>>, name: &str, value: &str) -> Request<Full<Bytes>> {
     request.headers_mut().insert(
         http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
