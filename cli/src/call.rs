@@ -225,7 +225,8 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
     // A body this command drops is never read again: the process ends.
     let layer = args
         .guard
-        .layer(contracts, args.timeout)?
+        .layer(contracts, args.timeout)
+        .await?
         .drain_timeout(Duration::ZERO);
     let ledger = layer.ledger().clone();
 

@@ -1,6 +1,6 @@
 //! What `call` and `proxy` share: which ledger, which contracts, and who is acting.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -10,8 +10,10 @@ use mcp_replay_guard::{
     execution::RetryClass,
     fingerprint::FingerprintKey,
     guard::GuardLayer,
-    ledger::{FileLedger, MemoryLedger},
+    ledger::{Ledger, MemoryLedger},
 };
+
+use crate::ledger_location::{KeyOptions, LedgerLocation, LedgerParser};
 
 /// The actor of `call` without `--actor`.
 const DEFAULT_ACTOR: &str = "replay-guard";
@@ -19,10 +21,14 @@ const DEFAULT_ACTOR: &str = "replay-guard";
 /// The guard's configuration on the command line.
 #[derive(Debug, Args)]
 pub struct GuardOptions {
-    /// A file ledger, shared by every invocation and process that names it. Without it the
-    /// ledger lives in memory and ends with the process.
-    #[arg(long, value_name = "PATH")]
-    pub ledger: Option<PathBuf>,
+    /// The ledger, shared by every invocation and process that names it: a file, or a
+    /// PostgreSQL database (`postgres://user@host/db`, `?schema=NAME` for a schema other than
+    /// `public`; its fingerprint key from --key-file or REPLAY_GUARD_FINGERPRINT_KEY). Without
+    /// it the ledger lives in memory and ends with the process.
+    #[arg(long, value_name = "LEDGER", value_parser = LedgerParser)]
+    pub ledger: Option<LedgerLocation>,
+    #[command(flatten)]
+    pub key: KeyOptions,
     /// A policy file (TOML, or JSON by its extension): tool contracts, link windows, retention,
     /// fingerprint rules, secret paths, trusted servers. Tools it does not list are irreversible.
     #[arg(long, value_name = "FILE")]
@@ -82,36 +88,40 @@ impl GuardOptions {
     }
 
     /// The guard layer over the chosen ledger. With a file ledger the fingerprint key is the one
-    /// kept beside it, so every process that shares the ledger recognises the same intents, and
-    /// a wait for another process's lock on it is bounded by `attach_timeout`.
-    pub fn layer(
+    /// kept beside it, with a PostgreSQL ledger the one given (which the ledger is bound to),
+    /// so every process that shares the ledger recognises the same intents; a wait for another
+    /// process's lock on a file is bounded by `attach_timeout`.
+    pub async fn layer(
         &self,
         contracts: ContractRegistry,
         attach_timeout: Duration,
     ) -> anyhow::Result<GuardLayer> {
-        Ok(self.layer_and_key(contracts, attach_timeout)?.0)
+        Ok(self.layer_and_key(contracts, attach_timeout).await?.0)
     }
 
     /// [`Self::layer`] and the fingerprint key it uses (the proxy derives its actor tags from
     /// it).
-    pub fn layer_and_key(
+    pub async fn layer_and_key(
         &self,
         contracts: ContractRegistry,
         attach_timeout: Duration,
     ) -> anyhow::Result<(GuardLayer, FingerprintKey)> {
         let (layer, key) = match &self.ledger {
-            Some(path) => {
+            Some(location) => {
                 // The cause says what went wrong (a full disk, a foreign file, a held lock, a
-                // missing key): no guess about permissions on top of it.
-                let context =
-                    || format!("cannot use the ledger {}; nothing was sent", path.display());
+                // missing key, a database that does not answer): no guess about permissions on
+                // top of it. The location is shown without a password.
+                let context = || format!("cannot use the ledger {location}; nothing was sent");
                 // Waiting for another process's lock is bounded by the call's own timeout.
-                let ledger = FileLedger::open_with_lock_timeout(path, attach_timeout)
+                let (opened, key) = location
+                    .open_for_guard(attach_timeout, &self.key)
+                    .await
                     .with_context(context)?;
-                let key = ledger.fingerprint_key().with_context(context)?;
+                let ledger: Arc<dyn Ledger> = opened.ledger();
                 (GuardLayer::new(ledger, contracts, key.clone()), key)
             }
             None => {
+                self.key.refuse_file_ledger()?;
                 let key = FingerprintKey::generate()?;
                 (
                     GuardLayer::new(MemoryLedger::new(), contracts, key.clone()),

@@ -126,7 +126,8 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
     let contracts = args.guard.contracts(None)?;
     let layer = args
         .guard
-        .layer(contracts, args.attach_timeout)?
+        .layer(contracts, args.attach_timeout)
+        .await?
         .target(Target::from(target.as_str()))
         .execution_id_in_meta(args.execution_id_in_meta)
         .max_body_bytes(args.max_line_bytes);

@@ -317,7 +317,10 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     };
     let listener_tls = args.listener_tls.listener()?;
     let contracts = args.guard.contracts(None)?;
-    let (layer, key) = args.guard.layer_and_key(contracts, args.attach_timeout)?;
+    let (layer, key) = args
+        .guard
+        .layer_and_key(contracts, args.attach_timeout)
+        .await?;
     let live = build_live(&args, &routes, &layer, &key)?;
     if let Some(names) = live.principals.credential_headers() {
         let held = live.routes.iter().next().map(|route| route.held.clone());
@@ -386,7 +389,12 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         );
         let readiness = Arc::new(admin::Readiness {
             ledger: layer.ledger().clone(),
-            ledger_file: args.guard.ledger.clone(),
+            ledger_file: args
+                .guard
+                .ledger
+                .as_ref()
+                .and_then(|ledger| ledger.file())
+                .map(Into::into),
             live: proxy.live.clone(),
         });
         tokio::spawn(admin::serve(admin, readiness, stopping.clone()));
