@@ -284,7 +284,7 @@ where
         let reason = match resend_reason(kind, request.method(), outcome, has_key) {
             Ok(reason) => reason,
             Err(refusal) => {
-                tracing::warn!(attempts, %error, why = refusal, "not re-sent: the outcome is unknown");
+                tracing::info!(attempts, %error, why = refusal, "not re-sent: the outcome is unknown");
                 return None;
             }
         };

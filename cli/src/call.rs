@@ -122,6 +122,16 @@ impl Outcome {
         }
     }
 
+    /// The execution's state as far as the answer tells it.
+    fn state(&self) -> Option<&str> {
+        match self {
+            Self::Completed(_) | Self::ToolError(_) => Some("completed"),
+            Self::GuardAnswer(result) => guard_state(result),
+            Self::Unknown(payload) => payload["state"].as_str(),
+            Self::JsonRpcError(_) | Self::Refused { .. } => None,
+        }
+    }
+
     fn payload(&self) -> Value {
         match self {
             Self::Completed(v)
@@ -279,10 +289,11 @@ pub async fn run(args: CallArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         Ok(called) => finish(called, json_output).await,
         Err(Failure { error, sent: false }) => Err(error),
         Err(Failure { error, sent: true }) => {
-            eprintln!(
-                "error: {error:#}. The request may have been sent: the outcome is unknown (exit 3); `replay-guard ledger list` shows where the execution stands"
+            let message = format!(
+                "{error:#}. The request may have been sent: the outcome is unknown (exit 3); `replay-guard ledger list` shows where the execution stands"
             );
-            Ok(ExitCode::from(3))
+            eprintln!("error: {message}");
+            Ok(crate::say_failed(&message, 3, true, json_output))
         }
     };
     // Teardown last: the answer is printed and its delivery recorded.
@@ -506,10 +517,13 @@ async fn settled_record(ledger: &dyn Ledger, id: ExecutionId) {
 fn print(outcome: &Outcome, execution: Option<&str>, json_output: bool) -> std::io::Result<()> {
     let mut stdout = std::io::stdout().lock();
     if json_output {
+        // One shape for every answer: a script reads `state` whether the call completed, was
+        // held, or is unknown.
         let line = json!({
             "outcome": outcome.name(),
             "exit_code": outcome.exit_code(),
             "execution_id": execution,
+            "state": outcome.state(),
             "result": outcome.payload(),
         });
         writeln!(stdout, "{line}")?;

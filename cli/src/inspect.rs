@@ -61,7 +61,7 @@ pub(crate) struct LedgerArg {
 
 impl LedgerArg {
     /// The ledger, which must exist.
-    fn location(self) -> anyhow::Result<LedgerLocation> {
+    pub(crate) fn location(self) -> anyhow::Result<LedgerLocation> {
         let location = self
             .ledger
             .or(self.path)

@@ -10,6 +10,7 @@
 //! replay-guard audit head --ledger PATH      # the head to anchor elsewhere: SEQ:sha256:HEX
 //! replay-guard audit show --ledger LEDGER [EXECUTION]  # the investigation timeline (all executions without an id)
 //! replay-guard ledger list --ledger LEDGER [--state S]  # one line per execution
+//! replay-guard ledger compact --ledger LEDGER  # a file: archived, what is retained kept; PostgreSQL: expired executions purged
 //! replay-guard resolve --ledger LEDGER [--key-file PATH] EXECUTION (--applied | --not-applied) --note TEXT
 //! ```
 //!
@@ -25,6 +26,9 @@
 //! to do next), 3 (`call`) the outcome is unknown, held for review, or still in progress.
 
 mod call;
+mod call_lines;
+mod compact;
+mod compaction;
 mod demo;
 #[path = "../../examples/support/deploy_server.rs"]
 mod deploy_server;
@@ -37,9 +41,10 @@ mod options;
 #[doc(hidden)]
 pub mod proxy;
 mod stdio;
+mod telemetry;
 mod tls;
 
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use inspect::AuditCommand;
@@ -55,9 +60,14 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
     /// How log lines on stderr are written: `json` is one JSON object per line, for log
-    /// shippers. `RUST_LOG` sets the level (default `warn`).
+    /// shippers. `RUST_LOG` sets what is written (default: warnings, the command's own news
+    /// and one line per guarded call, `warn,replay_guard=info,mcp_replay_guard::call=info`).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Export traces over OTLP/HTTP to this collector (its base URL; `/v1/traces` is added).
+    /// Without it, `OTEL_EXPORTER_OTLP_ENDPOINT` when set; else nothing is exported.
+    #[arg(long, global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -90,37 +100,56 @@ enum Command {
 enum LedgerCommand {
     /// One line per execution.
     List(inspect::ListArgs),
+    /// Keep the ledger small: a file is archived and a new one starts with only the
+    /// executions still retained (safe while other processes use it), and what was kept,
+    /// dropped and archived is printed; a PostgreSQL ledger's expired executions are purged.
+    Compact(compact::CompactArgs),
 }
 
 /// The form of the log lines on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     /// Text for people (coloured on a terminal).
     Text,
     /// One JSON object per line.
     Json,
 }
 
-fn init_logging(format: LogFormat) {
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        );
-    match format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => logs.json().with_ansi(false).init(),
-    }
-}
-
 /// The command: parses the arguments, runs what they ask for, and says how it ended.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     let log_format = cli.log_format;
-    init_logging(log_format);
+    let telemetry = telemetry::init(log_format, cli.otlp_endpoint.as_deref());
+    let code = run_to_end(cli, log_format);
+    telemetry.shut_down();
+    code
+}
+
+/// A command line clap refused (or `--help`, `--version`): printed as clap prints it, and with
+/// `--json` anywhere on it, as one JSON error object on stdout too.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    // Help and version are answers, not errors.
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = error.print();
+        return ExitCode::SUCCESS;
+    }
+    let _ = error.print();
+    let json = std::env::args_os().any(|arg| arg == "--json");
+    let message = error.render().to_string();
+    let first = message.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    say_failed(first, 2, false, json)
+}
+
+/// Runs the command on a runtime of its own and says how it ended.
+fn run_to_end(cli: Cli, log_format: LogFormat) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -131,17 +160,36 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let json = cli.json;
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(error) if log_format == LogFormat::Json => {
-            tracing::error!("{error:#}");
-            ExitCode::from(2)
-        }
         Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::from(2)
+            let message = format!("{error:#}");
+            if log_format == LogFormat::Json {
+                tracing::error!("{message}");
+            } else {
+                eprintln!("error: {message}");
+            }
+            say_failed(&message, 2, false, json)
         }
     }
+}
+
+/// An error exit: with `--json`, one object on stdout as well as the text on stderr, in the
+/// shape of `call`'s answers: `{"outcome": "error", "exit_code", "message", "sent"}` (`sent`:
+/// whether anything may have reached a server).
+pub(crate) fn say_failed(message: &str, exit_code: u8, sent: bool, json: bool) -> ExitCode {
+    if json {
+        let line = serde_json::json!({
+            "outcome": "error",
+            "exit_code": exit_code,
+            "message": message,
+            "sent": sent,
+        });
+        // Nothing more can be said when stdout is closed: the exit code still says it.
+        let _ = writeln!(std::io::stdout(), "{line}");
+    }
+    ExitCode::from(exit_code)
 }
 
 /// How long `resolve` waits for another process that holds the ledger's lock. The read-only
@@ -152,14 +200,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => demo::run(args, cli.json).await,
         Command::Call(args) => call::run(args, cli.json).await,
-        Command::Proxy(args) => proxy::run(args).await,
-        Command::Stdio(args) => stdio::run(args).await,
+        Command::Proxy(args) => proxy::run(args, cli.json).await,
+        Command::Stdio(args) => stdio::run(args, cli.json).await,
         Command::Audit(AuditCommand::Verify {
             ledger,
             expect_head,
         }) => inspect::verify(ledger, expect_head, cli.json).await,
         Command::Audit(AuditCommand::Head { ledger }) => inspect::head(ledger, cli.json),
         Command::Audit(AuditCommand::Show(args)) => inspect::show(args, cli.json).await,
+        Command::Ledger(LedgerCommand::Compact(args)) => compact::run(args, cli.json).await,
         Command::Ledger(LedgerCommand::List(args)) => inspect::list(args, cli.json).await,
         Command::Resolve(args) => inspect::settle(args, cli.json).await,
     }

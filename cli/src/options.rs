@@ -13,7 +13,7 @@ use mcp_replay_guard::{
     ledger::{Ledger, MemoryLedger},
 };
 
-use crate::ledger_location::{KeyOptions, LedgerLocation, LedgerParser};
+use crate::ledger_location::{KeyOptions, LedgerLocation, LedgerParser, OpenLedger};
 
 /// The actor of `call` without `--actor`.
 const DEFAULT_ACTOR: &str = "replay-guard";
@@ -106,7 +106,17 @@ impl GuardOptions {
         contracts: ContractRegistry,
         attach_timeout: Duration,
     ) -> anyhow::Result<(GuardLayer, FingerprintKey)> {
-        let (layer, key) = match &self.ledger {
+        let (layer, key, _) = self.layer_key_and_ledger(contracts, attach_timeout).await?;
+        Ok((layer, key))
+    }
+
+    /// [`Self::layer_and_key`], and the ledger a serving command keeps small (none in memory).
+    pub async fn layer_key_and_ledger(
+        &self,
+        contracts: ContractRegistry,
+        attach_timeout: Duration,
+    ) -> anyhow::Result<(GuardLayer, FingerprintKey, Option<OpenLedger>)> {
+        let (layer, key, compacted) = match &self.ledger {
             Some(location) => {
                 // The cause says what went wrong (a full disk, a foreign file, a held lock, a
                 // missing key, a database that does not answer): no guess about permissions on
@@ -117,8 +127,13 @@ impl GuardOptions {
                     .open_for_guard(attach_timeout, &self.key)
                     .await
                     .with_context(context)?;
+                let compacted = Some(opened.clone());
                 let ledger: Arc<dyn Ledger> = opened.ledger();
-                (GuardLayer::new(ledger, contracts, key.clone()), key)
+                (
+                    GuardLayer::new(ledger, contracts, key.clone()),
+                    key,
+                    compacted,
+                )
             }
             None => {
                 self.key.refuse_file_ledger()?;
@@ -126,6 +141,7 @@ impl GuardOptions {
                 (
                     GuardLayer::new(MemoryLedger::new(), contracts, key.clone()),
                     key,
+                    None,
                 )
             }
         };
@@ -137,6 +153,6 @@ impl GuardOptions {
         if let Some(reference) = &self.credential_ref {
             layer = layer.credential_ref(CredentialRef::new(reference.as_str()));
         }
-        Ok((layer, key))
+        Ok((layer, key, compacted))
     }
 }

@@ -25,6 +25,7 @@
 
 use std::{
     ffi::OsString,
+    io::Write as _,
     path::Path,
     process::{ExitCode, ExitStatus, Stdio},
     sync::{Arc, Mutex, PoisonError},
@@ -48,7 +49,10 @@ use tokio::{
     sync::watch,
 };
 
-use crate::options::GuardOptions;
+use crate::{
+    compaction::{self, CompactionOptions},
+    options::GuardOptions,
+};
 
 /// How long the replayed `initialize` may take on a restarted child.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,6 +74,8 @@ const MAX_QUICK_EXITS: u32 = 5;
 pub struct StdioArgs {
     #[command(flatten)]
     pub guard: GuardOptions,
+    #[command(flatten)]
+    pub compaction: CompactionOptions,
     /// Start the server again when it exits (after answering its calls in flight), replaying
     /// the host's `initialize`. Five exits in a row within two seconds of starting end the
     /// wrapper.
@@ -93,6 +99,10 @@ pub struct StdioArgs {
     /// How long a repeat waits for an attempt of the same execution that is still in flight.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "30s")]
     pub attach_timeout: Duration,
+    /// Serve `/healthz`, `/readyz` and `/metrics` (Prometheus text) on this address (e.g.
+    /// `127.0.0.1:9464`); its address is logged on stderr (stdout is the host's).
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<std::net::SocketAddr>,
     /// The server's command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -104,7 +114,9 @@ type Initialize = Arc<Mutex<Option<Bytes>>>;
 /// The smallest `--max-line-bytes`: an `initialize` must fit.
 const MIN_LINE_BYTES: usize = 1024;
 
-pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
+/// Relays until the host or the server ends; `json`: the start line (on stderr: stdout is the
+/// host's) as one JSON object.
+pub async fn run(args: StdioArgs, json: bool) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.max_line_bytes >= MIN_LINE_BYTES,
         "--max-line-bytes must be at least {MIN_LINE_BYTES} (an initialize must fit); nothing was started"
@@ -124,13 +136,21 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
         ),
     };
     let contracts = args.guard.contracts(None)?;
-    let layer = args
+    let (layer, _, compacted) = args
         .guard
-        .layer(contracts, args.attach_timeout)
-        .await?
+        .layer_key_and_ledger(contracts, args.attach_timeout)
+        .await?;
+    if let Some(ledger) = compacted {
+        compaction::spawn(&args.compaction, ledger);
+    }
+    let layer = layer
         .target(Target::from(target.as_str()))
         .execution_id_in_meta(args.execution_id_in_meta)
         .max_body_bytes(args.max_line_bytes);
+    let admin = match args.admin_listen {
+        Some(address) => Some(serve_admin(address, &args, &layer).await?),
+        None => None,
+    };
     let max = args.max_line_bytes;
     let (relay, wire_queue, mut client_queue) = Relay::new(&layer);
 
@@ -157,6 +177,7 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
             Path::new(program).display()
         )
     })?;
+    say_started(&target, child.child.id(), admin.as_deref(), json);
     let status = supervise(
         &args,
         &relay,
@@ -184,6 +205,48 @@ pub async fn run(args: StdioArgs) -> anyhow::Result<ExitCode> {
     };
     // tokio's stdin reads on a thread of its own that a runtime cannot stop: leave at once.
     std::process::exit(i32::from(code));
+}
+
+/// Serves the admin listener for the life of the wrapper (the metrics recorder installed
+/// first, so that no call goes uncounted); its URL.
+async fn serve_admin(
+    address: std::net::SocketAddr,
+    args: &StdioArgs,
+    layer: &mcp_replay_guard::guard::GuardLayer,
+) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on --admin-listen {address}"))?;
+    let readiness = Arc::new(crate::proxy::admin::Readiness {
+        ledger: layer.ledger().clone(),
+        ledger_file: args
+            .guard
+            .ledger
+            .as_ref()
+            .and_then(|ledger| ledger.file())
+            .map(std::path::Path::to_path_buf),
+        live: None,
+        metrics: (crate::telemetry::metrics()?, layer.handle()),
+    });
+    let url = format!("http://{}", listener.local_addr()?);
+    let forever = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::proxy::admin::serve(listener, readiness, forever));
+    Ok(url)
+}
+
+/// The start line, on stderr: the server relayed, its process, the admin listener.
+fn say_started(target: &str, pid: Option<u32>, admin: Option<&str>, json: bool) {
+    let line = if json {
+        serde_json::json!({"relaying": target, "pid": pid, "admin": admin}).to_string()
+    } else {
+        let pid = pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string());
+        match admin {
+            Some(admin) => format!("relaying {target} (pid {pid}); admin listening on {admin}"),
+            None => format!("relaying {target} (pid {pid})"),
+        }
+    };
+    // A closed stderr loses the line, never the relay.
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Watches for SIGTERM and SIGINT: the first stops reading the host (`reading`) and is
@@ -271,7 +334,7 @@ impl Server {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             unreachable!("both pipes were asked for");
         };
-        tracing::info!(pid = child.id(), "the server started");
+        tracing::debug!(pid = child.id(), "the server started");
         Ok(Self {
             child,
             stdin: Some(stdin),

@@ -158,6 +158,67 @@ async fn verify_list_show_and_resolve_a_ledger() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// `ledger compact` keeps the executions still retained, archives the rest of the file where
+/// `audit verify` follows it, and says what it did, as text and as JSON.
+#[tokio::test]
+async fn ledger_compact_keeps_what_is_retained_and_says_what_it_did() {
+    let dir = support::temp_dir("cli", "compact");
+    let path = dir.join("ledger.jsonl");
+    let (delivered, held) = ledger(&path).await;
+    let expired = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let mut short = claim(3);
+        short.retention = std::time::Duration::from_millis(1);
+        short.link_window = short.retention;
+        let id = ledger.claim(short).await.unwrap().record().execution_id();
+        let failed = EventKind::Failed {
+            target_status: Some(400),
+            reason: "refused".into(),
+        };
+        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
+        for kind in [EventKind::Authorized, dispatched, failed] {
+            ledger.append(event_now(id, kind)).await.unwrap();
+        }
+        id
+    };
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let p = path.to_str().unwrap();
+    let before = std::fs::metadata(&path).unwrap().len();
+
+    let (code, out, err) = replay_guard(&["--json", "ledger", "compact", "--ledger", p]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["kept_executions"], 2, "{report:#}");
+    assert_eq!(report["dropped_executions"], 1, "{report:#}");
+    assert_eq!(report["bytes_before"], before, "{report:#}");
+    let after = report["bytes_after"].as_u64().unwrap();
+    assert!(after < before, "{report:#}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), after);
+    let archive = report["archived_to"].as_str().unwrap();
+    assert_eq!(std::fs::metadata(archive).unwrap().len(), before);
+
+    let (code, out, _) = replay_guard(&["audit", "verify", p]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = replay_guard(&["ledger", "list", p]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&delivered.to_string()) && out.contains(&held.to_string()));
+    assert!(!out.contains(&expired.to_string()), "{out}");
+
+    // The positional form, as text: nothing left to drop.
+    let (code, out, err) = replay_guard(&["ledger", "compact", p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("compacted {p}: kept 2 executions, dropped 0; ")),
+        "{out}"
+    );
+    let (code, out, _) = replay_guard(&["audit", "verify", p]);
+    assert_eq!(code, 0, "{out}");
+    let (code, _, err) = replay_guard(&["ledger", "compact", dir.join("none").to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no ledger at"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// Recorded text is the caller's, the server's or an operator's: a tool name that holds a
 /// newline must not forge a line of `ledger list` or `audit show`, and an escape sequence must
 /// not reach the terminal. Both print it escaped.
@@ -310,4 +371,40 @@ fn stdio_refuses_a_bound_too_small_and_a_server_it_cannot_start() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert!(output.stdout.is_empty(), "stdout stays clean: {args:?}");
     }
+}
+
+/// Every error exit with `--json` prints one JSON object on stdout (outcome `error`, the exit
+/// code, the message, whether anything was sent) as well as the text on stderr: a ledger that is
+/// not there, and a command line clap refuses. `--help` is no error.
+#[test]
+fn an_error_exit_with_json_prints_one_json_object() {
+    let missing = std::env::temp_dir()
+        .join("no-such-dir-replay-guard")
+        .join("ledger.jsonl");
+    for args in [
+        vec!["--json", "ledger", "list", missing.to_str().unwrap()],
+        vec!["ledger", "list", "--json", "--no-such-flag"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let error: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout:?}"));
+        assert_eq!(error["outcome"], "error", "{error}");
+        assert_eq!(error["exit_code"], 2, "{error}");
+        assert_eq!(error["sent"], false, "{error}");
+        assert!(!error["message"].as_str().unwrap().is_empty(), "{error}");
+        assert!(
+            !out.stderr.is_empty(),
+            "the text goes to stderr too: {out:?}"
+        );
+    }
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["--json", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(help.status.code(), Some(0), "{help:?}");
 }

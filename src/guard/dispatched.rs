@@ -143,7 +143,8 @@ impl Dispatched {
                 reason: format!("transport error before the request was sent: {error}"),
             }
         };
-        tracing::warn!(outcome = kind.name(), "send failed");
+        // A lost answer is what the guard is for: the call line says how it ended.
+        tracing::info!(outcome = kind.name(), "send failed");
         let now = step.append(id, kind).await?;
         owner.settle(Settlement::Other);
         // This attempt never left, but an earlier one may have: the execution is unknown,

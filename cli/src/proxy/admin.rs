@@ -1,7 +1,8 @@
-//! The admin listener (`--admin-listen`), apart from the clients' listener: `/healthz` (the
-//! process serves) and `/readyz` (the ledger answers and takes appends, and the upstream
-//! answered recently). Nothing on it is forwarded upstream; the clients' listener forwards
-//! nothing under these paths either ([`is_admin_path`]).
+//! The admin listener (`--admin-listen` of `proxy` and `stdio`), apart from the clients':
+//! `/healthz` (the process serves), `/readyz` (the ledger answers and takes appends, and each
+//! upstream answered recently) and `/metrics` (Prometheus text). Nothing on it is forwarded
+//! upstream; the proxy's clients' listener forwards nothing under these paths either
+//! ([`is_admin_path`]).
 
 use std::{
     convert::Infallible,
@@ -17,7 +18,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use mcp_replay_guard::{ExecutionId, ledger::Ledger};
+use mcp_replay_guard::{ExecutionId, guard::GuardHandle, ledger::Ledger};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -59,13 +61,16 @@ fn millis_now() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// What `/readyz` checks.
-pub(super) struct Readiness {
-    pub(super) ledger: Arc<dyn Ledger>,
+/// What `/readyz` checks and `/metrics` renders.
+pub(crate) struct Readiness {
+    pub(crate) ledger: Arc<dyn Ledger>,
     /// The file ledger's path: it must still take appends.
-    pub(super) ledger_file: Option<PathBuf>,
-    /// The routes now: each one's upstream must have answered.
-    pub(super) live: Arc<std::sync::RwLock<Arc<Live>>>,
+    pub(crate) ledger_file: Option<PathBuf>,
+    /// The proxy's routes now: each one's upstream must have answered.
+    pub(crate) live: Option<Arc<std::sync::RwLock<Arc<Live>>>>,
+    /// The metrics recorder's handle, and the guard whose held executions are counted before
+    /// each scrape.
+    pub(crate) metrics: (PrometheusHandle, GuardHandle),
 }
 
 impl Readiness {
@@ -86,8 +91,10 @@ impl Readiness {
                 error.kind()
             ));
         }
-        let live = self
-            .live
+        let Some(live) = &self.live else {
+            return problems;
+        };
+        let live = live
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
@@ -100,6 +107,16 @@ impl Readiness {
             }
         }
         problems
+    }
+
+    /// The metrics as Prometheus text, the held gauge read from the ledger first.
+    async fn metrics(&self) -> Result<String, String> {
+        let (handle, guard) = &self.metrics;
+        match tokio::time::timeout(CHECK_TIMEOUT, guard.record_held()).await {
+            Ok(Ok(_)) => Ok(handle.render()),
+            Ok(Err(error)) => Err(format!("the ledger does not answer: {error}")),
+            Err(_) => Err("the ledger did not answer within 2 s".to_owned()),
+        }
     }
 }
 
@@ -120,7 +137,7 @@ async fn ask_upstream(route: &Route) -> bool {
 }
 
 /// Serves the admin listener until `stopping` is cancelled.
-pub(super) async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     readiness: Arc<Readiness>,
     stopping: CancellationToken,
@@ -179,6 +196,17 @@ async fn answer<B>(readiness: &Readiness, request: Request<B>) -> Response<Full<
                 )
             }
         }
+        "/metrics" => match readiness.metrics().await {
+            Ok(body) => Response::builder()
+                .header(
+                    http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+                .body(Full::new(Bytes::from(body)))
+                .expect("a valid response"),
+            // A scrape that cannot count what is held fails, rather than report zero.
+            Err(problem) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{problem}\n")),
+        },
         _ => text(StatusCode::NOT_FOUND, "not an admin path\n".into()),
     }
 }

@@ -104,7 +104,7 @@ pub(super) async fn answer(
                 // The guard recorded the cut before it reported it: it decides again.
                 Err(cut) => {
                     execution = cut.execution.or(execution);
-                    tracing::warn!(attempt, error = %describe(&*cut.error), "the upstream answer was cut; asking the guard again");
+                    tracing::info!(attempt, error = %describe(&*cut.error), "the upstream answer was cut; asking the guard again");
                     continue;
                 }
             },
@@ -126,7 +126,7 @@ pub(super) async fn answer(
             return failed(&asked, &error, execution);
         }
         execution = error.execution_id().or(execution);
-        tracing::warn!(attempt, error = %describe(&error), "the upstream exchange failed; asking the guard again");
+        tracing::info!(attempt, error = %describe(&error), "the upstream exchange failed; asking the guard again");
         last_error = Some(error);
     }
     match (execution, &asked.id) {

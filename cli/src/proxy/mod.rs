@@ -73,8 +73,9 @@ use mcp_replay_guard::{
 };
 use tokio_util::sync::CancellationToken;
 use tower::{ServiceExt, util::BoxCloneSyncService};
+use tracing::Instrument;
 
-mod admin;
+pub(crate) mod admin;
 mod answers;
 mod authentication;
 mod client_close;
@@ -89,6 +90,7 @@ mod request_body;
 mod routes;
 mod serve;
 mod simulated;
+mod trace_context;
 
 pub use simulated::SimulatedProxy;
 
@@ -100,6 +102,7 @@ use principals::{Principals, ScopeSource};
 use routes::{Route, Routes};
 
 use crate::{
+    compaction::{self, CompactionOptions},
     mcp_http::{BoxError, describe},
     options::GuardOptions,
     tls::{self, ClientTls, ListenerTls},
@@ -181,6 +184,8 @@ pub struct ProxyArgs {
     #[command(flatten)]
     guard: GuardOptions,
     #[command(flatten)]
+    compaction: CompactionOptions,
+    #[command(flatten)]
     serve: serve::ServeOptions,
 }
 
@@ -196,10 +201,15 @@ struct Front {
 
 /// What a reload of the configuration replaces: a request takes it once, when it arrives, and
 /// finishes under it.
-struct Live {
+pub(crate) struct Live {
     routes: Routes,
     principals: Principals,
 }
+
+/// Requests the proxy answered, by HTTP status.
+const REQUESTS: &str = "replay_guard_proxy_requests_total";
+/// Requests the proxy refused itself (nothing sent), by reason.
+const REFUSED: &str = "replay_guard_proxy_refused_total";
 
 /// `replay-guard proxy --help`: when an answer counts as delivered (the module docs say more).
 const DELIVERY_HELP: &str = "\
@@ -298,15 +308,18 @@ impl hyper::service::Service<Request<request_body::RequestBody>> for Connection 
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<request_body::RequestBody>) -> Self::Future {
-        Box::pin(forward(
-            self.proxy.clone(),
-            self.deliveries.clone(),
-            request,
-        ))
+        let forwarded = forward(self.proxy.clone(), self.deliveries.clone(), request);
+        Box::pin(async move {
+            let response = forwarded.await?;
+            let status = response.status().as_u16().to_string();
+            metrics::counter!(REQUESTS, "status" => status).increment(1);
+            Ok(response)
+        })
     }
 }
 
-pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+/// Runs the proxy until a signal ends it; `json`: the start line as one JSON object.
+pub async fn run(args: ProxyArgs, json: bool) -> anyhow::Result<ExitCode> {
     let config = args.config.clone();
     let (args, routes) = match &config {
         Some(path) => config::merged(Some(path))?,
@@ -317,9 +330,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     };
     let listener_tls = args.listener_tls.listener()?;
     let contracts = args.guard.contracts(None)?;
-    let (layer, key) = args
+    let (layer, key, compacted) = args
         .guard
-        .layer_and_key(contracts, args.attach_timeout)
+        .layer_key_and_ledger(contracts, args.attach_timeout)
         .await?;
     let live = build_live(&args, &routes, &layer, &key)?;
     if let Some(names) = live.principals.credential_headers() {
@@ -367,26 +380,42 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let stopping = proxy.front.stopping.clone();
     // Bound before the line a script waits for: once it reads it, both listeners take
     // connections.
+    // The metrics recorder too, so that no call goes uncounted.
     let admin = match args.admin_listen {
-        Some(address) => Some(
+        Some(address) => Some((
             tokio::net::TcpListener::bind(address)
                 .await
                 .with_context(|| format!("cannot listen on --admin-listen {address}"))?,
-        ),
+            crate::telemetry::metrics()?,
+        )),
         None => None,
     };
-    // One line on stdout a script (or a test) can wait for.
-    println!(
-        "listening on {}://{local} -> {shown_upstream}",
-        listener_tls.scheme()
-    );
-    if let Some(admin) = admin {
-        // After the line a script waits for, which may have stopped reading: never a panic.
-        let _ = writeln!(
-            std::io::stdout(),
-            "admin listening on http://{}",
-            admin.local_addr()?
+    if let Some(ledger) = compacted {
+        compaction::spawn(&args.compaction, ledger);
+    }
+    let listening = format!("{}://{local}", listener_tls.scheme());
+    let admin_url = match &admin {
+        Some((admin, _)) => Some(format!("http://{}", admin.local_addr()?)),
+        None => None,
+    };
+    // One line on stdout a script (or a test) can wait for; with --json, one JSON object.
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "listening": listening,
+                "upstream": shown_upstream,
+                "admin": admin_url,
+            })
         );
+    } else {
+        println!("listening on {listening} -> {shown_upstream}");
+        if let Some(admin_url) = &admin_url {
+            // After the line a script waits for, which may have stopped reading: never a panic.
+            let _ = writeln!(std::io::stdout(), "admin listening on {admin_url}");
+        }
+    }
+    if let Some((admin, metrics)) = admin {
         let readiness = Arc::new(admin::Readiness {
             ledger: layer.ledger().clone(),
             ledger_file: args
@@ -394,8 +423,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
                 .ledger
                 .as_ref()
                 .and_then(|ledger| ledger.file())
-                .map(Into::into),
-            live: proxy.live.clone(),
+                .map(std::path::Path::to_path_buf),
+            live: Some(proxy.live.clone()),
+            metrics: (metrics, layer.handle()),
         });
         tokio::spawn(admin::serve(admin, readiness, stopping.clone()));
     }
@@ -600,26 +630,35 @@ async fn forward(
     // Before anything of the request is read: a page elsewhere never acts through the proxy.
     if let Err(foreign) = front.origins.check(request.headers(), request.uri()) {
         tracing::warn!("refused: {foreign}");
-        return Ok(answers::own(jsonrpc_error(
-            StatusCode::FORBIDDEN,
-            None,
-            answers::PROXY_ERROR,
-            format!("replay-guard proxy: {foreign}"),
-        )));
+        return refused(
+            "origin",
+            answers::own(jsonrpc_error(
+                StatusCode::FORBIDDEN,
+                None,
+                answers::PROXY_ERROR,
+                format!("replay-guard proxy: {foreign}"),
+            )),
+        );
     }
     // The admin listener's paths are never forwarded (or served) here.
     if admin::is_admin_path(request.uri().path()) {
-        return Ok(error_response(
-            StatusCode::NOT_FOUND,
-            "replay-guard proxy: an admin path is served on --admin-listen only; nothing was sent",
-        ));
+        return refused(
+            "admin_path",
+            error_response(
+                StatusCode::NOT_FOUND,
+                "replay-guard proxy: an admin path is served on --admin-listen only; nothing was sent",
+            ),
+        );
     }
     // A path no route serves is never forwarded.
     let Some(route) = live.routes.find(route_path(request.uri().path())) else {
-        return Ok(error_response(
-            StatusCode::NOT_FOUND,
-            "replay-guard proxy: no route serves this path; nothing was sent",
-        ));
+        return refused(
+            "no_route",
+            error_response(
+                StatusCode::NOT_FOUND,
+                "replay-guard proxy: no route serves this path; nothing was sent",
+            ),
+        );
     };
     let (mut parts, body) = request.into_parts();
     // Before anything of the request is read: a client that does not prove who it is gets
@@ -632,39 +671,51 @@ async fn forward(
         Ok(authenticated) => authenticated,
         Err(unauthenticated) => {
             tracing::warn!("refused: {unauthenticated}");
-            return Ok(answers::unauthenticated(&unauthenticated));
+            return refused(
+                "unauthenticated",
+                answers::unauthenticated(&unauthenticated),
+            );
         }
     };
     // Read whole (as the guard would): the proxy reads who the client is from it.
     let bytes = match Limited::new(body, DEFAULT_MAX_BODY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            return Ok(answers::own(jsonrpc_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                None,
-                -32600,
-                format!(
-                    "the request body is larger than the proxy's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
-                ),
-            )));
+            return refused(
+                "too_large",
+                answers::own(jsonrpc_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    None,
+                    -32600,
+                    format!(
+                        "the request body is larger than the proxy's {DEFAULT_MAX_BODY_BYTES}-byte limit; nothing was sent"
+                    ),
+                )),
+            );
         }
         Err(error) if error.is::<request_body::TooSlow>() => {
-            return Ok(request_body::too_slow(&error));
+            return refused("too_slow", request_body::too_slow(&error));
         }
         Err(error) => {
             let message = format!(
                 "replay-guard proxy: the request body could not be read ({}); nothing was sent",
                 describe(&*error)
             );
-            return Ok(error_response(StatusCode::BAD_REQUEST, &message));
+            return refused(
+                "body_unreadable",
+                error_response(StatusCode::BAD_REQUEST, &message),
+            );
         }
     };
     if is_oauth_metadata(&parts) {
         if climbs(parts.uri.path()) {
-            return Ok(error_response(
-                StatusCode::BAD_REQUEST,
-                "replay-guard proxy: a metadata path with a `.` or `..` segment is refused; nothing was sent",
-            ));
+            return refused(
+                "metadata_path",
+                error_response(
+                    StatusCode::BAD_REQUEST,
+                    "replay-guard proxy: a metadata path with a `.` or `..` segment is refused; nothing was sent",
+                ),
+            );
         }
         return Ok(metadata(&live.principals, route, parts, bytes).await);
     }
@@ -672,7 +723,10 @@ async fn forward(
     // headers is refused as the upstream would refuse it, never repaired.
     if let Err(error) = protocol::require_standard_headers(&parts.method, &parts.headers, &bytes) {
         let id = protocol::request_id_of(&bytes);
-        return Ok(answers::own(refused_request(&error, id.as_ref())));
+        return refused(
+            "not_standard",
+            answers::own(refused_request(&error, id.as_ref())),
+        );
     }
     // Before `--header` replaces anything: the actor is who the client says it is.
     match live
@@ -686,12 +740,15 @@ async fn forward(
         Err(unidentified) => {
             let id = protocol::request_id_of(&bytes);
             let message = format!("replay-guard proxy: {unidentified}; nothing was sent");
-            return Ok(answers::own(jsonrpc_error(
-                StatusCode::BAD_REQUEST,
-                id.as_ref(),
-                -32600,
-                message,
-            )));
+            return refused(
+                "unidentified",
+                answers::own(jsonrpc_error(
+                    StatusCode::BAD_REQUEST,
+                    id.as_ref(),
+                    -32600,
+                    message,
+                )),
+            );
         }
     }
     let session = parts
@@ -709,10 +766,10 @@ async fn forward(
     parts.uri = match upstream_uri(&route.upstream, parts.uri.query()) {
         Some(uri) => uri,
         None => {
-            return Ok(error_response(
-                StatusCode::BAD_REQUEST,
-                "the query string is not valid",
-            ));
+            return refused(
+                "bad_query",
+                error_response(StatusCode::BAD_REQUEST, "the query string is not valid"),
+            );
         }
     };
     parts.version = http::Version::HTTP_11;
@@ -720,7 +777,10 @@ async fn forward(
     parts.headers.remove(header::HOST);
     hold_headers(&route.held, &mut parts.headers);
     let guard = route.guard.clone();
-    let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping).await;
+    let span = trace_context::request_span(&parts.headers, &bytes);
+    let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping)
+        .instrument(span)
+        .await;
     if let Some(client) = initializing
         && let Some(session) = response.headers().get("mcp-session-id")
         && let Ok(session) = session.to_str()
@@ -732,6 +792,16 @@ async fn forward(
     {
         front.sessions.forget(&session);
     }
+    Ok(response)
+}
+
+/// A request the proxy answered itself, sending nothing: counted by `reason` (a fixed word,
+/// never anything of the request's).
+fn refused(
+    reason: &'static str,
+    response: Response<ProxyBody>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    metrics::counter!(REFUSED, "reason" => reason).increment(1);
     Ok(response)
 }
 

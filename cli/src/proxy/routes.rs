@@ -4,10 +4,10 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use http::{HeaderMap, Uri};
+use http::{HeaderMap, Request, Uri};
 use hyper::rt::Executor;
 use hyper_util::client::legacy::{Client, connect::Connect};
-use mcp_replay_guard::guard::GuardLayer;
+use mcp_replay_guard::guard::{GuardLayer, GuardRequestBody};
 use tower::{ServiceBuilder, ServiceExt, util::BoxCloneSyncService};
 
 use super::{MetadataClient, Upstream, admin::LastAnswer};
@@ -59,6 +59,11 @@ impl Route {
             .service(BoxCloneSyncService::new(
                 Client::builder(executor)
                     .build(connector)
+                    .map_request(|mut request: Request<GuardRequestBody>| {
+                        // Sent from inside the guard's span: it is the upstream's parent.
+                        super::trace_context::inject(request.headers_mut());
+                        request
+                    })
                     .map_response(answered(last_answer.clone())),
             ));
         Self {

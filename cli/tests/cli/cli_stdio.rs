@@ -854,3 +854,57 @@ async fn sigterm_answers_the_call_in_flight_and_ends_the_server() {
     );
     assert_eq!(files.effects().len(), 1);
 }
+
+/// `stdio --json --admin-listen`: the start line, on stderr (stdout is the host's), is one JSON
+/// object naming the admin listener; its `/metrics` counts the call the host made, and
+/// `/readyz` reads the ledger.
+#[tokio::test]
+async fn the_admin_listener_of_stdio_counts_its_calls_and_its_start_line_is_json() {
+    let files = Files::new("admin", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let mut wrapper = files.wrapper(&["--json", "--admin-listen", "127.0.0.1:0"], &[]);
+    let client = rmcp_client(&mut wrapper).await;
+    let stderr = std::fs::read_to_string(files.dir.join("stderr")).unwrap();
+    let start: Value = serde_json::from_str(stderr.lines().next().expect("a start line"))
+        .unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert!(
+        start["relaying"].as_str().unwrap().starts_with("stdio:"),
+        "{start}"
+    );
+    assert!(start["pid"].as_u64().is_some(), "{start}");
+    let admin = start["admin"].as_str().expect("the admin URL").to_owned();
+
+    let done = tokio::time::timeout(WAIT, client.call_tool(tool_call("deploy", deploy())))
+        .await
+        .expect("in time")
+        .expect("a CallToolResult");
+    assert_ne!(done.is_error, Some(true), "{done:?}");
+    let get = |path: &str| {
+        let url = format!("{admin}{path}");
+        async move {
+            let mut client = temp::hyper_client();
+            let request = http::Request::get(url)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let response = temp::send(&mut client, request).await.expect("an answer");
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, metrics) = get("/metrics").await;
+    assert_eq!(status, http::StatusCode::OK, "{metrics}");
+    for sample in [
+        "mcp_replay_guard_calls_total{tool=\"deploy\",decision=\"start\"} 1",
+        "mcp_replay_guard_outcomes_total{tool=\"deploy\",outcome=\"completed\"} 1",
+        "mcp_replay_guard_held_executions{tool=\"deploy\"} 0",
+    ] {
+        assert!(metrics.contains(sample), "{sample} not in:\n{metrics}");
+    }
+    assert_eq!(get("/readyz").await.0, http::StatusCode::OK);
+    client.cancel().await.unwrap();
+    assert_eq!(exit_code(&mut wrapper).await, Some(0));
+    assert_eq!(files.effects().len(), 1);
+}
