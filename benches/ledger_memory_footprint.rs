@@ -1,9 +1,12 @@
-//! Bytes per retained record with 1,000,000 executions in a `MemoryLedger`, next to its floor:
-//! the same `ExecutionRecord`s in a bare `DashMap`.
+//! Bytes per retained record with 1,000,000 executions in a `MemoryLedger` and in a
+//! `FileLedger` (the index a long-running process keeps of its file, as it filled it and as a
+//! reopen rebuilds it), next to their floor: the same `ExecutionRecord`s in a bare `DashMap`.
 //!
 //! Each execution is what the guard writes for a call that completes and is delivered (the
 //! claim with its `dispatched`, `completed`, `delivered`), retained for an hour. Kept
-//! results are not included: a stored result adds its own bytes.
+//! results are not included: a stored result adds its own bytes. The file ledger is filled by
+//! 64 callers at once (group commit), in a file under the system's temp dir (about 1.6 KB of
+//! file per execution; `MRG_BENCH_DIR` names another directory), removed at the end.
 //!
 //! Heap bytes are counted by a global allocator that wraps the system one and keeps a running
 //! total of live bytes (requested sizes, not the allocator's rounding).
@@ -11,7 +14,8 @@
 //! Not a criterion bench (it measures bytes, not time), but kept with the benches so that it
 //! runs with their build profile:
 //!
-//! `cargo bench --bench ledger_memory_footprint` (`-- 100000` for fewer records).
+//! `cargo bench --bench ledger_memory_footprint` (`-- 100000` for fewer records; `-- file` or
+//! `-- memory` for one ledger).
 
 mod support;
 
@@ -25,7 +29,7 @@ use dashmap::DashMap;
 use mcp_replay_guard::{
     ExecutionId,
     execution::ExecutionRecord,
-    ledger::{Ledger, MemoryLedger},
+    ledger::{FileLedger, Ledger, MemoryLedger},
 };
 
 /// Live heap bytes. Hand-written rather than `dhat` or `stats_alloc`: dhat records a backtrace
@@ -79,13 +83,98 @@ fn live() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Callers at once while a file ledger fills.
+const FILE_CALLERS: u64 = 64;
+
 fn main() {
-    // `cargo bench` passes `--bench`; a bare number is the record count.
-    let records: u64 = std::env::args()
+    // `cargo bench` passes `--bench`; a bare number is the record count, a word the ledger.
+    let args: Vec<String> = std::env::args()
         .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .map(|n| n.parse().expect("the argument is a number of records"))
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let records: u64 = args
+        .iter()
+        .find_map(|a| a.parse().ok())
         .unwrap_or(1_000_000);
+    let only = |which: &str| {
+        !args.iter().any(|a| a == "file" || a == "memory") || args.iter().any(|a| a == which)
+    };
+    if only("memory") {
+        memory_ledger(records);
+    }
+    if only("file") {
+        file_ledger(records);
+    }
+}
+
+/// The file ledger, filled, then reopened: bytes per record, against the same records' floor.
+fn file_ledger(records: u64) {
+    let retention = Duration::from_secs(3600);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let dir = std::env::var_os("MRG_BENCH_DIR")
+        .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+        .join(format!("mrg-footprint-{}", ExecutionId::new().ulid()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ledger.jsonl");
+
+    let base = live();
+    let ledger = FileLedger::open(&path).unwrap();
+    let started = std::time::Instant::now();
+    rt.block_on(async {
+        let callers: Vec<_> = (0..FILE_CALLERS)
+            .map(|caller| {
+                let ledger = ledger.clone();
+                tokio::spawn(async move {
+                    for n in (caller..records).step_by(FILE_CALLERS as usize) {
+                        support::execution(&ledger, n, retention).await;
+                    }
+                })
+            })
+            .collect();
+        for caller in callers {
+            caller.await.unwrap();
+        }
+    });
+    let filled_in = started.elapsed();
+    let filled = live() - base;
+    drop(ledger);
+    let file_bytes = std::fs::metadata(&path).unwrap().len();
+
+    let base = live();
+    let started = std::time::Instant::now();
+    let reopened = FileLedger::open(&path).unwrap();
+    let reopened_in = started.elapsed();
+    let reopened_bytes = live() - base;
+    let count = rt.block_on(reopened.list()).unwrap().len() as u64;
+    assert_eq!(count, records, "every record is retained");
+    drop(reopened);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let per = |bytes: usize| bytes as f64 / records as f64;
+    println!(
+        "file ledger: {records} executions retained (filled by {FILE_CALLERS} callers in {:.1} s, \
+         {:.0} executions/s; {:.0} bytes of file each); reopened in {:.1} s",
+        filled_in.as_secs_f64(),
+        records as f64 / filled_in.as_secs_f64(),
+        file_bytes as f64 / records as f64,
+        reopened_in.as_secs_f64()
+    );
+    println!(
+        "file ledger, as filled: {:.0} bytes/record ({:.1} MiB)",
+        per(filled),
+        filled as f64 / (1024.0 * 1024.0)
+    );
+    println!(
+        "file ledger, reopened: {:.0} bytes/record ({:.1} MiB) (target: <= 400 bytes/record)",
+        per(reopened_bytes),
+        reopened_bytes as f64 / (1024.0 * 1024.0)
+    );
+}
+
+/// The memory ledger and the floor.
+fn memory_ledger(records: u64) {
     let retention = Duration::from_secs(3600);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

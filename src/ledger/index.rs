@@ -58,11 +58,11 @@ impl IntentKey {
     }
 }
 
-/// How an index keeps one execution. The file and PostgreSQL ledgers keep [`Stored`] (the
-/// record and its events as they are); the memory ledger keeps a compact form and
-/// materialises records when asked (see `memory.rs`).
+/// How an index keeps one execution. The PostgreSQL ledger keeps [`Stored`] (the record and
+/// the events of a batch as they are); the memory and file ledgers keep a compact form for
+/// their lifetime and materialise records when asked (see `compact.rs`).
 pub(crate) trait Entry: Sized {
-    /// What every entry of one index shares (the memory ledger's interned names).
+    /// What every entry of one index shares (the compact form's interned names).
     type Shared: Default + std::fmt::Debug;
 
     /// The entry an `accepted` event creates, with the record it made.
@@ -87,12 +87,14 @@ pub(crate) trait Entry: Sized {
 
 /// An execution in the index: its record and the events it was folded from (a ledger that
 /// reads its events elsewhere, as PostgreSQL does, keeps only those of the batch).
+#[cfg(any(test, feature = "postgres"))]
 #[derive(Debug)]
 pub(crate) struct Stored {
     pub(crate) record: ExecutionRecord,
     pub(crate) events: Vec<LedgerEvent>,
 }
 
+#[cfg(any(test, feature = "postgres"))]
 impl Entry for Stored {
     type Shared = ();
 
@@ -201,7 +203,8 @@ impl Intents {
 /// expired (executions are ordered by `retain_until`), so this only batches the work.
 const SWEEP_EVERY: u64 = 1024;
 
-/// The index of the file and PostgreSQL ledgers.
+/// The index of the PostgreSQL ledger's batches.
+#[cfg(any(test, feature = "postgres"))]
 pub(crate) type Index = IndexOf<Stored>;
 
 /// The index (see the module docs), over entries of kind `E`.
@@ -237,6 +240,7 @@ impl<E: Entry> Default for IndexOf<E> {
     }
 }
 
+#[cfg(any(test, feature = "postgres"))]
 impl Index {
     /// Puts a record read from storage in the index; `latest` when it is its intent's latest
     /// execution (the one a claim links to).
@@ -258,6 +262,13 @@ impl Index {
         }
     }
 
+    /// The record of an execution (the PostgreSQL ledger's rows are written from it).
+    pub(crate) fn record(&self, id: ExecutionId) -> Option<&ExecutionRecord> {
+        self.executions.get(&id).map(|s| &s.record)
+    }
+}
+
+impl<E: Entry> IndexOf<E> {
     /// Whether `id` is its intent's latest execution (the one a claim links to).
     pub(crate) fn is_latest(&self, id: ExecutionId) -> bool {
         self.executions.get(&id).is_some_and(|entry| {
@@ -265,14 +276,6 @@ impl Index {
         })
     }
 
-    /// The record of an execution (the PostgreSQL ledger's rows are written from it).
-    #[cfg(any(test, feature = "postgres"))]
-    pub(crate) fn record(&self, id: ExecutionId) -> Option<&ExecutionRecord> {
-        self.executions.get(&id).map(|s| &s.record)
-    }
-}
-
-impl<E: Entry> IndexOf<E> {
     /// Claim-or-link: the linkable execution of the claim's intent
     /// ([`execution::is_linkable`], which asks `owner_alive` about an execution past its
     /// `retain_until` that may still run), or a new one, in state `accepted`. For a new one,
@@ -580,13 +583,13 @@ mod tests {
     #[test]
     fn intents_whose_hashes_meet_are_told_apart_in_every_kind_of_index() {
         intents_whose_hashes_meet_are_told_apart::<Stored>();
-        intents_whose_hashes_meet_are_told_apart::<super::super::memory::Compact>();
+        intents_whose_hashes_meet_are_told_apart::<super::super::compact::Compact>();
     }
 
     #[test]
     fn a_sweep_visits_only_what_expired_in_every_kind_of_index() {
         a_sweep_visits_only_what_expired::<Stored>();
-        a_sweep_visits_only_what_expired::<super::super::memory::Compact>();
+        a_sweep_visits_only_what_expired::<super::super::compact::Compact>();
     }
 
     /// An execution leaves at its `retain_until` (not at it: after it), with its intent and

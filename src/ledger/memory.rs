@@ -7,14 +7,11 @@ use bytes::Bytes;
 
 use super::{
     Claim, Claimed, Dispatch, ExecutionRecord, Ledger, LedgerError, LedgerEvent, Timestamp,
+    compact::Compact,
     index::{Entry, IndexOf},
     result_reference,
 };
 use crate::ExecutionId;
-
-mod compact;
-
-pub(crate) use compact::Compact;
 
 /// A ledger in memory: fast, shared by every clone, and gone when the process exits. Records
 /// leave it when their contract's retention ends, so memory stays bounded by the number of

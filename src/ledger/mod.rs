@@ -15,6 +15,7 @@
 
 pub mod audit;
 pub mod chain;
+mod compact;
 mod file;
 mod index;
 mod key_id;

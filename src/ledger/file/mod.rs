@@ -22,7 +22,8 @@ use super::{
         self, ChainHash, ChainProblem, ChainedLine, Checkpoint, KeyBinding, LineBody, StoredResult,
         VerifyReport,
     },
-    index::{Index, Stored},
+    compact::Compact,
+    index::{Entry, IndexOf},
     result_reference,
 };
 use crate::{ExecutionId, fingerprint::FingerprintKey};
@@ -82,7 +83,14 @@ use writer::{Mode, Writer};
 ///   names the first bad `seq`.
 /// - **Compaction.** [`FileLedger::compact`] archives the file and starts a new one with a
 ///   checkpoint that carries the archived head, followed by the lines of the executions still
-///   retained: both files verify.
+///   retained: both files verify. It runs under the lock every write takes, so processes that
+///   share the file compact one at a time ([`FileLedger::compact_if_larger`] lets those that
+///   find it compacted already do nothing).
+/// - **Memory.** The index keeps each execution inside its retention in the memory ledger's
+///   compact form: about 300 bytes with 1,000,000 retained (names shared between executions
+///   counted once, the events after `accepted` in a few bytes each), plus its kept result.
+///   Every event is given back exactly as it was written, so nothing is read from the file
+///   again.
 ///
 /// Unix only (file locks, `0600` key files).
 ///

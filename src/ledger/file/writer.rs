@@ -135,7 +135,9 @@ pub(super) struct Writer {
     /// Bytes of the file read into the index.
     offset: u64,
     head: (u64, ChainHash),
-    index: Index,
+    /// What decisions need of every retained execution, a few hundred bytes each (the
+    /// events come back exactly as written), and the kept results.
+    index: IndexOf<Compact>,
     /// The id of the fingerprint key the chain names.
     key_id: Option<String>,
     owners: Arc<Owners>,
@@ -188,7 +190,7 @@ impl Writer {
             file,
             offset: 0,
             head: (0, ChainHash::GENESIS),
-            index: Index::default(),
+            index: IndexOf::default(),
             key_id: None,
             owners,
             mode,
@@ -621,7 +623,7 @@ impl Writer {
         match op {
             Op::Get(id, reply) => send(
                 reply,
-                Ok(index.executions.get(&id).map(|s| s.record.clone())),
+                Ok(index.executions.get(&id).map(|e| e.record(id).into_owned())),
                 failed,
             ),
             Op::Events(id, reply) => send(
@@ -629,19 +631,11 @@ impl Writer {
                 Ok(index
                     .executions
                     .get(&id)
-                    .map(|s| s.events.clone())
+                    .map(|e| e.events(id))
                     .unwrap_or_default()),
                 failed,
             ),
-            Op::List(reply) => {
-                let mut records: Vec<_> = index
-                    .executions
-                    .values()
-                    .map(|s| s.record.clone())
-                    .collect();
-                records.sort_by_key(|r| r.execution_id);
-                send(reply, Ok(records), failed);
-            }
+            Op::List(reply) => send(reply, Ok(index.records()), failed),
             Op::LoadResult(reference, reply) => {
                 send(reply, Ok(index.results.get(&reference).cloned()), failed)
             }
@@ -705,24 +699,19 @@ impl Writer {
         // an ID's time is the clock's, and after the clock stepped back a newer execution
         // has the smaller ID; written first, an older one of its intent would read as the
         // latest, and a claim would pass by the newer one still unsettled.
-        let mut executions: Vec<&Stored> = self.index.executions.values().collect();
-        executions.sort_by_key(|s| {
-            let id = s.record.execution_id;
-            (self.index.is_latest(id), id)
-        });
-        for stored in executions {
-            for event in &stored.events {
-                bodies.push(LineBody::Event(event.clone()));
-            }
+        let mut executions: Vec<ExecutionId> = self.index.executions.keys().copied().collect();
+        executions.sort_by_key(|&id| (self.index.is_latest(id), id));
+        for id in executions {
+            let entry = &self.index.executions[&id];
+            bodies.extend(entry.events(id).into_iter().map(LineBody::Event));
             // Every result of a retained execution, referenced yet or not: the guard keeps a
             // result before it records the `completed` that references it, and a compaction
             // (by any process) may fall between the two.
-            let id = stored.record.execution_id;
             let mut references = vec![result_reference(id)];
-            if let Some(reference) = &stored.record.result_reference
-                && *reference != references[0]
+            if let Some(reference) = entry.record(id).into_owned().result_reference
+                && reference != references[0]
             {
-                references.push(reference.clone());
+                references.push(reference);
             }
             for reference in references {
                 if let Some(bytes) = self.index.results.get(&reference)

@@ -1,4 +1,5 @@
-//! The form the memory ledger keeps an execution in.
+//! The form the memory and file ledgers keep an execution in: what a decision needs, in a few
+//! hundred bytes, and every event back exactly as it was appended.
 
 use std::{borrow::Cow, collections::HashSet, sync::Arc};
 
@@ -15,7 +16,7 @@ use crate::{
 };
 
 /// The names an execution is filed under, kept once for every execution that has the same
-/// (most calls of one run do): the memory ledger's interned strings.
+/// (most calls of one run do): the ledger's interned strings.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Names {
     tool: Box<str>,
@@ -27,9 +28,9 @@ pub(crate) struct Names {
     owner: Box<str>,
 }
 
-/// An execution as the memory ledger keeps it: the `accepted` event's fields, with shared
-/// names, and the later events encoded ([`encode`]). The record is the fold of these through
-/// the state machine, rebuilt when asked for: there is one home for what a record says.
+/// An execution as the memory and file ledgers keep it: the `accepted` event's fields, with
+/// shared names, and the later events encoded ([`encode`]). The record is the fold of these
+/// through the state machine, rebuilt when asked for: there is one home for what a record says.
 #[derive(Debug)]
 pub(crate) struct Compact(Box<Head>);
 
