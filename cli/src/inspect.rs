@@ -19,6 +19,7 @@ use crate::{
     ledger_location::{
         Access, KeyOptions, LedgerLocation, LedgerParser, OpenLedger, ledger_and_operands,
     },
+    queue::Filter,
 };
 
 #[derive(Debug, Subcommand)]
@@ -115,10 +116,12 @@ pub(crate) struct ShowArgs {
 pub(crate) struct ListArgs {
     #[command(flatten)]
     ledger: LedgerArg,
-    /// Only executions in this state (as the record reads: `needs_review`,
-    /// `completed_result_not_delivered`, …).
+    #[command(flatten)]
+    filter: Filter,
+    /// Keep reading the ledger and print each execution that comes to be shown (with
+    /// `--held`: each one that becomes held), until interrupted.
     #[arg(long)]
-    state: Option<String>,
+    watch: bool,
 }
 
 /// `resolve`.
@@ -267,7 +270,10 @@ pub(crate) async fn show(args: ShowArgs, json: bool) -> anyhow::Result<ExitCode>
         }
         let timeline = audit::Timeline::of(id, events);
         if json {
-            println!("{}", serde_json::to_string_pretty(&timeline)?);
+            // The same five answers as the text, as data, beside every field they come from.
+            let mut shown = serde_json::to_value(&timeline)?;
+            shown["answers"] = serde_json::to_value(timeline.answers())?;
+            println!("{}", serde_json::to_string_pretty(&shown)?);
         } else {
             println!("{timeline}");
         }
@@ -278,39 +284,75 @@ pub(crate) async fn show(args: ShowArgs, json: bool) -> anyhow::Result<ExitCode>
 pub(crate) async fn list(args: ListArgs, json: bool) -> anyhow::Result<ExitCode> {
     let location = args.ledger.location()?;
     let ledger = read(&location).await?.ledger();
-    let records: Vec<_> = ledger
-        .list()
-        .await?
-        .into_iter()
-        .filter(|r| {
-            args.state
-                .as_deref()
-                .is_none_or(|s| r.state_label() == s || r.state().as_str() == s)
-        })
-        .collect();
+    let records = args.filter.select(ledger.list().await?);
+    if args.watch {
+        return watch(&location, &args.filter, records, json).await;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(ExitCode::SUCCESS);
     }
-    for r in &records {
-        // Read-only: an orphaned dispatch is not marked `unknown` here (the next process that
-        // writes does it); say so rather than hide it.
-        let label =
-            if r.state() == ExecutionState::Dispatched && !ledger.is_owner_alive(r.owner()).await {
-                "dispatched (owner gone)".to_owned()
-            } else {
-                r.state_label().to_string()
-            };
-        println!(
-            "{}  {:<32} {:<14} {:<20} accepted {}",
-            r.execution_id(),
-            label,
-            r.retry_class(),
-            audit::printable(r.tool()),
-            r.accepted_at()
-        );
+    for record in &records {
+        print_line(&*ledger, record).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often `ledger list --watch` reads the ledger again.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `ledger list --watch`: what is shown now, then each execution that comes to be shown (one
+/// line, or one JSON object per line), until SIGINT or SIGTERM.
+async fn watch(
+    location: &LedgerLocation,
+    filter: &Filter,
+    now: Vec<mcp_replay_guard::execution::ExecutionRecord>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut shown = std::collections::HashSet::new();
+    let mut batch = now;
+    let mut stop = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        // A fresh read each time: a read-only ledger shows the file as it was when opened.
+        let ledger = read(location).await?.ledger();
+        for record in batch {
+            if !shown.insert(record.execution_id()) {
+                continue;
+            }
+            if json {
+                println!("{}", serde_json::to_string(&record)?);
+            } else {
+                print_line(&*ledger, &record).await;
+            }
+        }
+        // Interrupted: it was asked for, so it is no error.
+        tokio::select! {
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            _ = stop.recv() => return Ok(ExitCode::SUCCESS),
+        }
+        batch = filter.select(read(location).await?.ledger().list().await?);
+    }
+}
+
+/// One execution's line in `ledger list`.
+async fn print_line(ledger: &dyn Ledger, r: &mcp_replay_guard::execution::ExecutionRecord) {
+    // Read-only: an orphaned dispatch is not marked `unknown` here (the next process that
+    // writes does it); say so rather than hide it.
+    let label =
+        if r.state() == ExecutionState::Dispatched && !ledger.is_owner_alive(r.owner()).await {
+            "dispatched (owner gone)".to_owned()
+        } else {
+            r.state_label().to_string()
+        };
+    println!(
+        "{}  {:<32} {:<14} {:<20} accepted {}",
+        r.execution_id(),
+        label,
+        r.retry_class(),
+        audit::printable(r.tool()),
+        r.accepted_at()
+    );
 }
 
 pub(crate) async fn settle(args: ResolveArgs, json: bool) -> anyhow::Result<ExitCode> {

@@ -40,6 +40,7 @@ mod mcp_http;
 mod options;
 #[doc(hidden)]
 pub mod proxy;
+mod queue;
 mod stdio;
 mod telemetry;
 mod tls;

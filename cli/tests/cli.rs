@@ -103,8 +103,8 @@ async fn verify_list_show_and_resolve_a_ledger() {
     let (code, out, _) = replay_guard(&["audit", "show", p, &held.to_string()]);
     assert_eq!(code, 0);
     assert!(
-        out.contains("1. agent processes: one (guard:cli-test)")
-            && out.contains("3. target: unknown (stream cut)"),
+        out.contains("1. One agent process or two? one (guard:cli-test)")
+            && out.contains("3. Did the target answer? unknown (stream cut)"),
         "{out}"
     );
 
@@ -270,7 +270,9 @@ async fn recorded_text_is_printed_escaped_never_raw() {
     assert!(list.contains("deploy\\n01JFORGED"), "{list}");
     assert!(
         show.contains("one (guard:one\\nguard:two\\u{1b}[31m)")
-            && show.contains("3. target: unknown (cut\\n3. target: completed\\u{1b}[31m)"),
+            && show.contains(
+                "3. Did the target answer? unknown (cut\\n3. target: completed\\u{1b}[31m)"
+            ),
         "{show}"
     );
     std::fs::remove_dir_all(dir).unwrap();
@@ -407,4 +409,101 @@ fn an_error_exit_with_json_prints_one_json_object() {
         .output()
         .unwrap();
     assert_eq!(help.status.code(), Some(0), "{help:?}");
+}
+
+/// The held queue: `--held` shows `unknown` and `needs_review` together, oldest first (an
+/// execution that is unknown and nobody repeated is held too); a state name that is not one is
+/// refused with exit 2 and the names; `--tool`, `--actor` and the time window filter;
+/// `--watch` prints each execution that becomes held, as it does.
+#[tokio::test]
+async fn the_held_queue_filters_validates_and_follows() {
+    let dir = support::temp_dir("cli", "queue");
+    let path = dir.join("ledger.jsonl");
+    let (_, needs_review) = ledger(&path).await;
+    let p = path.to_str().unwrap();
+    let unknown = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let id = ledger.claim(claim(3)).await.unwrap().record().execution_id();
+        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
+        ledger.append(event_now(id, dispatched)).await.unwrap();
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            attempt: None,
+            reason: "the caller went away".into(),
+        };
+        ledger.append(event_now(id, unknown)).await.unwrap();
+        id
+    };
+
+    let listed = |args: &[&str]| {
+        let mut argv = vec!["--json", "ledger", "list", "--ledger", p];
+        argv.extend_from_slice(args);
+        let (code, out, err) = replay_guard(&argv);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let records: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        records
+            .iter()
+            .map(|r| r["execution_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let held = listed(&["--held"]);
+    assert_eq!(held, [needs_review.to_string(), unknown.to_string()], "oldest first");
+    assert_eq!(listed(&["--state", "unknown"]), [unknown.to_string()]);
+    assert_eq!(listed(&["--held", "--tool", "deploy_release"]).len(), 2);
+    assert!(listed(&["--held", "--tool", "another_tool"]).is_empty());
+    assert!(listed(&["--held", "--actor", "nobody"]).is_empty());
+    assert_eq!(listed(&["--held", "--since", "1h"]).len(), 2);
+    assert!(listed(&["--held", "--until", "1h"]).is_empty());
+    assert!(listed(&["--held", "--since", "2099-01-01T00:00:00Z"]).is_empty());
+
+    // A typo is refused, never read as "nothing is held".
+    let (code, _, err) = replay_guard(&["ledger", "list", "--ledger", p, "--state", "needs_reveiw"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs_review") && err.contains("resolved_applied"), "{err}");
+    let (code, _, err) = replay_guard(&["ledger", "list", "--ledger", p, "--since", "soon"]);
+    assert_eq!(code, 2, "{err}");
+
+    // --watch: the two held now, then one that becomes held while it watches.
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
+        .args(["--json", "ledger", "list", "--ledger", p, "--held", "--watch"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        watch.stdout.take().unwrap(),
+    ));
+    let mut next = async || {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("a line in time")
+            .unwrap()
+            .expect("the watch goes on");
+        let record: serde_json::Value = serde_json::from_str(&line).unwrap();
+        record["execution_id"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(next().await, needs_review.to_string());
+    assert_eq!(next().await, unknown.to_string());
+    let later = {
+        let ledger = FileLedger::open(&path).unwrap();
+        let id = ledger.claim(claim(4)).await.unwrap().record().execution_id();
+        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
+        ledger.append(event_now(id, dispatched)).await.unwrap();
+        let unknown = EventKind::Unknown {
+            target_status: None,
+            attempt: None,
+            reason: "cut".into(),
+        };
+        ledger.append(event_now(id, unknown)).await.unwrap();
+        id
+    };
+    assert_eq!(next().await, later.to_string());
+    let pid = nix::unistd::Pid::from_raw(watch.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), watch.wait())
+        .await
+        .expect("the watch ends on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -365,6 +365,13 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jsonrpc_id: Option<RequestId>,
     },
+    /// A repeat of the call was answered from the ledger, nothing sent: how often an agent
+    /// asked again, and what it was told. Changes nothing else.
+    Repeated {
+        /// `attached` (to a live attempt), `kept_result` (handed back), `held` (the outcome is
+        /// unknown and nothing was re-sent), `result_not_kept`.
+        answer: String,
+    },
     /// The outcome is unknown and the tool may not be re-sent.
     NeedsReview {
         /// Why.
@@ -405,6 +412,7 @@ impl EventKind {
             Self::Unknown { .. } => "unknown",
             Self::NotSent { .. } => "not_sent",
             Self::Delivered { .. } => "delivered",
+            Self::Repeated { .. } => "repeated",
             Self::NeedsReview { .. } => "needs_review",
             Self::Resolved { .. } => "resolved",
         }
@@ -810,6 +818,8 @@ impl ExecutionRecord {
             EventKind::EventSeen { last_event_id } => {
                 self.correlation.last_event_id = Some(last_event_id.clone());
             }
+            // A count in the events, in any state: nothing of the record changes.
+            EventKind::Repeated { .. } => {}
             EventKind::TaskCreated { task_id } => {
                 self.correlation.task_id = Some(task_id.clone());
             }

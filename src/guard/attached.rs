@@ -33,18 +33,18 @@ impl Attached {
         inflight: &Arc<Inflight>,
     ) -> Result<Self, GuardError> {
         let attached = Self::acquire_or_wait(step, inflight).await;
-        if let Ok(Attached::Reply(_)) = &attached {
-            let tool = &step.intent.call.name;
-            crate::metrics::decided(tool, "attach");
-            crate::metrics::repeat(tool, "attached");
+        if let Ok((Attached::Reply(_), Some(id))) = &attached {
+            crate::metrics::decided(&step.intent.call.name, "attach");
+            step.note_repeat(*id, "attached").await;
         }
-        attached
+        attached.map(|(attached, _)| attached)
     }
 
+    /// [`of`](Self::of), with the execution a reply answers from.
     async fn acquire_or_wait(
         step: LedgerStep<'_>,
         inflight: &Arc<Inflight>,
-    ) -> Result<Self, GuardError> {
+    ) -> Result<(Self, Option<crate::ExecutionId>), GuardError> {
         let intent = step.intent;
         let key = IntentKey::new(
             intent.actor.clone(),
@@ -53,7 +53,7 @@ impl Attached {
         );
         loop {
             let mut settled = match Owner::acquire(inflight, key.clone()) {
-                Acquired::Owner(owner) => return Ok(Attached::Owner(owner)),
+                Acquired::Owner(owner) => return Ok((Attached::Owner(owner), None)),
                 Acquired::Waiter(receiver) => receiver,
             };
             tracing::Span::current().record("decision", "attach");
@@ -86,19 +86,20 @@ impl Attached {
                     if let Some(record) = record
                         && let Some(reply) = step.hand_back(&record, result, None)
                     {
-                        return Ok(Attached::Reply(reply));
+                        return Ok((Attached::Reply(reply), Some(execution_id)));
                     }
                     // Gone from the index (or not this caller's): decide again.
                 }
                 AfterWait::DecideAgain => {}
                 AfterWait::InProgress => {
                     let claimed = step.claim().await?;
-                    return Ok(Attached::Reply(Reply::from(answer::uncertain(
+                    let reply = Reply::from(answer::uncertain(
                         &intent.call.id,
                         intent.era,
                         claimed.record(),
                         UncertainReason::InProgress,
-                    ))));
+                    ));
+                    return Ok((Attached::Reply(reply), Some(claimed.record().execution_id)));
                 }
             }
         }

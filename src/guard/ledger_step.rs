@@ -313,6 +313,24 @@ impl<'a> LedgerStep<'a> {
             .map_err(GuardError::ledger)
     }
 
+    /// A repeat of execution `id` answered from the ledger with `answer`, nothing sent: one
+    /// metric, and one event of the execution, so that its timeline counts how often an agent
+    /// asked again. Unsynced (a count lost in a crash changes no decision); a failed write is
+    /// logged and never fails the answer.
+    pub(super) async fn note_repeat(&self, id: ExecutionId, answer: &'static str) {
+        crate::metrics::repeat(&self.intent.call.name, answer);
+        let repeated = LedgerEvent {
+            execution_id: id,
+            at: Timestamp::now(),
+            kind: EventKind::Repeated {
+                answer: answer.to_owned(),
+            },
+        };
+        if let Err(error) = self.config.ledger.append_unsynced(repeated).await {
+            tracing::warn!(execution_id = %id, %error, "could not record a repeat");
+        }
+    }
+
     /// Records that the attempt of `record` (dispatched by an owner that is gone) has an
     /// unknown outcome. `None` when that attempt is no longer the latest (another attempt was
     /// dispatched meanwhile, or it settled): nothing is written then.

@@ -47,8 +47,8 @@ pub(super) struct Turn<'a> {
     step: LedgerStep<'a>,
     owner: Owner,
     decisions_left: usize,
-    /// The last decision, counted once when the call acts on it.
-    decided: Option<Decision>,
+    /// The last decision and its execution, counted once when the call acts on it.
+    decided: Option<(Decision, crate::ExecutionId)>,
 }
 
 /// What [`Turn::decide_or_wait`] acts on: a decision, or the end of a wait for another
@@ -102,11 +102,12 @@ impl<'a> Turn<'a> {
     /// decision needs before its action; the decision it acts on is counted.
     pub(super) async fn next(&mut self) -> Result<Action, GuardError> {
         let action = self.decide_and_write().await;
-        if let Some(decision) = self.decided.take() {
-            let tool = &self.step.intent.call.name;
-            crate::metrics::decided(tool, decision.label());
-            if let Some(answer) = decision.repeat_answer() {
-                crate::metrics::repeat(tool, answer);
+        if let Some((decision, id)) = self.decided.take() {
+            crate::metrics::decided(&self.step.intent.call.name, decision.label());
+            if let Some(answer) = decision.repeat_answer()
+                && action.is_ok()
+            {
+                self.step.note_repeat(id, answer).await;
             }
         }
         action
@@ -123,16 +124,16 @@ impl<'a> Turn<'a> {
                     attempt_alive,
                 } => (decision, record, attempt_alive),
                 Decided::Completed(current) => {
-                    self.decided = Some(Decision::Attach);
+                    self.decided = Some((Decision::Attach, current.execution_id));
                     let stored = step.kept_result(&current).await?;
                     return self.hand_back(&current, stored);
                 }
                 Decided::InProgress(record) => {
-                    self.decided = Some(Decision::Attach);
+                    self.decided = Some((Decision::Attach, record.execution_id));
                     return Ok(self.in_progress(&record));
                 }
             };
-            self.decided = Some(decision);
+            self.decided = Some((decision, record.execution_id));
             let span = tracing::Span::current();
             span.record("execution_id", tracing::field::display(record.execution_id));
             span.record("decision", decision.label());

@@ -2,10 +2,13 @@
 //! incident review asks.
 //!
 //! 1. One agent process or two? (the guards that accepted and dispatched it)
-//! 2. Did the first call get authorised and dispatched?
+//! 2. Did the first call cross the dispatch boundary? (authorised, or no hook; dispatched)
 //! 3. Did the target answer?
 //! 4. Did delivery fail after the target finished?
-//! 5. Did the second call reuse the execution ID, carry a key, or start a new attempt?
+//! 5. Did a later call reuse the execution, carry a key, or start a new one? (and how often
+//!    a repeat was answered from the ledger, with what)
+//!
+//! [`Timeline::answers`] says them in words; every report of a timeline uses those words.
 
 use std::{borrow::Cow, fmt};
 
@@ -25,6 +28,10 @@ pub struct Timeline {
     pub processes: Vec<String>,
     /// When it was authorised, if it was; the denial, if it was denied.
     pub authorized_at: Option<Timestamp>,
+    /// The authorization in words: `authorised at …`, `denied (…)`, `no authorization hook
+    /// configured` (dispatched without an `authorized` event: the guard authorises before it
+    /// dispatches whenever it has a hook), or `not authorised yet`.
+    pub authorization: String,
     /// Why it was denied.
     pub denied: Option<String>,
     /// Its first dispatch.
@@ -41,11 +48,21 @@ pub struct Timeline {
     /// The dispatches after the first: each reused the execution ID; the key tells whether it
     /// was the same.
     pub later_dispatches: Vec<Dispatch>,
-    /// Repeats answered without sending (a kept result handed back, a denial repeated, an
-    /// uncertain answer): deliveries after the first.
-    pub answered_without_sending: usize,
+    /// Repeats answered from the ledger without sending (attached to a live attempt, a kept
+    /// result handed back, held): how often an agent asked again, and what it was told.
+    pub repeats: Vec<Repeat>,
     /// Every event, oldest first.
     pub events: Vec<LedgerEvent>,
+}
+
+/// One repeat answered from the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Repeat {
+    /// When.
+    pub at: Timestamp,
+    /// `attached`, `kept_result`, `held` or `result_not_kept`.
+    pub answer: String,
 }
 
 /// One dispatch of the execution.
@@ -95,13 +112,14 @@ impl Timeline {
             execution_id,
             processes: Vec::new(),
             authorized_at: None,
+            authorization: String::new(),
             denied: None,
             first_dispatch: None,
             target_answer: None,
             conflict: None,
             delivery_failed_after_completion: false,
             later_dispatches: Vec::new(),
-            answered_without_sending: 0,
+            repeats: Vec::new(),
             events: Vec::new(),
         };
         let mut completed = false;
@@ -186,11 +204,20 @@ impl Timeline {
                     settled = Some(format!("settled as {what} by {by} at {}", event.at));
                 }
                 EventKind::Delivered { .. } => deliveries += 1,
+                EventKind::Repeated { answer } => t.repeats.push(Repeat {
+                    at: event.at,
+                    answer: answer.clone(),
+                }),
                 _ => {}
             }
         }
         t.delivery_failed_after_completion = completed && deliveries == 0;
-        t.answered_without_sending = deliveries.saturating_sub(1);
+        t.authorization = match (&t.denied, t.authorized_at, &t.first_dispatch) {
+            (Some(reason), _, _) => format!("denied ({})", printable(reason)),
+            (None, Some(at), _) => format!("authorised at {at}"),
+            (None, None, Some(_)) => "no authorization hook configured".to_owned(),
+            (None, None, None) => "not authorised yet".to_owned(),
+        };
         t.events = events;
         t
     }
@@ -230,77 +257,122 @@ fn note_process(processes: &mut Vec<String>, owner: &str) {
     }
 }
 
-impl fmt::Display for Timeline {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "execution {}", self.execution_id)?;
+/// One of the five questions, with its answer as lines of raw text (a report escapes them for
+/// where it shows them: [`printable`] on a terminal, HTML escaping on a page).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Answer {
+    /// The question, as an incident review asks it.
+    pub question: &'static str,
+    /// The answer.
+    pub lines: Vec<String>,
+}
+
+impl Timeline {
+    /// The five questions of an incident review, in their order, answered: every report of a
+    /// timeline (the text of `audit show`, its JSON, the review page) says these words.
+    pub fn answers(&self) -> [Answer; 5] {
+        let answer = |question, lines| Answer { question, lines };
         let processes = match self.processes.len() {
             0 => "none recorded".to_owned(),
-            1 => format!("one ({})", printable(&self.processes[0])),
-            n => format!("{n} ({})", printable(&self.processes.join(", "))),
-        };
-        writeln!(f, "1. agent processes: {processes}")?;
-        let authorized = match (&self.denied, self.authorized_at) {
-            (Some(reason), _) => format!("denied ({})", printable(reason)),
-            (None, Some(at)) => format!("authorised at {at}"),
-            (None, None) => "not authorised".to_owned(),
+            1 => format!("one ({})", self.processes[0]),
+            n => format!("{n} ({})", self.processes.join(", ")),
         };
         let dispatched = match &self.first_dispatch {
             Some(d) => format!(
                 "dispatched at {} with Idempotency-Key {}{}",
                 d.at,
-                printable(&d.idempotency_key.to_string()),
-                printable(&d.correlation())
+                d.idempotency_key,
+                d.correlation()
             ),
             None => "never dispatched".to_owned(),
         };
-        writeln!(f, "2. first call: {authorized}; {dispatched}")?;
-        writeln!(
-            f,
-            "3. target: {}",
-            printable(
-                self.target_answer
-                    .as_deref()
-                    .unwrap_or("no answer recorded")
-            )
-        )?;
+        let mut target = vec![
+            self.target_answer
+                .clone()
+                .unwrap_or_else(|| "no answer recorded".to_owned()),
+        ];
         if let Some(conflict) = &self.conflict {
-            writeln!(f, "   conflict: {conflict}")?;
+            target.push(format!("conflict: {conflict}"));
         }
         let delivery = if self.delivery_failed_after_completion {
             "yes: the target finished but the result never reached the caller"
         } else {
             "no"
         };
-        writeln!(
-            f,
-            "4. delivery failed after the target finished: {delivery}"
-        )?;
-        if self.later_dispatches.is_empty() && self.answered_without_sending == 0 {
-            writeln!(f, "5. later calls: none")?;
-        } else {
-            let first_key = self.first_dispatch.as_ref().map(|d| &d.idempotency_key);
-            for d in &self.later_dispatches {
+        [
+            answer("One agent process or two?", vec![processes]),
+            answer(
+                "Did the first call cross the dispatch boundary?",
+                vec![format!("{}; {dispatched}", self.authorization)],
+            ),
+            answer("Did the target answer?", target),
+            answer(
+                "Did delivery fail after the target finished?",
+                vec![delivery.to_owned()],
+            ),
+            answer(
+                "Did a later call reuse the execution, carry a key, or start a new one?",
+                self.later_calls(),
+            ),
+        ]
+    }
+
+    /// The fifth answer: each later dispatch (the same execution, and which key), then the
+    /// repeats answered from the ledger, counted by answer.
+    fn later_calls(&self) -> Vec<String> {
+        let first_key = self.first_dispatch.as_ref().map(|d| &d.idempotency_key);
+        let mut lines: Vec<String> = self
+            .later_dispatches
+            .iter()
+            .map(|d| {
                 let key = if Some(&d.idempotency_key) == first_key {
                     "the same key"
                 } else {
                     "another key"
                 };
-                writeln!(
-                    f,
-                    "5. attempt {} reused execution {} with {key} ({}) at {}{}",
+                format!(
+                    "attempt {} reused execution {} with {key} ({}) at {}{}",
                     d.attempt,
                     self.execution_id,
-                    printable(&d.idempotency_key.to_string()),
+                    d.idempotency_key,
                     d.at,
-                    printable(&d.correlation())
-                )?;
+                    d.correlation()
+                )
+            })
+            .collect();
+        if let Some(last) = self.repeats.last() {
+            let mut counts: Vec<(&str, usize)> = Vec::new();
+            for repeat in &self.repeats {
+                match counts.iter_mut().find(|(a, _)| *a == repeat.answer) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((&repeat.answer, 1)),
+                }
             }
-            if self.answered_without_sending > 0 {
-                writeln!(
-                    f,
-                    "5. {} repeat(s) answered by the guard without sending",
-                    self.answered_without_sending
-                )?;
+            let counts: Vec<String> = counts.iter().map(|(a, n)| format!("{a} {n}")).collect();
+            lines.push(format!(
+                "asked again {} time(s), answered from the ledger without sending ({}), the last at {}",
+                self.repeats.len(),
+                counts.join(", "),
+                last.at
+            ));
+        }
+        if lines.is_empty() {
+            lines.push("none".to_owned());
+        }
+        lines
+    }
+}
+
+impl fmt::Display for Timeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "execution {}", self.execution_id)?;
+        for (n, answer) in self.answers().iter().enumerate() {
+            let mut lines = answer.lines.iter();
+            let first = lines.next().map(String::as_str).unwrap_or_default();
+            writeln!(f, "{}. {} {}", n + 1, answer.question, printable(first))?;
+            for line in lines {
+                writeln!(f, "   {}", printable(line))?;
             }
         }
         Ok(())
@@ -407,13 +479,67 @@ mod tests {
         assert_eq!(t.later_dispatches.len(), 1);
         let text = t.to_string();
         assert!(
-            text.contains("1. agent processes: 2 (guard:one, guard:two)"),
+            text.contains("1. One agent process or two? 2 (guard:one, guard:two)"),
             "{text}"
         );
         assert!(
-            text.contains("4. delivery failed after the target finished: yes"),
+            text.contains("4. Did delivery fail after the target finished? yes"),
             "{text}"
         );
         assert!(text.contains("with the same key"), "{text}");
+        assert!(text.contains("2. Did the first call cross the dispatch boundary? authorised at"));
+    }
+
+    /// Dispatched with no `authorized` event: the guard had no authorization hook (it
+    /// authorises before dispatching whenever it has one), never "not authorised". Repeats
+    /// answered from the ledger are counted by what they were told.
+    #[test]
+    fn no_hook_is_said_as_such_and_held_repeats_are_counted() {
+        let id = ExecutionId::new();
+        let claim = Claim {
+            at: Timestamp::from_millis(1_000),
+            ..fixtures::claim(RetryClass::Irreversible, "guard:one")
+        };
+        let at = |ms, kind| fixtures::event_at(id, ms, kind);
+        let repeated = |answer: &str| EventKind::Repeated {
+            answer: answer.into(),
+        };
+        let events = vec![
+            claim.accepted_event(id),
+            at(1_002, fixtures::dispatched(id, 1, Some("guard:one"))),
+            at(
+                2_000,
+                EventKind::Unknown {
+                    target_status: None,
+                    attempt: None,
+                    reason: "stream cut".into(),
+                },
+            ),
+            at(
+                2_001,
+                EventKind::NeedsReview {
+                    reason: "irreversible".into(),
+                },
+            ),
+            at(2_001, repeated("held")),
+            at(5_000, repeated("held")),
+            at(9_000, repeated("held")),
+        ];
+        let t = Timeline::of(id, events);
+        assert_eq!(t.authorization, "no authorization hook configured");
+        assert_eq!(t.repeats.len(), 3);
+        let text = t.to_string();
+        assert!(
+            text.contains("2. Did the first call cross the dispatch boundary? no authorization hook configured; dispatched at"),
+            "{text}"
+        );
+        assert!(
+            text.contains("asked again 3 time(s), answered from the ledger without sending (held 3), the last at 1970-01-01T00:00:09.000Z"),
+            "{text}"
+        );
+        assert!(!text.contains("none"), "{text}");
+        let accepted_only = Timeline::of(id, vec![claim.accepted_event(id)]);
+        assert_eq!(accepted_only.authorization, "not authorised yet");
+        assert_eq!(accepted_only.answers()[4].lines, ["none"]);
     }
 }

@@ -159,6 +159,10 @@ const DISPATCHED: u8 = 1;
 const COMPLETED: u8 = 2;
 const DELIVERED: u8 = 3;
 const JSON: u8 = 4;
+const REPEATED: u8 = 5;
+
+/// The answers of a repeat, as one byte each (any other is kept as JSON).
+const REPEAT_ANSWERS: [&str; 4] = ["attached", "kept_result", "held", "result_not_kept"];
 
 fn encode(out: &mut Vec<u8>, event: &LedgerEvent, head: &Head) {
     let id = event.execution_id;
@@ -220,6 +224,13 @@ fn encode(out: &mut Vec<u8>, event: &LedgerEvent, head: &Head) {
             put_tag(out, DELIVERED);
             put_request_id(out, jsonrpc_id.as_ref());
         }
+        // An agent that keeps asking adds one of these each time: two or three bytes.
+        EventKind::Repeated { answer }
+            if let Some(code) = REPEAT_ANSWERS.iter().position(|a| a == answer) =>
+        {
+            put_tag(out, REPEATED);
+            out.push(code as u8);
+        }
         other => {
             put_tag(out, JSON);
             let json = serde_json::to_string(other).expect("an event kind is JSON");
@@ -273,6 +284,9 @@ fn decode(reader: &mut Reader<'_>, id: ExecutionId, head: &Head) -> LedgerEvent 
         },
         DELIVERED => EventKind::Delivered {
             jsonrpc_id: reader.request_id(),
+        },
+        REPEATED => EventKind::Repeated {
+            answer: REPEAT_ANSWERS[usize::from(reader.byte())].to_owned(),
         },
         _ => serde_json::from_str(reader.str().expect("an encoded event"))
             .expect("a kept event kind reads back"),
@@ -473,6 +487,18 @@ mod tests {
                 6_000,
                 EventKind::NeedsReview {
                     reason: reason("irreversible"),
+                },
+            ),
+            (
+                6_100,
+                EventKind::Repeated {
+                    answer: "held".into(),
+                },
+            ),
+            (
+                6_200,
+                EventKind::Repeated {
+                    answer: "an answer of a later version".into(),
                 },
             ),
             (

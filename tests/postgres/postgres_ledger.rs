@@ -636,7 +636,9 @@ pub(crate) async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_revi
     );
     let names = event_names(&other, stored.execution_id()).await;
     assert_eq!(names.first(), Some(&"accepted"), "{names:?}");
-    assert_eq!(names.last(), Some(&"needs_review"), "{names:?}");
+    // The answer held for review, then each repeat answered from the ledger, counted.
+    let settled: Vec<_> = names.iter().filter(|n| **n != "repeated").collect();
+    assert_eq!(settled.last(), Some(&&"needs_review"), "{names:?}");
     assert_eq!(
         names.iter().filter(|n| **n == "dispatched").count(),
         1,
@@ -657,6 +659,11 @@ pub(crate) async fn a_lost_response_on_an_irreversible_tool_is_recorded_for_revi
     assert_eq!(guard_answer(&again)["execution_id"], answer["execution_id"]);
     assert_eq!(server.state.side_effects("deploy_release"), 1);
     assert_eq!(server.state.tool_call_requests("deploy_release").len(), 1);
+    // The repeat is an event of the execution: the timeline counts how often an agent asked.
+    let repeats = |names: Vec<&str>| names.iter().filter(|n| **n == "repeated").count();
+    let before = repeats(names);
+    let after = repeats(event_names(&other, stored.execution_id()).await);
+    assert_eq!(after, before + 1, "one more repeat recorded");
     let report = verified(&other).await;
     assert!(report.is_ok(), "{report}");
     schema.drop(&other).await;
