@@ -12,6 +12,7 @@
 //! replay-guard ledger list --ledger LEDGER [--state S]  # one line per execution
 //! replay-guard ledger compact --ledger LEDGER  # a file: archived, what is retained kept; PostgreSQL: expired executions purged
 //! replay-guard resolve --ledger LEDGER [--key-file PATH] EXECUTION (--applied | --not-applied) --note TEXT
+//! replay-guard review --ledger LEDGER [--listen 127.0.0.1:8080] [--token-file PATH]  # the held queue as a web page, with a resolve form
 //! ```
 //!
 //! LEDGER is a file or a PostgreSQL database (`postgres://user@host/db`, `?schema=NAME`): see
@@ -41,6 +42,7 @@ mod options;
 #[doc(hidden)]
 pub mod proxy;
 mod queue;
+mod review;
 mod stdio;
 mod telemetry;
 mod tls;
@@ -95,6 +97,9 @@ enum Command {
     Ledger(LedgerCommand),
     /// Settle an execution held for review, as an operator.
     Resolve(inspect::ResolveArgs),
+    /// Serve a web page over a ledger: the held queue, each execution's timeline, and a
+    /// form that resolves it with the token given at start-up (loopback only by default).
+    Review(review::ReviewArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -212,5 +217,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ledger(LedgerCommand::Compact(args)) => compact::run(args, cli.json).await,
         Command::Ledger(LedgerCommand::List(args)) => inspect::list(args, cli.json).await,
         Command::Resolve(args) => inspect::settle(args, cli.json).await,
+        Command::Review(args) => review::run(args, cli.json).await,
     }
 }

@@ -1,8 +1,9 @@
 //! The `replay-guard` command, run as the built binary, in one test binary: its subcommands
 //! over a real ledger file (here), the audit chain and its anchored head (`audit_chain`),
-//! `stdio` in front of a real child server (`cli_stdio`), HTTPS (`cli_tls`) and a ledger on a
-//! full disk (`disk_full`). `call` (`cli_call`), the proxy (`proxy`), the chaos soak and the
-//! file ledger's processes have binaries of their own.
+//! `stdio` in front of a real child server (`cli_stdio`), HTTPS (`cli_tls`), a ledger on a
+//! full disk (`disk_full`) and the review page in a headless browser (`review_page`). `call`
+//! (`cli_call`), the proxy (`proxy`), the chaos soak and the file ledger's processes have
+//! binaries of their own.
 
 use std::path::Path;
 
@@ -16,6 +17,8 @@ mod cli_stdio;
 mod cli_tls;
 #[path = "cli/disk_full.rs"]
 mod disk_full;
+#[path = "cli/review_page.rs"]
+mod review_page;
 
 use mcp_replay_guard::{
     ExecutionId,
@@ -423,7 +426,12 @@ async fn the_held_queue_filters_validates_and_follows() {
     let p = path.to_str().unwrap();
     let unknown = {
         let ledger = FileLedger::open(&path).unwrap();
-        let id = ledger.claim(claim(3)).await.unwrap().record().execution_id();
+        let id = ledger
+            .claim(claim(3))
+            .await
+            .unwrap()
+            .record()
+            .execution_id();
         let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
         ledger.append(event_now(id, dispatched)).await.unwrap();
         let unknown = EventKind::Unknown {
@@ -447,7 +455,11 @@ async fn the_held_queue_filters_validates_and_follows() {
             .collect::<Vec<_>>()
     };
     let held = listed(&["--held"]);
-    assert_eq!(held, [needs_review.to_string(), unknown.to_string()], "oldest first");
+    assert_eq!(
+        held,
+        [needs_review.to_string(), unknown.to_string()],
+        "oldest first"
+    );
     assert_eq!(listed(&["--state", "unknown"]), [unknown.to_string()]);
     assert_eq!(listed(&["--held", "--tool", "deploy_release"]).len(), 2);
     assert!(listed(&["--held", "--tool", "another_tool"]).is_empty());
@@ -457,22 +469,27 @@ async fn the_held_queue_filters_validates_and_follows() {
     assert!(listed(&["--held", "--since", "2099-01-01T00:00:00Z"]).is_empty());
 
     // A typo is refused, never read as "nothing is held".
-    let (code, _, err) = replay_guard(&["ledger", "list", "--ledger", p, "--state", "needs_reveiw"]);
+    let (code, _, err) =
+        replay_guard(&["ledger", "list", "--ledger", p, "--state", "needs_reveiw"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("needs_review") && err.contains("resolved_applied"), "{err}");
+    assert!(
+        err.contains("needs_review") && err.contains("resolved_applied"),
+        "{err}"
+    );
     let (code, _, err) = replay_guard(&["ledger", "list", "--ledger", p, "--since", "soon"]);
     assert_eq!(code, 2, "{err}");
 
     // --watch: the two held now, then one that becomes held while it watches.
     let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_replay-guard"))
-        .args(["--json", "ledger", "list", "--ledger", p, "--held", "--watch"])
+        .args([
+            "--json", "ledger", "list", "--ledger", p, "--held", "--watch",
+        ])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
-        watch.stdout.take().unwrap(),
-    ));
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
     let mut next = async || {
         let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
             .await
@@ -486,7 +503,12 @@ async fn the_held_queue_filters_validates_and_follows() {
     assert_eq!(next().await, unknown.to_string());
     let later = {
         let ledger = FileLedger::open(&path).unwrap();
-        let id = ledger.claim(claim(4)).await.unwrap().record().execution_id();
+        let id = ledger
+            .claim(claim(4))
+            .await
+            .unwrap()
+            .record()
+            .execution_id();
         let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
         ledger.append(event_now(id, dispatched)).await.unwrap();
         let unknown = EventKind::Unknown {

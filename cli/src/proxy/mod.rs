@@ -84,7 +84,7 @@ mod config;
 #[cfg(test)]
 pub(crate) use config::validate as validate_config;
 mod delivery;
-mod origins;
+pub(crate) mod origins;
 mod principals;
 mod request_body;
 mod routes;

@@ -9,6 +9,9 @@
 //! - `Origin` (sent by browsers): none is fine; otherwise it must be an `--allowed-origin`, or,
 //!   without that flag, one of the loopback origins of the listening port when the proxy
 //!   listens on loopback. A web page elsewhere never acts through the proxy.
+//!
+//! The review page (`review`) checks every request's `Host` by the same rule, with the same
+//! flags, and its form's `Origin` when the browser does not say where the form came from.
 
 use std::net::SocketAddr;
 
@@ -16,7 +19,7 @@ use http::{HeaderMap, Uri, header};
 
 /// The hosts and origins the proxy serves.
 #[derive(Debug, Clone)]
-pub(super) struct Origins {
+pub(crate) struct Origins {
     /// `None`: any host.
     hosts: Option<Vec<String>>,
     origins: Vec<String>,
@@ -24,7 +27,7 @@ pub(super) struct Origins {
 
 /// Why a request was refused: what to say (the value is the client's own, bounded).
 #[derive(Debug, thiserror::Error)]
-pub(super) enum Foreign {
+pub(crate) enum Foreign {
     #[error(
         "the Host {0:?} is not one this proxy serves (give it with --allowed-host); nothing was sent"
     )]
@@ -40,7 +43,7 @@ const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 impl Origins {
     /// For a proxy listening on `local` (`scheme` `http` or `https`), with the flags' hosts
     /// and origins.
-    pub(super) fn new(
+    pub(crate) fn new(
         local: SocketAddr,
         scheme: &str,
         hosts: &[String],
@@ -83,7 +86,13 @@ impl Origins {
 
     /// Whether a request with these `headers` (and `uri`, for a request in absolute form) may
     /// be served.
-    pub(super) fn check(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Foreign> {
+    pub(crate) fn check(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Foreign> {
+        self.check_host(headers, uri)?;
+        self.check_origin(headers)
+    }
+
+    /// Whether the request's `Host` (or `uri`'s authority) is one served.
+    pub(crate) fn check_host(&self, headers: &HeaderMap, uri: &Uri) -> Result<(), Foreign> {
         if let Some(hosts) = &self.hosts {
             let host = headers
                 .get(header::HOST)
@@ -95,6 +104,11 @@ impl Origins {
                 return Err(Foreign::Host(bounded(&host)));
             }
         }
+        Ok(())
+    }
+
+    /// Whether every `Origin` the request carries (none is fine) is one served.
+    pub(crate) fn check_origin(&self, headers: &HeaderMap) -> Result<(), Foreign> {
         for origin in headers.get_all(header::ORIGIN) {
             let origin = String::from_utf8_lossy(origin.as_bytes());
             if !self.origins.contains(&canonical_origin(&origin)) {

@@ -4,6 +4,7 @@
 #![allow(unused_imports)]
 
 mod bin;
+mod browser;
 mod deploys;
 
 pub use bin::{
@@ -12,6 +13,7 @@ pub use bin::{
     replay_guard_within, spawn_proxy, spawn_replay_guard, start_proxy, start_proxy_command,
     start_proxy_logged,
 };
+pub use browser::{Chromedriver, browser_or_skip};
 pub use deploys::{
     HyperClient, deploy_args, deploy_as, deploy_request, json_server, json_server_with_bearer,
 };
