@@ -710,6 +710,91 @@ mod tests {
         fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A process that compacted the file opens the new one and waits for its lock; another
+    /// process may take that lock first and compact the new file again. The lock of a file
+    /// no longer at the path guards nothing: a write there goes to the other's archive,
+    /// acknowledged and missing from the ledger, and the chain forks (found by two proxies
+    /// compacting one file under traffic: the rest of the first one's batch was lost).
+    #[cfg(feature = "simulation")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_after_a_compaction_goes_to_the_file_another_process_compacted_it_into() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        /// The operating system's disk; at the second directory sync once armed (the one of
+        /// opening the new file, after the rename), another process compacts the file.
+        struct Racing {
+            path: PathBuf,
+            since_armed: AtomicUsize,
+        }
+        impl Disk for Racing {
+            fn write(&self, file: &File, bytes: &[u8]) -> io::Result<()> {
+                disk::OsDisk.write(file, bytes)
+            }
+            fn sync(&self, file: &File) -> io::Result<()> {
+                disk::OsDisk.sync(file)
+            }
+            fn truncate(&self, file: &File, len: u64) -> io::Result<()> {
+                disk::OsDisk.truncate(file, len)
+            }
+            fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+                disk::OsDisk.sync_dir(dir)?;
+                if self.since_armed.fetch_add(1, Ordering::SeqCst) == 1 {
+                    let path = self.path.clone();
+                    std::thread::spawn(move || {
+                        let runtime = tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .unwrap();
+                        runtime.block_on(async {
+                            let other = FileLedger::open(&path).unwrap();
+                            other.compact(Timestamp::now()).await.unwrap();
+                        });
+                    })
+                    .join()
+                    .unwrap();
+                }
+                Ok(())
+            }
+        }
+
+        let dir = temp_dir("compaction-race");
+        let path = dir.join("ledger.jsonl");
+        let disk = Arc::new(Racing {
+            path: path.clone(),
+            since_armed: AtomicUsize::new(usize::MAX / 2),
+        });
+        let ledger = FileLedger::open_batched_on(&path, disk.clone()).unwrap();
+        let id = ledger
+            .claim(claim(RetryClass::Idempotent, "guard:racing"))
+            .await
+            .unwrap()
+            .record()
+            .execution_id;
+        let now = || Timestamp::now().as_millis();
+        let sent = event_at(id, now(), dispatched(id, 1, Some("guard:racing")));
+        ledger.append(sent).await.unwrap();
+        disk.since_armed.store(0, Ordering::SeqCst);
+        let completed = EventKind::Completed {
+            target_status: 200,
+            is_error: false,
+            result_reference: None,
+        };
+        // One batch: the compaction, then an append.
+        let (compacted, appended) = tokio::join!(
+            ledger.compact(Timestamp::now()),
+            ledger.append(event_at(id, now(), completed))
+        );
+        compacted.unwrap();
+        appended.unwrap();
+        drop(ledger);
+        let report = verify_file(&path).unwrap();
+        assert!(report.is_ok(), "{report}");
+        let reopened = FileLedger::open_read_only(&path).unwrap();
+        let record = reopened.get(id).await.unwrap().unwrap();
+        assert_eq!(record.state, ExecutionState::Completed);
+        drop(reopened);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
     /// I/O and JSON failures keep their error as the source.
     #[tokio::test]
     async fn io_and_json_failures_keep_their_source() {

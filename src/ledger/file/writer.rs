@@ -368,12 +368,21 @@ impl Writer {
     }
 
     /// The writer of the file the ledger's name holds now, its index read from it, locked.
+    /// Another process may compact that file between this one's open and its lock (the lock
+    /// was free): a file no longer at the path is opened again, since a line written there
+    /// would go to an archive, acknowledged and missing from the ledger.
     fn reopen(&mut self) -> Result<(), LedgerError> {
-        let owners = self.owners.clone();
         let _ = self.file.unlock();
-        *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
-        lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
-        self.catch_up(true)
+        let deadline = Instant::now() + self.mode.lock_timeout;
+        loop {
+            let owners = self.owners.clone();
+            *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            lock_within(&self.file, &self.path, left)?;
+            if !self.is_replaced()? {
+                return self.catch_up(true);
+            }
+        }
     }
 
     /// Writes lines (already applied to the index) and syncs them.
@@ -746,11 +755,7 @@ impl Writer {
             .and_then(|()| fs::rename(&next, &self.path))
             .and_then(|()| self.mode.disk.sync_dir(parent_dir(&self.path)))
             .map_err(|e| failed("cannot swap in the compacted ledger", e))?;
-        let owners = self.owners.clone();
-        let _ = self.file.unlock();
-        *self = Self::open(&self.path.clone(), owners, self.mode.clone())?;
-        lock_within(&self.file, &self.path, self.mode.lock_timeout)?;
-        self.catch_up(true)?;
+        self.reopen()?;
         Ok(CompactReport {
             archived_to,
             kept_executions: kept,
