@@ -38,6 +38,7 @@ mod guide_blocks;
 mod inspect;
 mod ledger_location;
 mod mcp_http;
+mod on_held;
 mod options;
 #[doc(hidden)]
 pub mod proxy;

@@ -75,6 +75,8 @@ pub struct StdioArgs {
     #[command(flatten)]
     pub guard: GuardOptions,
     #[command(flatten)]
+    pub on_held: crate::on_held::OnHeldOptions,
+    #[command(flatten)]
     pub compaction: CompactionOptions,
     /// Start the server again when it exits (after answering its calls in flight), replaying
     /// the host's `initialize`. Five exits in a row within two seconds of starting end the
@@ -140,6 +142,9 @@ pub async fn run(args: StdioArgs, json: bool) -> anyhow::Result<ExitCode> {
         .guard
         .layer_key_and_ledger(contracts, args.attach_timeout)
         .await?;
+    let layer = args
+        .on_held
+        .install(layer, &crate::tls::ClientTls::trusting(None))?;
     if let Some(ledger) = compacted {
         compaction::spawn(&args.compaction, ledger);
     }

@@ -20,6 +20,9 @@ mod cli_proxy_auth;
 mod cli_proxy_compaction;
 #[path = "proxy/cli_proxy_config.rs"]
 mod cli_proxy_config;
+#[cfg(feature = "server")]
+#[path = "proxy/cli_proxy_held.rs"]
+mod cli_proxy_held;
 #[path = "proxy/cli_proxy_principals.rs"]
 mod cli_proxy_principals;
 #[cfg(feature = "server")]

@@ -35,6 +35,8 @@ pub(super) struct Config {
     /// attempt it never sent (by intent: the claim's time), until that attempt is recorded
     /// `not_sent`.
     pub(super) unanswered_claims: Arc<dashmap::DashMap<IntentKey, Timestamp>>,
+    /// Who is told when an execution becomes held (shared with the metered ledger).
+    pub(super) held: super::held::SharedHeldHook,
 }
 
 impl Config {

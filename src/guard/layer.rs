@@ -51,9 +51,10 @@ impl GuardLayer {
     pub fn new(ledger: impl Ledger, contracts: ContractRegistry, key: FingerprintKey) -> Self {
         crate::metrics::name_tools(contracts.tools().map(|(tool, _)| tool));
         let owner = format!("guard:{}", ExecutionId::new().ulid());
+        let held = super::held::SharedHeldHook::default();
         Self {
             config: Arc::new(Config {
-                ledger: Arc::new(Metered::new(Arc::new(ledger))),
+                ledger: Arc::new(Metered::new(Arc::new(ledger), held.clone())),
                 contracts: Arc::new(contracts),
                 key,
                 actor: Actor::new("anonymous"),
@@ -69,6 +70,7 @@ impl GuardLayer {
                 execution_id_in_meta: false,
                 owner,
                 unanswered_claims: Arc::default(),
+                held,
             }),
             inflight: Arc::default(),
         }
@@ -154,6 +156,18 @@ impl GuardLayer {
     /// The ledger.
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
         &self.config.ledger
+    }
+
+    /// Tells `hook` of each execution that becomes held (its outcome unknown and nothing
+    /// re-sent: `unknown` or `needs_review`), once per attempt, for every guard that shares
+    /// this layer's ledger. It runs where the outcome is recorded: it must return at once
+    /// (queue any work on a task of its own). A record holds no arguments and no credentials.
+    pub fn on_held(
+        self,
+        hook: impl Fn(&crate::execution::ExecutionRecord) + Send + Sync + 'static,
+    ) -> Self {
+        self.config.held.set(Arc::new(hook));
+        self
     }
 
     /// The operator's handle on the guards this layer builds: settle a held execution, end

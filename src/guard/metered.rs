@@ -1,4 +1,5 @@
-//! `Metered`: the guard's ledger, counting each outcome it records and timing each write.
+//! `Metered`: the guard's ledger, counting each outcome it records and timing each write, and
+//! telling the held hook of each execution that becomes held.
 //!
 //! Every event the guard records passes here, whichever step recorded it (the answer, a
 //! dropped body, an orphan marked unknown, a refusal), so an outcome is counted in one place.
@@ -8,6 +9,7 @@ use std::{sync::Arc, time::Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::held::SharedHeldHook;
 use crate::{
     ExecutionId,
     execution::{Claim, Claimed, Dispatch, ExecutionRecord, LedgerEvent},
@@ -15,18 +17,20 @@ use crate::{
     metrics,
 };
 
-/// A ledger whose writes are counted and timed.
+/// A ledger whose writes are counted and timed, and whose held executions are told.
 #[derive(Debug)]
 pub(super) struct Metered {
     inner: Arc<dyn Ledger>,
+    held: SharedHeldHook,
 }
 
 impl Metered {
-    pub(super) fn new(inner: Arc<dyn Ledger>) -> Self {
-        Self { inner }
+    pub(super) fn new(inner: Arc<dyn Ledger>, held: SharedHeldHook) -> Self {
+        Self { inner, held }
     }
 
     fn counted(
+        &self,
         written: Result<ExecutionRecord, LedgerError>,
         kind: &crate::execution::EventKind,
         synced: bool,
@@ -38,6 +42,7 @@ impl Metered {
         {
             // The call whose write this is (its span, when it has one) names its outcome.
             tracing::Span::current().record("outcome", outcome);
+            self.held.written(record);
         }
         written
     }
@@ -65,12 +70,12 @@ impl Ledger for Metered {
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
         let (started, kind) = (Instant::now(), event.kind.clone());
-        Self::counted(self.inner.append(event).await, &kind, true, started)
+        self.counted(self.inner.append(event).await, &kind, true, started)
     }
 
     async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
         let (started, kind) = (Instant::now(), event.kind.clone());
-        Self::counted(
+        self.counted(
             self.inner.append_unsynced(event).await,
             &kind,
             false,
@@ -84,7 +89,7 @@ impl Ledger for Metered {
         result: Option<Bytes>,
     ) -> Result<ExecutionRecord, LedgerError> {
         let (started, kind) = (Instant::now(), event.kind.clone());
-        Self::counted(
+        self.counted(
             self.inner.complete(event, result).await,
             &kind,
             true,

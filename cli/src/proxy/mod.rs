@@ -186,6 +186,8 @@ pub struct ProxyArgs {
     #[command(flatten)]
     compaction: CompactionOptions,
     #[command(flatten)]
+    on_held: crate::on_held::OnHeldOptions,
+    #[command(flatten)]
     serve: serve::ServeOptions,
 }
 
@@ -334,6 +336,7 @@ pub async fn run(args: ProxyArgs, json: bool) -> anyhow::Result<ExitCode> {
         .guard
         .layer_key_and_ledger(contracts, args.attach_timeout)
         .await?;
+    let layer = args.on_held.install(layer, &args.upstream_tls)?;
     let live = build_live(&args, &routes, &layer, &key)?;
     if let Some(names) = live.principals.credential_headers() {
         let held = live.routes.iter().next().map(|route| route.held.clone());

@@ -1,0 +1,141 @@
+//! Someone is told when an execution becomes held behind `replay-guard proxy` (the built
+//! binary): `--on-held-url` gets one POST and `--on-held` one run per held execution, with the
+//! execution and nothing of the call's arguments or credentials; the held queue lists it.
+
+use crate::support;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+use support::*;
+
+/// A real HTTP receiver on 127.0.0.1 that keeps every body POSTed to it.
+async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks/held", listener.local_addr().unwrap());
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let bodies = kept.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let bodies = bodies.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let bodies = bodies.clone();
+                        async move {
+                            let body = request.into_body().collect().await?.to_bytes();
+                            bodies
+                                .lock()
+                                .unwrap()
+                                .push(serde_json::from_slice(&body).expect("JSON"));
+                            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::new())))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, kept)
+}
+
+/// A lost response on an irreversible tool: the URL gets one POST, the command one run, each
+/// with the execution (held, its tool and target) and neither the arguments nor the client's
+/// credential; the repeat, held again, tells nobody twice; `ledger list --held` shows it.
+#[tokio::test]
+async fn a_held_execution_is_told_once_without_arguments_or_credentials() {
+    let server = json_server().await;
+    let (url, posted) = receiver().await;
+    let dir = temp_dir("cli-proxy-held", "hooks");
+    let ledger = dir.join("ledger.jsonl");
+    let ran = dir.join("ran.jsonl");
+    let command = format!("cat >> '{}'; echo >> '{}'", ran.display(), ran.display());
+    let proxy = start_proxy(
+        &server.url,
+        &[
+            "--ledger",
+            &ledger.to_string_lossy(),
+            "--on-held-url",
+            &url,
+            "--on-held",
+            &command,
+        ],
+    )
+    .await;
+    server.state.lose_next_response("deploy_release");
+    let secret = "Bearer s3cret-of-the-client";
+    let mut client = hyper_client();
+    let held = send(
+        &mut client,
+        deploy_request(&proxy.url, 1, &[("authorization", secret)]),
+    )
+    .await
+    .unwrap();
+    let held = read_jsonrpc_response(held, &json!(1)).await.unwrap();
+    let execution = structured(&held).unwrap()["mcp_replay_guard"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while posted.lock().unwrap().is_empty() || !ran.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "nobody was told");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The repeat is held again: nobody is told a second time.
+    let again = send(
+        &mut client,
+        deploy_request(&proxy.url, 2, &[("authorization", secret)]),
+    )
+    .await
+    .unwrap();
+    read_jsonrpc_response(again, &json!(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(server.state.side_effects("deploy_release"), 1);
+
+    let posted = posted.lock().unwrap().clone();
+    assert_eq!(posted.len(), 1, "{posted:#?}");
+    let ran = std::fs::read_to_string(&ran).unwrap();
+    let ran: Vec<Value> = ran
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    for notice in [&posted[0], &ran[0]] {
+        assert_eq!(notice["event"], "held");
+        assert_eq!(notice["execution_id"], execution.as_str());
+        assert_eq!(notice["tool"], "deploy_release");
+        assert!(
+            matches!(notice["state"].as_str(), Some("unknown" | "needs_review")),
+            "{notice}"
+        );
+        let text = notice.to_string();
+        for never in ["s3cret", "catalog", "2026.07.22", "arguments"] {
+            assert!(!text.contains(never), "{never} in {text}");
+        }
+    }
+
+    let list = replay_guard(&[
+        "--json",
+        "ledger",
+        "list",
+        "--ledger",
+        &ledger.to_string_lossy(),
+        "--held",
+    ])
+    .await;
+    assert_eq!(list.code, 0, "{list:#?}");
+    let listed: Vec<Value> = serde_json::from_str(&list.stdout).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["execution_id"], execution.as_str());
+    proxy.stop().await;
+}
