@@ -152,9 +152,9 @@ pub(crate) struct ResolveArgs {
     /// What the operator checked.
     #[arg(long)]
     note: String,
-    /// Who resolves it.
-    #[arg(long, default_value = "operator")]
-    operator: String,
+    /// Who resolves it (default: the user this command runs as).
+    #[arg(long)]
+    operator: Option<String>,
 }
 
 /// The execution among `operands`: exactly one when `required`, at most one otherwise.
@@ -363,7 +363,13 @@ pub(crate) async fn settle(args: ResolveArgs, json: bool) -> anyhow::Result<Exit
         .open_to_settle(LOCK_TIMEOUT, &args.key)
         .await
         .with_context(|| format!("cannot open the ledger {location}"))?;
-    let by = format!("operator:{}", args.operator);
+    let operator = match args.operator {
+        Some(operator) => operator,
+        None => os_user().context(
+            "the user this command runs as has no name: give --operator NAME (who resolves it)",
+        )?,
+    };
+    let by = format!("operator:{operator}");
     let record = resolve(&*opened.ledger(), execution, args.applied, &by, &args.note)
         .await
         .with_context(|| {
@@ -378,4 +384,16 @@ pub(crate) async fn settle(args: ResolveArgs, json: bool) -> anyhow::Result<Exit
         println!("{} is now {}", record.execution_id(), record.state_label());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The name of the user this process runs as: the account's, else `$USER` or `$LOGNAME`.
+fn os_user() -> Option<String> {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|user| user.name)
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .filter(|name| !name.is_empty())
 }

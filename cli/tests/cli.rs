@@ -527,5 +527,32 @@ async fn the_held_queue_filters_validates_and_follows() {
         .expect("the watch ends on SIGTERM")
         .unwrap();
     assert_eq!(status.code(), Some(0));
+
+    // Without --operator, the resolution names the user the command runs as.
+    let user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let user = String::from_utf8(user.stdout).unwrap().trim().to_owned();
+    let (code, out, err) = replay_guard(&[
+        "resolve",
+        "--ledger",
+        p,
+        &later.to_string(),
+        "--applied",
+        "--note",
+        "seen in the release log",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let events = FileLedger::open_read_only(&path)
+        .unwrap()
+        .events(later)
+        .await
+        .unwrap();
+    let by = events.iter().find_map(|e| match &e.kind {
+        EventKind::Resolved { by, .. } => Some(by.clone()),
+        _ => None,
+    });
+    assert_eq!(by, Some(format!("operator:{user}")));
     std::fs::remove_dir_all(dir).unwrap();
 }
