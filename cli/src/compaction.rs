@@ -180,15 +180,53 @@ async fn purge_every(ledger: PostgresLedger, every: Duration) {
 /// What the task remembers between two looks at the file.
 #[derive(Debug, Default)]
 struct Watch {
-    /// Bytes of the file this process's last compaction left, and its inode: the size rule
-    /// waits for twice that when it is over the bound (what is retained alone is), and the
-    /// time rule leaves a file alone that nobody wrote to since.
-    left: Option<(u64, u64)>,
+    /// The file now at the path, as this process first saw it.
+    file: Option<Seen>,
     /// After a failure: not before then.
     retry_at: Option<tokio::time::Instant>,
     retry_after: Option<Duration>,
     /// Said once: what is retained alone is over `--compact-above`.
     said_over: bool,
+}
+
+/// A file at the ledger's path, as this process first saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    ino: u64,
+    /// When this process first saw it: its birth where the file system does not say.
+    at: SystemTime,
+    /// Its length right after the compaction that made it (this process's, or another's
+    /// seen within a look of it; not the file found at start): the size rule waits for twice
+    /// that when it is over the bound (what is retained alone is), in every process.
+    left: Option<u64>,
+    /// Its length when first seen: by time, a file nobody wrote to since is left alone.
+    len: u64,
+}
+
+impl Watch {
+    /// Takes in a look at the file: a new inode is a compaction (by any process) since the
+    /// last look, unless it is the first look.
+    fn saw(&mut self, len: u64, ino: u64) -> Seen {
+        match self.file {
+            Some(seen) if seen.ino == ino => seen,
+            before => *self.file.insert(Seen {
+                ino,
+                at: SystemTime::now(),
+                left: before.map(|_| len),
+                len,
+            }),
+        }
+    }
+
+    /// After this process compacted: the new file is `left` bytes long.
+    fn compacted(&mut self, left: u64, ino: u64) {
+        self.file = Some(Seen {
+            ino,
+            at: SystemTime::now(),
+            left: Some(left),
+            len: left,
+        });
+    }
 }
 
 /// The file's length, inode and when it was made (its last compaction, or its creation):
@@ -198,39 +236,35 @@ fn look(path: &Path) -> Option<(u64, u64, Option<SystemTime>)> {
     Some((meta.len(), meta.ino(), meta.created().ok()))
 }
 
-/// The bytes above which the file is compacted, if it is to be by size.
-fn size_rule(options: &CompactionOptions, watch: &Watch) -> Option<u64> {
+/// The bytes above which the file `seen` is compacted, if it is to be by size.
+fn size_rule(options: &CompactionOptions, seen: Seen) -> Option<u64> {
     let above = options.compact_above.0?;
-    Some(match watch.left {
-        Some((left, _)) if left >= above => left.saturating_mul(2),
+    Some(match seen.left {
+        Some(left) if left >= above => left.saturating_mul(2),
         _ => above,
     })
 }
 
-/// Whether the file is due by time: made longer ago than `--compact-every` (as this process
-/// saw its birth when the file system does not say), and not just what this process's last
-/// compaction left.
+/// Whether the file `seen`, `len` bytes long and made at `made` (when the file system says),
+/// is due by time: made longer ago than `--compact-every`, and written to since.
 fn due_by_time(
     options: &CompactionOptions,
-    watch: &Watch,
-    (len, ino, made): (u64, u64, Option<SystemTime>),
-    first_seen: SystemTime,
+    seen: Seen,
+    len: u64,
+    made: Option<SystemTime>,
 ) -> bool {
     let Some(every) = options.compact_every.0 else {
         return false;
     };
-    let made = made.unwrap_or(first_seen);
     let old = SystemTime::now()
-        .duration_since(made)
+        .duration_since(made.unwrap_or(seen.at))
         .is_ok_and(|age| age >= every);
-    old && watch.left != Some((len, ino))
+    old && len != seen.len
 }
 
 async fn keep_file_small(ledger: FileLedger, options: CompactionOptions) {
     let path: PathBuf = ledger.path().to_path_buf();
     let mut watch = Watch::default();
-    // Without a birth time from the file system: when this process first saw each inode.
-    let mut first_seen: Option<(u64, SystemTime)> = None;
     let mut ticks = tokio::time::interval(CHECK_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -241,25 +275,22 @@ async fn keep_file_small(ledger: FileLedger, options: CompactionOptions) {
         {
             continue;
         }
-        let Some(seen @ (len, ino, _)) = look(&path) else {
+        let Some((len, ino, made)) = look(&path) else {
             continue;
         };
-        let born = match first_seen {
-            Some((seen_ino, at)) if seen_ino == ino => at,
-            _ => first_seen.insert((ino, SystemTime::now())).1,
-        };
+        let seen = watch.saw(len, ino);
         // By size: the bound, answered under the lock. By time: larger than it is now, so a
         // process that compacted it meanwhile (it is shorter then) is not followed by another.
-        let bound = match size_rule(&options, &watch) {
+        let bound = match size_rule(&options, seen) {
             Some(bound) if len > bound => bound,
-            _ if due_by_time(&options, &watch, seen, born) => len.saturating_sub(1),
+            _ if due_by_time(&options, seen, len, made) => len.saturating_sub(1),
             _ => continue,
         };
         match ledger.compact_if_larger(Timestamp::now(), bound).await {
             Ok(Some(report)) => {
                 tracing::info!(ledger = %path.display(), "compacted the ledger: {}", summary(&report));
                 let ino = look(&path).map_or(0, |(_, ino, _)| ino);
-                watch.left = Some((report.bytes_after, ino));
+                watch.compacted(report.bytes_after, ino);
                 watch.retry_at = None;
                 watch.retry_after = None;
                 match options.compact_above.0 {
@@ -333,15 +364,20 @@ mod tests {
             compact_every: Limit(None),
         };
         let mut watch = Watch::default();
-        assert_eq!(size_rule(&options, &watch), Some(1000));
-        watch.left = Some((400, 1));
-        assert_eq!(size_rule(&options, &watch), Some(1000));
-        watch.left = Some((1500, 1));
-        assert_eq!(size_rule(&options, &watch), Some(3000));
+        // The file found at start is compacted by the bound, however long it is.
+        let found = watch.saw(5000, 1);
+        assert_eq!(size_rule(&options, found), Some(1000));
+        watch.compacted(400, 2);
+        assert_eq!(size_rule(&options, watch.saw(900, 2)), Some(1000));
+        watch.compacted(1500, 3);
+        assert_eq!(size_rule(&options, watch.saw(1600, 3)), Some(3000));
+        // Another process's compaction, seen as a new file: the same rule.
+        assert_eq!(size_rule(&options, watch.saw(1400, 4)), Some(2800));
+        assert_eq!(size_rule(&options, watch.saw(200, 5)), Some(1000));
     }
 
     #[test]
-    fn by_time_a_file_is_due_once_old_enough_and_changed_since_this_process_left_it() {
+    fn by_time_a_file_is_due_once_old_enough_and_written_to_since_it_was_first_seen() {
         let options = CompactionOptions {
             compact_above: Limit(None),
             compact_every: Limit(Some(Duration::from_secs(60))),
@@ -349,14 +385,14 @@ mod tests {
         let now = SystemTime::now();
         let old = now - Duration::from_secs(61);
         let mut watch = Watch::default();
-        assert!(due_by_time(&options, &watch, (10, 1, Some(old)), now));
-        assert!(!due_by_time(&options, &watch, (10, 1, Some(now)), now));
+        let seen = watch.saw(10, 1);
+        assert!(due_by_time(&options, seen, 11, Some(old)));
+        assert!(!due_by_time(&options, seen, 11, Some(now)));
+        // Nobody wrote to it since this process first saw it: nothing to do.
+        assert!(!due_by_time(&options, seen, 10, Some(old)));
         // No birth time from the file system: when this process first saw it.
-        assert!(due_by_time(&options, &watch, (10, 1, None), old));
-        assert!(!due_by_time(&options, &watch, (10, 1, None), now));
-        // Just as this process left it: nothing to do.
-        watch.left = Some((10, 1));
-        assert!(!due_by_time(&options, &watch, (10, 1, Some(old)), now));
-        assert!(due_by_time(&options, &watch, (11, 1, Some(old)), now));
+        assert!(!due_by_time(&options, seen, 11, None));
+        let first_seen_long_ago = Seen { at: old, ..seen };
+        assert!(due_by_time(&options, first_seen_long_ago, 11, None));
     }
 }

@@ -713,8 +713,8 @@ mod tests {
     /// A process that compacted the file opens the new one and waits for its lock; another
     /// process may take that lock first and compact the new file again. The lock of a file
     /// no longer at the path guards nothing: a write there goes to the other's archive,
-    /// acknowledged and missing from the ledger, and the chain forks (found by two proxies
-    /// compacting one file under traffic: the rest of the first one's batch was lost).
+    /// acknowledged and missing from the ledger, and the chain forks (found by two `stdio`
+    /// wrappers compacting one file under traffic: the rest of one's batch was lost).
     #[cfg(feature = "simulation")]
     #[tokio::test(flavor = "current_thread")]
     async fn a_write_after_a_compaction_goes_to_the_file_another_process_compacted_it_into() {
