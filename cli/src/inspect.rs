@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use mcp_replay_guard::{
     ExecutionId,
     execution::ExecutionState,
-    guard::resolve,
+    guard::resolve_after_probe,
     ledger::{Ledger, audit, chain::ChainHead, verify_file, verify_file_anchored},
 };
 
@@ -127,7 +127,7 @@ pub(crate) struct ListArgs {
 /// `resolve`.
 #[derive(Debug, Args)]
 #[command(
-    override_usage = "replay-guard resolve [OPTIONS] [--ledger LEDGER | LEDGER] EXECUTION (--applied | --not-applied) --note <NOTE>"
+    override_usage = "replay-guard resolve [OPTIONS] [--ledger LEDGER | LEDGER] EXECUTION [--probe --policy FILE] [(--applied | --not-applied) --note <NOTE>]"
 )]
 pub(crate) struct ResolveArgs {
     /// The ledger: a file, or postgres://user@host/db (`?schema=NAME` for another schema than
@@ -143,15 +143,24 @@ pub(crate) struct ResolveArgs {
     #[arg(
         long,
         conflicts_with = "not_applied",
-        required_unless_present = "not_applied"
+        required_unless_present_any = ["not_applied", "probe"],
+        requires = "note"
     )]
     applied: bool,
     /// The action did not take effect (a repeat of the intent may run it).
-    #[arg(long)]
+    #[arg(long, requires = "note")]
     not_applied: bool,
+    /// First run the status command the policy names for the tool (`status_command`) and show
+    /// its answer; alone, nothing is settled; with --applied or --not-applied, its answer is
+    /// kept in the resolving event with the note and the operator.
+    #[arg(long, requires = "policy")]
+    probe: bool,
+    /// The policy file that names the tool's status command (for --probe).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<std::path::PathBuf>,
     /// What the operator checked.
     #[arg(long)]
-    note: String,
+    note: Option<String>,
     /// Who resolves it (default: the user this command runs as).
     #[arg(long)]
     operator: Option<String>,
@@ -370,7 +379,34 @@ pub(crate) async fn settle(args: ResolveArgs, json: bool) -> anyhow::Result<Exit
         )?,
     };
     let by = format!("operator:{operator}");
-    let record = resolve(&*opened.ledger(), execution, args.applied, &by, &args.note)
+    let ledger = opened.ledger();
+    let probed = if args.probe {
+        let record = ledger
+            .get(execution)
+            .await?
+            .with_context(|| format!("no execution {execution} in the ledger {location}"))?;
+        let answer = crate::status_command::ask(args.policy.as_deref(), &record).await?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"probe": answer.verdict, "said": answer.said})
+            );
+        } else {
+            println!(
+                "the status command answered: {}",
+                audit::printable(&answer.said)
+            );
+        }
+        Some(answer)
+    } else {
+        None
+    };
+    // Probed only: the operator has seen the answer, and nothing is settled.
+    let Some(note) = args.note.filter(|_| args.applied || args.not_applied) else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let said = probed.as_ref().map(|answer| answer.said.as_str());
+    let record = resolve_after_probe(&*ledger, execution, args.applied, &by, &note, said)
         .await
         .with_context(|| {
             format!(

@@ -44,6 +44,7 @@ mod options;
 pub mod proxy;
 mod queue;
 mod review;
+mod status_command;
 mod stdio;
 mod telemetry;
 mod tls;

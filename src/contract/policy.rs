@@ -152,6 +152,10 @@ pub struct ToolPolicy {
     /// Fingerprint rules.
     #[serde(default)]
     pub fingerprint: FingerprintRules,
+    /// The program an operator runs to ask whether a held execution took effect
+    /// ([`ToolContract::status_command`]): `["/usr/local/bin/deploy-status", "--json"]`.
+    #[serde(default)]
+    pub status_command: Option<Vec<String>>,
 }
 
 impl Policy {
@@ -207,6 +211,15 @@ impl Policy {
             }
             if let Some(send) = tool.execution_id_in_meta {
                 contract = contract.execution_id_in_meta(send);
+            }
+            if let Some(argv) = tool.status_command {
+                if argv.first().is_none_or(String::is_empty) {
+                    return Err(InvalidContract(format!(
+                        "tools.{name}.status_command: give the program first, then its arguments{}",
+                        at(&["tools", &name])
+                    )));
+                }
+                contract = contract.status_command(argv);
             }
             contract.check(&name).map_err(|InvalidContract(e)| {
                 InvalidContract(format!("{e}{}", at(&["tools", &name])))

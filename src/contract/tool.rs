@@ -25,6 +25,7 @@ pub struct ToolContract {
     max_result_bytes: usize,
     execution_id_in_meta: Option<bool>,
     pub(super) probe: Option<Arc<dyn StatusProbe>>,
+    status_command: Option<Vec<String>>,
 }
 
 impl ToolContract {
@@ -46,6 +47,7 @@ impl ToolContract {
             max_result_bytes: Self::DEFAULT_MAX_RESULT_BYTES,
             execution_id_in_meta: None,
             probe: None,
+            status_command: None,
         }
     }
 
@@ -131,6 +133,20 @@ impl ToolContract {
     /// The status probe, if the contract has one.
     pub fn probe(&self) -> Option<&Arc<dyn StatusProbe>> {
         self.probe.as_ref()
+    }
+
+    /// A program (and its arguments) an operator runs to ask whether a held execution of this
+    /// tool took effect, before settling it (`replay-guard resolve --probe`): it is given the
+    /// execution as JSON on stdin and answers `applied`, `not_applied` or `unknown` on its
+    /// first line. The guard itself never runs it; a tool of any class may have one.
+    pub fn status_command(mut self, argv: Vec<String>) -> Self {
+        self.status_command = Some(argv);
+        self
+    }
+
+    /// The program of [`status_command`](Self::status_command), if the contract names one.
+    pub fn status_command_argv(&self) -> Option<&[String]> {
+        self.status_command.as_deref()
     }
 
     /// The retry class.

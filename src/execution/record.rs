@@ -393,6 +393,9 @@ pub enum EventKind {
         /// older attempt never settles (or re-opens for a re-send) one dispatched meanwhile.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attempt: Option<u32>,
+        /// What a status probe the operator ran answered before settling it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probe: Option<String>,
     },
 }
 
@@ -1201,6 +1204,7 @@ mod tests {
             note: "not applied".into(),
             result_reference: None,
             attempt: Some(1),
+            probe: None,
         };
         apply(&mut settled, verdict).unwrap();
         apply(&mut settled, dispatched(id, 2, "guard:one")).unwrap();
@@ -1272,6 +1276,7 @@ mod tests {
                 note: "asked about attempt 1".into(),
                 result_reference: None,
                 attempt: Some(1),
+                probe: None,
             };
             let error = apply(&mut r, verdict).unwrap_err();
             assert_eq!(error.event, "resolved");
@@ -1294,6 +1299,7 @@ mod retention_and_resolution {
             note: "checked".into(),
             result_reference: None,
             attempt: Some(1),
+            probe: None,
         }
     }
 

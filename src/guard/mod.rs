@@ -146,7 +146,7 @@ pub use handle::GuardHandle;
 pub use held::OnHeld;
 pub use hooks::{Authorization, AuthorizationRequest, Authorize};
 pub use layer::GuardLayer;
-pub use resolve::resolve;
+pub use resolve::{resolve, resolve_after_probe};
 pub use service::Guard;
 
 use crate::BoxError;

@@ -74,6 +74,7 @@ impl Probed {
                     note: "the status probe found the action applied".into(),
                     result_reference: stored.as_ref().map(|(r, _)| r.clone()),
                     attempt: Some(record.attempts),
+                    probe: None,
                 };
                 Ok(match step.append_moved(id, resolved).await? {
                     Some(record) => Probed::Applied(record, stored.map(|(_, result)| result)),
@@ -87,6 +88,7 @@ impl Probed {
                     note: "the status probe found the action not applied; sent again under the same key".into(),
                     result_reference: None,
                     attempt: Some(record.attempts),
+                    probe: None,
                 };
                 Ok(match step.append_moved(id, resolved).await? {
                     Some(record) => Probed::NotApplied(record),

@@ -24,6 +24,19 @@ pub async fn resolve(
     by: &str,
     note: &str,
 ) -> Result<ExecutionRecord, LedgerError> {
+    resolve_after_probe(ledger, execution_id, applied, by, note, None).await
+}
+
+/// [`resolve`], with what a status probe the settler ran answered (`probe`), recorded in the
+/// same event as the verdict, the settler's name and note.
+pub async fn resolve_after_probe(
+    ledger: &dyn Ledger,
+    execution_id: ExecutionId,
+    applied: bool,
+    by: &str,
+    note: &str,
+    probe: Option<&str>,
+) -> Result<ExecutionRecord, LedgerError> {
     let record = ledger
         .get(execution_id)
         .await?
@@ -49,6 +62,7 @@ pub async fn resolve(
                 // An attempt dispatched since the record was read refuses the event (it names the
                 // attempt it settles); an orphan's own attempt is the one in flight.
                 attempt: (record.state != ExecutionState::Dispatched).then_some(record.attempts),
+                probe: probe.map(str::to_owned),
             },
         })
         .await

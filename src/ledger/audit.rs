@@ -196,11 +196,19 @@ impl Timeline {
                     t.target_answer = Some(format!("not sent ({reason})"))
                 }
                 EventKind::Resolved {
-                    applied, by, note, ..
+                    applied,
+                    by,
+                    note,
+                    probe,
+                    ..
                 } => {
                     completed |= *applied;
                     let what = if *applied { "applied" } else { "not applied" };
-                    t.target_answer = Some(format!("settled as {what} by {by} ({note})"));
+                    let probed = probe
+                        .as_ref()
+                        .map(|said| format!("; the status command answered: {said}"))
+                        .unwrap_or_default();
+                    t.target_answer = Some(format!("settled as {what} by {by} ({note}){probed}"));
                     settled = Some(format!("settled as {what} by {by} at {}", event.at));
                 }
                 EventKind::Delivered { .. } => deliveries += 1,
@@ -408,6 +416,7 @@ mod tests {
                     note: "nothing deployed".into(),
                     result_reference: None,
                     attempt: Some(1),
+                    probe: None,
                 },
             ),
             at(

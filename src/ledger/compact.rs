@@ -509,6 +509,7 @@ mod tests {
                     note: "applied".into(),
                     result_reference: Some("elsewhere".into()),
                     attempt: None,
+                    probe: None,
                 },
             ),
             (
