@@ -222,17 +222,9 @@ async fn serve_admin(
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on --admin-listen {address}"))?;
-    let readiness = Arc::new(crate::proxy::admin::Readiness {
-        ledger: layer.ledger().clone(),
-        ledger_file: args
-            .guard
-            .ledger
-            .as_ref()
-            .and_then(|ledger| ledger.file())
-            .map(std::path::Path::to_path_buf),
-        live: None,
-        metrics: (crate::telemetry::metrics()?, layer.handle()),
-    });
+    let metrics = crate::telemetry::metrics()?;
+    let readiness =
+        crate::proxy::admin::Readiness::of(layer, args.guard.ledger.as_ref(), None, metrics);
     let url = format!("http://{}", listener.local_addr()?);
     let forever = tokio_util::sync::CancellationToken::new();
     tokio::spawn(crate::proxy::admin::serve(listener, readiness, forever));

@@ -414,6 +414,27 @@ fn an_error_exit_with_json_prints_one_json_object() {
     assert_eq!(help.status.code(), Some(0), "{help:?}");
 }
 
+/// An execution of intent `byte` in the ledger at `path`, dispatched and then unknown, that no
+/// one asked about again.
+async fn unknown_execution(path: &Path, byte: u8) -> ExecutionId {
+    let ledger = FileLedger::open(path).unwrap();
+    let id = ledger
+        .claim(claim(byte))
+        .await
+        .unwrap()
+        .record()
+        .execution_id();
+    let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
+    ledger.append(event_now(id, dispatched)).await.unwrap();
+    let unknown = EventKind::Unknown {
+        target_status: None,
+        attempt: None,
+        reason: "the caller went away".into(),
+    };
+    ledger.append(event_now(id, unknown)).await.unwrap();
+    id
+}
+
 /// The held queue: `--held` shows `unknown` and `needs_review` together, oldest first (an
 /// execution that is unknown and nobody repeated is held too); a state name that is not one is
 /// refused with exit 2 and the names; `--tool`, `--actor` and the time window filter;
@@ -424,24 +445,7 @@ async fn the_held_queue_filters_validates_and_follows() {
     let path = dir.join("ledger.jsonl");
     let (_, needs_review) = ledger(&path).await;
     let p = path.to_str().unwrap();
-    let unknown = {
-        let ledger = FileLedger::open(&path).unwrap();
-        let id = ledger
-            .claim(claim(3))
-            .await
-            .unwrap()
-            .record()
-            .execution_id();
-        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
-        ledger.append(event_now(id, dispatched)).await.unwrap();
-        let unknown = EventKind::Unknown {
-            target_status: None,
-            attempt: None,
-            reason: "the caller went away".into(),
-        };
-        ledger.append(event_now(id, unknown)).await.unwrap();
-        id
-    };
+    let unknown = unknown_execution(&path, 3).await;
 
     let listed = |args: &[&str]| {
         let mut argv = vec!["--json", "ledger", "list", "--ledger", p];
@@ -501,24 +505,7 @@ async fn the_held_queue_filters_validates_and_follows() {
     };
     assert_eq!(next().await, needs_review.to_string());
     assert_eq!(next().await, unknown.to_string());
-    let later = {
-        let ledger = FileLedger::open(&path).unwrap();
-        let id = ledger
-            .claim(claim(4))
-            .await
-            .unwrap()
-            .record()
-            .execution_id();
-        let dispatched = dispatched_as(id, 1, Some("guard:cli-test"), Some(1));
-        ledger.append(event_now(id, dispatched)).await.unwrap();
-        let unknown = EventKind::Unknown {
-            target_status: None,
-            attempt: None,
-            reason: "cut".into(),
-        };
-        ledger.append(event_now(id, unknown)).await.unwrap();
-        id
-    };
+    let later = unknown_execution(&path, 4).await;
     assert_eq!(next().await, later.to_string());
     let pid = nix::unistd::Pid::from_raw(watch.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();

@@ -74,6 +74,25 @@ pub(crate) struct Readiness {
 }
 
 impl Readiness {
+    /// What the admin listener of a guard over `layer` checks and renders: its ledger (the
+    /// file `ledger` names must take appends), the proxy's routes when `live` is given, and
+    /// `metrics` with the held gauge read from the ledger.
+    pub(crate) fn of(
+        layer: &mcp_replay_guard::guard::GuardLayer,
+        ledger: Option<&crate::ledger_location::LedgerLocation>,
+        live: Option<Arc<std::sync::RwLock<Arc<Live>>>>,
+        metrics: PrometheusHandle,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            ledger: layer.ledger().clone(),
+            ledger_file: ledger
+                .and_then(|ledger| ledger.file())
+                .map(std::path::Path::to_path_buf),
+            live,
+            metrics: (metrics, layer.handle()),
+        })
+    }
+
     /// What is not ready, each a sentence; empty when all is.
     async fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();

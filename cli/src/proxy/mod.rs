@@ -419,17 +419,8 @@ pub async fn run(args: ProxyArgs, json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some((admin, metrics)) = admin {
-        let readiness = Arc::new(admin::Readiness {
-            ledger: layer.ledger().clone(),
-            ledger_file: args
-                .guard
-                .ledger
-                .as_ref()
-                .and_then(|ledger| ledger.file())
-                .map(std::path::Path::to_path_buf),
-            live: Some(proxy.live.clone()),
-            metrics: (metrics, layer.handle()),
-        });
+        let live = Some(proxy.live.clone());
+        let readiness = admin::Readiness::of(&layer, args.guard.ledger.as_ref(), live, metrics);
         tokio::spawn(admin::serve(admin, readiness, stopping.clone()));
     }
     Ok(serve::serve(

@@ -878,23 +878,7 @@ async fn the_admin_listener_of_stdio_counts_its_calls_and_its_start_line_is_json
         .expect("in time")
         .expect("a CallToolResult");
     assert_ne!(done.is_error, Some(true), "{done:?}");
-    let get = |path: &str| {
-        let url = format!("{admin}{path}");
-        async move {
-            let mut client = temp::hyper_client();
-            let request = http::Request::get(url)
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            let response = temp::send(&mut client, request).await.expect("an answer");
-            let status = response.status();
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
-        }
-    };
-    let (status, metrics) = get("/metrics").await;
+    let (status, metrics) = temp::get_text(&format!("{admin}/metrics")).await;
     assert_eq!(status, http::StatusCode::OK, "{metrics}");
     for sample in [
         "mcp_replay_guard_calls_total{tool=\"deploy\",decision=\"start\"} 1",
@@ -903,7 +887,10 @@ async fn the_admin_listener_of_stdio_counts_its_calls_and_its_start_line_is_json
     ] {
         assert!(metrics.contains(sample), "{sample} not in:\n{metrics}");
     }
-    assert_eq!(get("/readyz").await.0, http::StatusCode::OK);
+    assert_eq!(
+        temp::get_text(&format!("{admin}/readyz")).await.0,
+        http::StatusCode::OK
+    );
     client.cancel().await.unwrap();
     assert_eq!(exit_code(&mut wrapper).await, Some(0));
     assert_eq!(files.effects().len(), 1);

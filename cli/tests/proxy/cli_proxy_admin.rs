@@ -3,28 +3,8 @@
 
 use crate::support;
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
 use support::*;
-
-/// A free port on 127.0.0.1 (bound, then let go) for the admin listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn get(url: &str) -> (StatusCode, String) {
-    let mut client = hyper_client();
-    let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
-    let response = send(&mut client, request).await.expect("an answer");
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
 
 /// `--admin-listen`: `/healthz` answers while the process serves; `/readyz` is ready while the
 /// ledger takes appends and the upstream answers, and says which is not. The clients' listener
@@ -48,18 +28,18 @@ async fn the_admin_listener_says_healthy_and_ready_and_the_clients_listener_forw
     .await;
     let admin = format!("http://{admin}");
     assert_eq!(
-        get(&format!("{admin}/healthz")).await,
+        get_text(&format!("{admin}/healthz")).await,
         (StatusCode::OK, "ok\n".into())
     );
-    let (status, body) = get(&format!("{admin}/readyz")).await;
+    let (status, body) = get_text(&format!("{admin}/readyz")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _) = get(&format!("{admin}/mcp")).await;
+    let (status, _) = get_text(&format!("{admin}/mcp")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     let before = server.state.all_requests().len();
     let base = proxy.url.trim_end_matches("/mcp").to_owned();
     for path in ["/healthz", "/readyz", "/metrics", "/readyz/"] {
-        let (status, _) = get(&format!("{base}{path}")).await;
+        let (status, _) = get_text(&format!("{base}{path}")).await;
         assert_eq!(
             status,
             StatusCode::NOT_FOUND,
@@ -74,7 +54,7 @@ async fn the_admin_listener_says_healthy_and_ready_and_the_clients_listener_forw
 
     // The ledger file gone from its directory: appends would reach no file. Not ready.
     std::fs::remove_file(&ledger).unwrap();
-    let (status, body) = get(&format!("{admin}/readyz")).await;
+    let (status, body) = get_text(&format!("{admin}/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body.contains("ledger file"), "{body}");
     proxy.stop().await;
@@ -84,11 +64,11 @@ async fn the_admin_listener_says_healthy_and_ready_and_the_clients_listener_forw
     let admin = format!("127.0.0.1:{port}");
     let dead = format!("http://127.0.0.1:{}/mcp", free_port());
     let proxy = start_proxy(&dead, &["--admin-listen", &admin]).await;
-    let (status, body) = get(&format!("http://{admin}/readyz")).await;
+    let (status, body) = get_text(&format!("http://{admin}/readyz")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body.contains("upstream"), "{body}");
     assert_eq!(
-        get(&format!("http://{admin}/healthz")).await.0,
+        get_text(&format!("http://{admin}/healthz")).await.0,
         StatusCode::OK
     );
     proxy.stop().await;

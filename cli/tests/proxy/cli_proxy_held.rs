@@ -5,48 +5,10 @@
 
 use crate::support;
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use support::*;
-
-/// A real HTTP receiver on 127.0.0.1 that keeps every body POSTed to it.
-async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks/held", listener.local_addr().unwrap());
-    let kept = Arc::new(Mutex::new(Vec::new()));
-    let bodies = kept.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let bodies = bodies.clone();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let bodies = bodies.clone();
-                        async move {
-                            let body = request.into_body().collect().await?.to_bytes();
-                            bodies
-                                .lock()
-                                .unwrap()
-                                .push(serde_json::from_slice(&body).expect("JSON"));
-                            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::new())))
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (url, kept)
-}
 
 /// A lost response on an irreversible tool: the URL gets one POST, the command one run, each
 /// with the execution (held, its tool and target) and neither the arguments nor the client's
@@ -56,7 +18,8 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
 #[tokio::test]
 async fn a_held_execution_is_told_queued_probed_and_settled() {
     let server = json_server().await;
-    let (url, posted) = receiver().await;
+    let (base, posted) = post_receiver().await;
+    let url = format!("{base}/hooks/held");
     let dir = temp_dir("cli-proxy-held", "hooks");
     let ledger = dir.join("ledger.jsonl");
     let ran = dir.join("ran.jsonl");
@@ -118,7 +81,15 @@ async fn a_held_execution_is_told_queued_probed_and_settled() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
-    let posted = posted.lock().unwrap().clone();
+    let posted: Vec<Value> = posted
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(path, body)| {
+            assert_eq!(path, "/hooks/held");
+            serde_json::from_slice(body).expect("JSON")
+        })
+        .collect();
     assert_eq!(posted.len(), 1, "{posted:#?}");
     let ran = std::fs::read_to_string(&ran).unwrap();
     let ran: Vec<Value> = ran

@@ -4,38 +4,17 @@
 
 use crate::support;
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
+use http_body_util::Full;
 use opentelemetry_proto::tonic::{
     collector::trace::v1::ExportTraceServiceRequest, common::v1::any_value, trace::v1::Span,
 };
 use prost::Message;
 use serde_json::json;
 use support::*;
-
-/// A free port on 127.0.0.1 (bound, then let go) for the admin listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn get(url: &str) -> (StatusCode, String) {
-    let mut client = hyper_client();
-    let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
-    let response = send(&mut client, request).await.expect("an answer");
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
 
 /// The value of the sample `name{labels}` in Prometheus text (labels in the exporter's order,
 /// sorted by name), if present.
@@ -104,7 +83,7 @@ async fn metrics_show_a_held_execution_until_it_is_resolved() {
     let execution = record["execution_id"].as_str().unwrap().to_owned();
     assert_eq!(server.state.side_effects("deploy_release"), 1);
 
-    let (status, metrics) = get(&metrics_url).await;
+    let (status, metrics) = get_text(&metrics_url).await;
     assert_eq!(status, StatusCode::OK, "{metrics}");
     let held_gauge = |metrics: &str| {
         sample(
@@ -150,7 +129,7 @@ async fn metrics_show_a_held_execution_until_it_is_resolved() {
     let request = deploy_request(&proxy.url, 2, &[("origin", "https://elsewhere.example")]);
     let refused = send(&mut client, request).await.unwrap();
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
-    let (_, metrics) = get(&metrics_url).await;
+    let (_, metrics) = get_text(&metrics_url).await;
     assert!(
         sample(
             &metrics,
@@ -178,7 +157,7 @@ async fn metrics_show_a_held_execution_until_it_is_resolved() {
     ])
     .await;
     assert_eq!(resolve.code, 0, "{resolve:#?}");
-    let (_, metrics) = get(&metrics_url).await;
+    let (_, metrics) = get_text(&metrics_url).await;
     assert_eq!(held_gauge(&metrics), Some(0.0), "{metrics}");
     assert_eq!(
         sample(
@@ -212,56 +191,21 @@ async fn metrics_show_a_held_execution_until_it_is_resolved() {
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
 
-/// What the OTLP receiver was sent: every span, with its attributes.
-#[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<Span>>>);
-
-impl Received {
-    fn spans(&self) -> Vec<Span> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-/// A real OTLP/HTTP receiver on 127.0.0.1: decodes each `ExportTraceServiceRequest` (protobuf)
-/// it is posted at `/v1/traces`.
-async fn otlp_receiver() -> (String, Received) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let received = Received::default();
-    let kept = received.clone();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let kept = kept.clone();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                        let kept = kept.clone();
-                        async move {
-                            assert_eq!(request.uri().path(), "/v1/traces");
-                            let body = request.into_body().collect().await?.to_bytes();
-                            let export =
-                                ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-                            for resource in export.resource_spans {
-                                for scope in resource.scope_spans {
-                                    kept.0.lock().unwrap().extend(scope.spans);
-                                }
-                            }
-                            Ok::<_, hyper::Error>(
-                                Response::builder()
-                                    .header("content-type", "application/x-protobuf")
-                                    .body(Full::new(Bytes::new()))
-                                    .unwrap(),
-                            )
-                        }
-                    });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
+/// Every span a [`post_receiver`] was sent over OTLP/HTTP: each body decoded as the
+/// `ExportTraceServiceRequest` (protobuf) the exporter posts to `/v1/traces`.
+fn spans(posted: &Posted) -> Vec<Span> {
+    let posted = posted.lock().unwrap().clone();
+    let mut spans = Vec::new();
+    for (path, body) in posted {
+        assert_eq!(path, "/v1/traces");
+        let export = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+        for resource in export.resource_spans {
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans);
+            }
         }
-    });
-    (format!("http://{address}"), received)
+    }
+    spans
 }
 
 fn attribute(span: &Span, key: &str) -> Option<String> {
@@ -282,7 +226,7 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 #[tokio::test]
 async fn the_guards_spans_sit_in_the_callers_trace_and_reach_an_otlp_receiver() {
     let server = json_server().await;
-    let (endpoint, received) = otlp_receiver().await;
+    let (endpoint, received) = post_receiver().await;
     let mut command = tokio::process::Command::new(BIN);
     command
         .args(proxy_args(&server.url, &["--otlp-endpoint", &endpoint]))
@@ -319,7 +263,7 @@ async fn the_guards_spans_sit_in_the_callers_trace_and_reach_an_otlp_receiver() 
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let calls = loop {
-        let spans = received.spans();
+        let spans = spans(&received);
         let calls: Vec<Span> = spans
             .iter()
             .filter(|span| span.name == "tools_call")
@@ -330,7 +274,7 @@ async fn the_guards_spans_sit_in_the_callers_trace_and_reach_an_otlp_receiver() 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let spans = received.spans();
+    let spans = spans(&received);
     for (trace, parent, service) in [
         (trace_id, caller_span, "catalog"),
         (meta_trace, meta_parent, "search"),
@@ -411,7 +355,7 @@ async fn the_start_line_is_one_json_object_with_json() {
         "{start}"
     );
     assert!(!line.contains("s3cret"), "{line}");
-    let (status, body) = get(&format!("{}/healthz", start["admin"].as_str().unwrap())).await;
+    let (status, body) = get_text(&format!("{}/healthz", start["admin"].as_str().unwrap())).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     drop(child);
 }

@@ -6,6 +6,7 @@
 mod bin;
 mod browser;
 mod deploys;
+mod listeners;
 
 pub use bin::{
     BIN, Proxy, Run, call, call_argv, call_text, concurrently, ledger_list, ledger_records,
@@ -17,4 +18,5 @@ pub use browser::{Chromedriver, browser_or_skip};
 pub use deploys::{
     HyperClient, deploy_args, deploy_as, deploy_request, json_server, json_server_with_bearer,
 };
+pub use listeners::{Posted, free_port, get_text, post_receiver};
 pub use mcp_replay_guard_test_support::*;
