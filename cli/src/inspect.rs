@@ -127,7 +127,7 @@ pub(crate) struct ListArgs {
 /// `resolve`.
 #[derive(Debug, Args)]
 #[command(
-    override_usage = "replay-guard resolve [OPTIONS] [--ledger LEDGER | LEDGER] EXECUTION [--probe --policy FILE] [(--applied | --not-applied) --note <NOTE>]"
+    override_usage = "replay-guard resolve [OPTIONS] [--ledger LEDGER | LEDGER] EXECUTION [--probe [--policy FILE | --url URL | --ssh-host H --ssh-user U --ssh-key PATH]] [(--applied | --not-applied) --note <NOTE>]"
 )]
 pub(crate) struct ResolveArgs {
     /// The ledger: a file, or postgres://user@host/db (`?schema=NAME` for another schema than
@@ -150,14 +150,15 @@ pub(crate) struct ResolveArgs {
     /// The action did not take effect (a repeat of the intent may run it).
     #[arg(long, requires = "note")]
     not_applied: bool,
-    /// First run the status command the policy names for the tool (`status_command`) and show
-    /// its answer; alone, nothing is settled; with --applied or --not-applied, its answer is
-    /// kept in the resolving event with the note and the operator.
-    #[arg(long, requires = "policy")]
+    /// First ask whether it took effect, and show the answer: `tasks/get` when the execution
+    /// became an MCP task, the marker on the host when its target is an SSH host key, else the
+    /// status command the policy names for the tool (`status_command`). Alone, nothing is
+    /// settled; with --applied or --not-applied, the answer is kept in the resolving event
+    /// with the note and the operator.
+    #[arg(long)]
     probe: bool,
-    /// The policy file that names the tool's status command (for --probe).
-    #[arg(long, value_name = "FILE")]
-    policy: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    probe_with: crate::probe::ProbeArgs,
     /// What the operator checked.
     #[arg(long)]
     note: Option<String>,
@@ -385,17 +386,15 @@ pub(crate) async fn settle(args: ResolveArgs, json: bool) -> anyhow::Result<Exit
             .get(execution)
             .await?
             .with_context(|| format!("no execution {execution} in the ledger {location}"))?;
-        let answer = crate::status_command::ask(args.policy.as_deref(), &record).await?;
+        let crate::probe::Answer { by, answer } =
+            crate::probe::ask(&args.probe_with, &record).await?;
         if json {
             println!(
                 "{}",
-                serde_json::json!({"probe": answer.verdict, "said": answer.said})
+                serde_json::json!({"probe": answer.verdict, "by": by, "said": answer.said})
             );
         } else {
-            println!(
-                "the status command answered: {}",
-                audit::printable(&answer.said)
-            );
+            println!("{by} answered: {}", audit::printable(&answer.said));
         }
         Some(answer)
     } else {

@@ -11,7 +11,7 @@
 //! replay-guard audit show --ledger LEDGER [EXECUTION]  # the investigation timeline (all executions without an id)
 //! replay-guard ledger list --ledger LEDGER [--state S]  # one line per execution
 //! replay-guard ledger compact --ledger LEDGER  # a file: archived, what is retained kept; PostgreSQL: expired executions purged
-//! replay-guard resolve --ledger LEDGER [--key-file PATH] EXECUTION (--applied | --not-applied) --note TEXT
+//! replay-guard resolve --ledger LEDGER [--key-file PATH] EXECUTION [--probe …] (--applied | --not-applied) --note TEXT
 //! replay-guard review --ledger LEDGER [--listen 127.0.0.1:8080] [--token-file PATH]  # the held queue as a web page, with a resolve form
 //! ```
 //!
@@ -40,6 +40,7 @@ mod ledger_location;
 mod mcp_http;
 mod on_held;
 mod options;
+mod probe;
 #[doc(hidden)]
 pub mod proxy;
 mod queue;
@@ -48,6 +49,7 @@ mod status_command;
 mod stdio;
 mod telemetry;
 mod tls;
+mod trace_context;
 
 use std::{io::Write as _, process::ExitCode};
 

@@ -1,7 +1,7 @@
 //! The `replay-guard` command, run as the built binary, in one test binary: its subcommands
 //! over a real ledger file (here), the audit chain and its anchored head (`audit_chain`),
 //! `stdio` in front of a real child server (`cli_stdio`), HTTPS (`cli_tls`), a ledger on a
-//! full disk (`disk_full`) and the review page in a headless browser (`review_page`). `call`
+//! full disk (`disk_full`), the built-in probes of `resolve --probe` (`resolve_probe`) and the review page in a headless browser (`review_page`). `call`
 //! (`cli_call`), the proxy (`proxy`), the chaos soak and the file ledger's processes have
 //! binaries of their own.
 
@@ -17,6 +17,8 @@ mod cli_stdio;
 mod cli_tls;
 #[path = "cli/disk_full.rs"]
 mod disk_full;
+#[path = "cli/resolve_probe.rs"]
+mod resolve_probe;
 #[path = "cli/review_page.rs"]
 mod review_page;
 

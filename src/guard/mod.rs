@@ -128,7 +128,7 @@ mod resume;
 mod resume_link;
 mod route;
 mod service;
-mod task_probe;
+pub(crate) mod task_probe;
 #[cfg(test)]
 mod tests;
 mod turn;

@@ -8,7 +8,7 @@ use super::{GuardRequestBody, ProbeOutcome, answer, intent::Intent};
 
 use crate::{
     ExecutionId, IDEMPOTENCY_KEY,
-    protocol::{self, RequestId},
+    protocol::{self, Era, RequestId},
 };
 
 /// One `tasks/get` about `task_id`, under a request id of its own.
@@ -51,30 +51,46 @@ impl TaskProbe {
 
     /// What the task's status, in the answer `bytes`, says of the call.
     pub(super) fn outcome(&self, bytes: &Bytes, intent: &Intent) -> ProbeOutcome {
-        let task_id = &self.task_id;
-        let Some(task) =
-            protocol::response::find_response(bytes, &RequestId::String(self.probe_id.clone()))
-                .and_then(|m| m.get("result").cloned())
-        else {
-            return Self::unknown("no answer to tasks/get".into());
-        };
-        match task.get("status").and_then(serde_json::Value::as_str) {
-            Some("completed") => ProbeOutcome::Applied {
-                result: task.get("result").cloned(),
-            },
-            // The tool ran and failed: that is an outcome, and running it again could repeat
-            // whatever it did before failing.
-            Some("failed") => ProbeOutcome::Applied {
-                result: Some(answer::result_for(
-                    intent.era,
-                    serde_json::json!({
-                        "content": [{"type": "text", "text": format!("task {task_id} failed")}],
-                        "isError": true,
-                    }),
-                )),
-            },
-            Some("working" | "input_required") => ProbeOutcome::InProgress,
-            other => Self::unknown(format!("task status {other:?}")),
-        }
+        task_outcome(
+            bytes,
+            &RequestId::String(self.probe_id.clone()),
+            &self.task_id,
+            intent.era,
+        )
+    }
+}
+
+/// What the answer to a `tasks/get` about `task_id` (the JSON-RPC response under the id
+/// `probe_id`, a JSON body or one SSE event's data) says of the call that became the task:
+/// `completed` → applied, with the task's result; `failed` → applied (the tool ran and failed,
+/// and running it again could repeat what it did before failing), with an error result in
+/// `era`'s shape; `working` or `input_required` → in progress; anything else, and no answer
+/// under `probe_id`, → unknown, with the reason.
+///
+/// The guard reads its own `tasks/get` probe with it, and so does a front end that asks a
+/// target about a task for an operator (`replay-guard resolve --probe`).
+pub fn task_outcome(bytes: &[u8], probe_id: &RequestId, task_id: &str, era: Era) -> ProbeOutcome {
+    let Some(task) =
+        protocol::response::find_response(bytes, probe_id).and_then(|m| m.get("result").cloned())
+    else {
+        return TaskProbe::unknown("no answer to tasks/get".into());
+    };
+    match task.get("status").and_then(serde_json::Value::as_str) {
+        Some("completed") => ProbeOutcome::Applied {
+            result: task.get("result").cloned(),
+        },
+        // The tool ran and failed: that is an outcome, and running it again could repeat
+        // whatever it did before failing.
+        Some("failed") => ProbeOutcome::Applied {
+            result: Some(answer::result_for(
+                era,
+                serde_json::json!({
+                    "content": [{"type": "text", "text": format!("task {task_id} failed")}],
+                    "isError": true,
+                }),
+            )),
+        },
+        Some("working" | "input_required") => ProbeOutcome::InProgress,
+        other => TaskProbe::unknown(format!("task status {other:?}")),
     }
 }

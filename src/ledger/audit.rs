@@ -206,7 +206,7 @@ impl Timeline {
                     let what = if *applied { "applied" } else { "not applied" };
                     let probed = probe
                         .as_ref()
-                        .map(|said| format!("; the status command answered: {said}"))
+                        .map(|said| format!("; the probe answered: {said}"))
                         .unwrap_or_default();
                     t.target_answer = Some(format!("settled as {what} by {by} ({note}){probed}"));
                     settled = Some(format!("settled as {what} by {by} at {}", event.at));

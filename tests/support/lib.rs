@@ -58,7 +58,7 @@ pub use schema::{assert_valid_message, assert_valid_tool_answer};
 pub use seeds::env_u64;
 pub use server::{LoggedRequest, ServerOptions, ServerState, TestServer, ToolRun};
 pub use sse::{SseEvent, SseReader};
-pub use task_server::{SeenMethods, task_server};
+pub use task_server::{SeenMethods, task_server, task_server_speaking};
 pub use temp::{shm_temp_dir, temp_dir};
 pub use tls::{SERVER_NAMES, TestCerts};
 pub use tools::{TOOL_NAMES, TestTools, one_contract_per_class};

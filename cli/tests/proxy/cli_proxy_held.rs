@@ -182,7 +182,7 @@ async fn a_held_execution_is_told_queued_probed_and_settled() {
     assert_eq!(settled.code, 0, "{settled:#?}");
     let show = replay_guard(&["audit", "show", "--ledger", &ledger_arg, &execution]).await;
     assert!(
-        show.stdout.contains("settled as applied by operator:alice (the release log shows it); the status command answered: applied"),
+        show.stdout.contains("settled as applied by operator:alice (the release log shows it); the probe answered: applied"),
         "{show:#?}"
     );
 
