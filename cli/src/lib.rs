@@ -49,7 +49,6 @@ mod status_command;
 mod stdio;
 mod telemetry;
 mod tls;
-mod trace_context;
 
 use std::{io::Write as _, process::ExitCode};
 
