@@ -49,6 +49,7 @@ mod status_command;
 mod stdio;
 mod telemetry;
 mod tls;
+mod trace_context;
 
 use std::{io::Write as _, process::ExitCode};
 

@@ -48,6 +48,7 @@ use tokio::{
     process::{Child, ChildStdin, ChildStdout, Command},
     sync::watch,
 };
+use tracing::Instrument;
 
 use crate::{
     compaction::{self, CompactionOptions},
@@ -208,7 +209,11 @@ pub async fn run(args: StdioArgs, json: bool) -> anyhow::Result<ExitCode> {
             .unwrap_or(1),
         (None, None) => 1,
     };
-    // tokio's stdin reads on a thread of its own that a runtime cannot stop: leave at once.
+    // tokio's stdin reads on a thread of its own that a runtime cannot stop: leave at once,
+    // the spans not yet exported sent first.
+    tokio::task::spawn_blocking(crate::telemetry::flush_traces)
+        .await
+        .ok();
     std::process::exit(i32::from(code));
 }
 
@@ -285,7 +290,9 @@ async fn read_host(
                     *initialize.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(message.clone());
                 }
-                relay.from_client(message).await;
+                // A request's span joins the host's trace (`_meta`), and its guarded call in it.
+                let span = crate::trace_context::request_span(&http::HeaderMap::new(), &message);
+                relay.from_client(message).instrument(span).await;
             }
             Ok(Some(Line::TooLong(prefix))) => relay.client_message_too_large(&prefix, max).await,
             Ok(None) => break,

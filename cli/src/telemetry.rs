@@ -27,17 +27,30 @@ pub(crate) fn traces_exported() -> bool {
     TRACES_EXPORTED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The trace exporter, for a command that ends with `std::process::exit` (stdio) to flush.
+static PROVIDER: std::sync::OnceLock<SdkTracerProvider> = std::sync::OnceLock::new();
+
 /// Exports what is still buffered when the command ends.
-pub(crate) struct Telemetry {
-    traces: Option<SdkTracerProvider>,
-}
+pub(crate) struct Telemetry;
 
 impl Telemetry {
     /// Flushes the traces not yet exported (bounded by the exporter's own timeout).
     pub(crate) fn shut_down(self) {
-        if let Some(provider) = self.traces
-            && let Err(error) = provider.shutdown()
-        {
+        flush_traces();
+    }
+}
+
+/// Exports the spans not yet exported and stops the exporter (once; bounded by the
+/// exporter's own timeout): before the process ends, however it ends.
+pub(crate) fn flush_traces() {
+    if let Some(provider) = PROVIDER.get()
+        && let Err(error) = provider.shutdown()
+    {
+        // Shut down already (the second of two calls): nothing was left to export.
+        if !matches!(
+            error,
+            opentelemetry_sdk::error::OTelSdkError::AlreadyShutdown
+        ) {
             eprintln!("warning: traces not exported at exit: {error}");
         }
     }
@@ -78,12 +91,15 @@ pub(crate) fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Telemetry 
         None => (None, None),
     };
     TRACES_EXPORTED.store(traces.is_some(), std::sync::atomic::Ordering::Relaxed);
+    if let Some(provider) = provider {
+        let _ = PROVIDER.set(provider);
+    }
     let _ = tracing_subscriber::registry()
         .with(logs)
         .with(calls)
         .with(traces)
         .try_init();
-    Telemetry { traces: provider }
+    Telemetry
 }
 
 /// The OTLP/HTTP exporter of `endpoint` (the collector's base URL: `/v1/traces` is added, as

@@ -150,13 +150,15 @@ impl Relay {
                 let relay = self.clone();
                 let turn = TurnOnWire::new(self.wire.turn());
                 self.unanswered.send_modify(|n| *n += 1);
-                tokio::spawn(async move {
+                // In the caller's span: a request's trace goes on in its task.
+                let exchange = async move {
                     let answer = relay.exchange(message, id, turn).await;
                     if let Some(answer) = answer {
                         let _ = relay.to_client.send(answer).await;
                     }
                     relay.unanswered.send_modify(|n| *n -= 1);
-                });
+                };
+                tokio::spawn(tracing::Instrument::in_current_span(exchange));
             }
             Shape::Notification => {
                 let turn = self.wire.turn();

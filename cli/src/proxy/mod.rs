@@ -90,7 +90,6 @@ mod request_body;
 mod routes;
 mod serve;
 mod simulated;
-mod trace_context;
 
 pub use simulated::SimulatedProxy;
 
@@ -771,7 +770,7 @@ async fn forward(
     parts.headers.remove(header::HOST);
     hold_headers(&route.held, &mut parts.headers);
     let guard = route.guard.clone();
-    let span = trace_context::request_span(&parts.headers, &bytes);
+    let span = crate::trace_context::request_span(&parts.headers, &bytes);
     let response = answers::answer(guard, parts, bytes, deliveries, &front.stopping)
         .instrument(span)
         .await;

@@ -61,7 +61,7 @@ impl Route {
                     .build(connector)
                     .map_request(|mut request: Request<GuardRequestBody>| {
                         // Sent from inside the guard's span: it is the upstream's parent.
-                        super::trace_context::inject(request.headers_mut());
+                        crate::trace_context::inject(request.headers_mut());
                         request
                     })
                     .map_response(answered(last_answer.clone())),

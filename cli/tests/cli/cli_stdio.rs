@@ -895,3 +895,59 @@ async fn the_admin_listener_of_stdio_counts_its_calls_and_its_start_line_is_json
     assert_eq!(exit_code(&mut wrapper).await, Some(0));
     assert_eq!(files.effects().len(), 1);
 }
+
+/// `stdio --otlp-endpoint`: a `tools/call` whose `params._meta` carries a W3C `traceparent` is
+/// guarded in the host's trace: the guard's span of the call, with its execution id, reaches a
+/// real OTLP receiver with the host's trace id, below the wrapper's span of the request, whose
+/// parent is the host's span.
+#[tokio::test]
+async fn a_calls_span_joins_the_trace_its_meta_names() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+
+    let files = Files::new("trace", "[tools.deploy]\nclass = \"irreversible\"\n");
+    let (endpoint, posted) = temp::post_receiver().await;
+    let mut host = Host::new(files.wrapper(
+        &["--otlp-endpoint", &endpoint],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
+    ));
+    host.initialize().await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let params = json!({
+        "name": "deploy",
+        "arguments": deploy(),
+        "_meta": {"traceparent": format!("00-{trace}-{parent}-01")},
+    });
+    let done = host.request(2, "tools/call", params).await;
+    assert!(done.get("result").is_some(), "{done}");
+    let (_, _, code) = host.finish().await;
+    assert_eq!(code, Some(0));
+
+    let mut spans = Vec::new();
+    for (path, body) in posted.lock().unwrap().iter() {
+        assert_eq!(path, "/v1/traces");
+        let export = ExportTraceServiceRequest::decode(body.clone()).expect("OTLP protobuf");
+        for resource in export.resource_spans {
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans);
+            }
+        }
+    }
+    let call = spans
+        .iter()
+        .find(|span| span.name == "tools_call")
+        .unwrap_or_else(|| panic!("no tools_call span: {spans:#?}"));
+    assert_eq!(hex::encode(&call.trace_id), trace);
+    assert!(
+        call.attributes.iter().any(|kv| kv.key == "execution_id"),
+        "{call:#?}"
+    );
+    let request = spans
+        .iter()
+        .find(|span| span.span_id == call.parent_span_id)
+        .expect("the call's parent span exported");
+    assert_eq!(request.name, "mcp_request");
+    assert_eq!(hex::encode(&request.parent_span_id), parent);
+    assert_eq!(files.effects().len(), 1);
+}

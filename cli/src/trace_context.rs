@@ -1,7 +1,9 @@
-//! W3C trace context through the proxy: the span of a request takes its parent from the
-//! client (the `traceparent` and `tracestate` headers, or else the same keys in the request's
-//! `params._meta`), and the request the guard sends upstream carries the guard's span as its
-//! parent, so the guard sits in the agent's trace between the agent and the server.
+//! W3C trace context through the proxy and the stdio wrapper: the span of a request takes its
+//! parent from the client (over HTTP the `traceparent` and `tracestate` headers, or else the
+//! same keys in the request's `params._meta`; over stdio `_meta`), and over HTTP the request the
+//! guard sends upstream carries the guard's span as its parent, so the guard sits in the
+//! agent's trace between the agent and the server (over stdio the message, its `_meta`
+//! included, passes on as it came).
 //!
 //! Without a trace exporter the spans have no trace context: nothing is taken or replaced, and
 //! the client's headers pass on as they came.
@@ -20,7 +22,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 const KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
 /// The span of one client request, its parent the client's trace context when it sent one.
-pub(super) fn request_span(headers: &HeaderMap, body: &[u8]) -> tracing::Span {
+pub(crate) fn request_span(headers: &HeaderMap, body: &[u8]) -> tracing::Span {
     if !crate::telemetry::traces_exported() {
         return tracing::info_span!("mcp_request");
     }
@@ -45,7 +47,7 @@ pub(super) fn request_span(headers: &HeaderMap, body: &[u8]) -> tracing::Span {
 
 /// Names the current span (the guard's) as the parent of the request going upstream, in place
 /// of what the client sent; nothing when spans are not exported.
-pub(super) fn inject(headers: &mut HeaderMap) {
+pub(crate) fn inject(headers: &mut HeaderMap) {
     let context = tracing::Span::current().context();
     if !context.span().span_context().is_valid() {
         return;
