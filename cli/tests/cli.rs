@@ -1,9 +1,9 @@
 //! The `replay-guard` command, run as the built binary, in one test binary: its subcommands
 //! over a real ledger file (here), the audit chain and its anchored head (`audit_chain`),
 //! `stdio` in front of a real child server (`cli_stdio`), HTTPS (`cli_tls`), a ledger on a
-//! full disk (`disk_full`), the built-in probes of `resolve --probe` (`resolve_probe`) and the review page in a headless browser (`review_page`). `call`
-//! (`cli_call`), the proxy (`proxy`), the chaos soak and the file ledger's processes have
-//! binaries of their own.
+//! full disk (`disk_full`), the built-in probes of `resolve --probe` (`resolve_probe`) and the
+//! review page in a headless browser (`review_page`). `call` (`cli_call`), the proxy (`proxy`),
+//! the chaos soak and the file ledger's processes have binaries of their own.
 
 use std::path::Path;
 
