@@ -153,7 +153,7 @@ fn task_url(url: Option<&str>, target: &str) -> anyhow::Result<Uri> {
     }
     let port = uri.port().map(|p| format!(":{p}")).unwrap_or_default();
     let names = format!("{}{port}{}", uri.host().unwrap_or(""), uri.path());
-    if !is_http(&uri) || (names != target && uri.to_string() != target) {
+    if !is_http(&uri) || (names != target && uri != *target) {
         bail!(
             "--url {shown} is not the execution's target {}: the task is asked where it was \
              created (give --url http(s)://{})",
