@@ -203,11 +203,21 @@ pub async fn run(args: DemoArgs, json_output: bool) -> anyhow::Result<ExitCode> 
         println!("{}", serde_json::to_string_pretty(&record)?);
         println!();
         println!(
-            "The decision: {} ({why}). Nothing was sent again; an operator settles it with",
+            "The decision: {} ({why}). Nothing was sent again; an operator finds it in the held \
+             queue, reads its timeline, and settles it:",
             record.state_label()
         );
         println!(
-            "  replay-guard resolve {} {} --applied --note \"checked the deploy log\"",
+            "  replay-guard ledger list --ledger {} --held",
+            path.display()
+        );
+        println!(
+            "  replay-guard audit show --ledger {} {}",
+            path.display(),
+            record.execution_id()
+        );
+        println!(
+            "  replay-guard resolve --ledger {} {} --applied --note \"checked the deploy log\"",
             path.display(),
             record.execution_id()
         );

@@ -415,6 +415,41 @@ async fn the_demo_deploys_twice_without_the_guard_and_once_with_it() {
             .contains("deployments: generic retry 2, guard 1 -> ok"),
         "{human:#?}"
     );
+    // What the demo tells the operator to run, run as printed: the queue holds the execution,
+    // its timeline reads, and the resolution settles it.
+    let advice: Vec<Vec<String>> = human
+        .stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("  replay-guard "))
+        .map(|line| {
+            let (head, note) = line.split_once(" --note ").unwrap_or((line, ""));
+            let mut argv: Vec<String> = head.split_whitespace().map(str::to_owned).collect();
+            if !note.is_empty() {
+                argv.push("--note".into());
+                argv.push(note.trim_matches('"').to_owned());
+            }
+            argv
+        })
+        .collect();
+    assert_eq!(advice.len(), 3, "{human:#?}");
+    for argv in &advice {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let run = replay_guard(&argv).await;
+        assert_eq!(run.code, 0, "{argv:?}: {run:#?}");
+        assert!(!run.stdout.trim().is_empty(), "{argv:?}: {run:#?}");
+    }
+    let list = replay_guard(&[
+        "ledger",
+        "list",
+        "--ledger",
+        &dir.join("human.jsonl").to_string_lossy(),
+        "--held",
+    ])
+    .await;
+    assert!(
+        list.stdout.trim().is_empty(),
+        "settled, so no longer held: {list:#?}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
