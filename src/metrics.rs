@@ -103,10 +103,9 @@ pub(crate) fn added(tool: &str, started: Instant) {
         .record(started.elapsed().as_secs_f64());
 }
 
-/// An event recorded for an execution of `tool`: counted when it is an outcome, whose name
-/// it returns.
-pub(crate) fn recorded(tool: &str, kind: &EventKind) -> Option<&'static str> {
-    let outcome = match kind {
+/// The outcome an event records, when it records one (its name, the metric's label).
+pub(crate) fn outcome_of(kind: &EventKind) -> Option<&'static str> {
+    match kind {
         EventKind::Completed { .. }
         | EventKind::Failed { .. }
         | EventKind::Unknown { .. }
@@ -114,11 +113,14 @@ pub(crate) fn recorded(tool: &str, kind: &EventKind) -> Option<&'static str> {
         | EventKind::Denied { .. }
         | EventKind::Delivered { .. }
         | EventKind::NeedsReview { .. }
-        | EventKind::Resolved { .. } => kind.name(),
-        _ => return None,
-    };
+        | EventKind::Resolved { .. } => Some(kind.name()),
+        _ => None,
+    }
+}
+
+/// An outcome recorded for an execution of `tool`.
+pub(crate) fn recorded(tool: &str, outcome: &'static str) {
     metrics::counter!(OUTCOMES, "tool" => tool_label(tool), "outcome" => outcome).increment(1);
-    Some(outcome)
 }
 
 /// One ledger write that took from `started` until now.

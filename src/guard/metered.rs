@@ -32,14 +32,15 @@ impl Metered {
     fn counted(
         &self,
         written: Result<ExecutionRecord, LedgerError>,
-        kind: &crate::execution::EventKind,
+        outcome: Option<&'static str>,
         synced: bool,
         started: Instant,
     ) -> Result<ExecutionRecord, LedgerError> {
         metrics::ledger_write(synced, started);
         if let Ok(record) = &written
-            && let Some(outcome) = metrics::recorded(&record.tool, kind)
+            && let Some(outcome) = outcome
         {
+            metrics::recorded(&record.tool, outcome);
             // The call whose write this is (its span, when it has one) names its outcome.
             tracing::Span::current().record("outcome", outcome);
             self.held.written(record);
@@ -69,15 +70,17 @@ impl Ledger for Metered {
     }
 
     async fn append(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        let (started, kind) = (Instant::now(), event.kind.clone());
-        self.counted(self.inner.append(event).await, &kind, true, started)
+        // The outcome's name, read before the event moves: no copy of it per write.
+        let (started, outcome) = (Instant::now(), metrics::outcome_of(&event.kind));
+        self.counted(self.inner.append(event).await, outcome, true, started)
     }
 
     async fn append_unsynced(&self, event: LedgerEvent) -> Result<ExecutionRecord, LedgerError> {
-        let (started, kind) = (Instant::now(), event.kind.clone());
+        // The outcome's name, read before the event moves: no copy of it per write.
+        let (started, outcome) = (Instant::now(), metrics::outcome_of(&event.kind));
         self.counted(
             self.inner.append_unsynced(event).await,
-            &kind,
+            outcome,
             false,
             started,
         )
@@ -88,10 +91,11 @@ impl Ledger for Metered {
         event: LedgerEvent,
         result: Option<Bytes>,
     ) -> Result<ExecutionRecord, LedgerError> {
-        let (started, kind) = (Instant::now(), event.kind.clone());
+        // The outcome's name, read before the event moves: no copy of it per write.
+        let (started, outcome) = (Instant::now(), metrics::outcome_of(&event.kind));
         self.counted(
             self.inner.complete(event, result).await,
-            &kind,
+            outcome,
             true,
             started,
         )
